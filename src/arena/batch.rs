@@ -1,0 +1,160 @@
+//! Per-core block batches: each serving core keeps a few free blocks per region and refills or
+//! returns them in bulk, so no per-allocation operation takes a cross-core lock.
+//!
+//! The global pool sits behind [`BlockSource`]. Today that is [`SharedPool`], a mutex taken
+//! once per bulk exchange; once the placement shard exists it serves the same calls over the
+//! channel mesh. A refill asks for a fair share of what the region has left (never more than
+//! [`BATCH_REFILL_MAX_BLOCKS`]) so one core cannot hoard a nearly empty region, and a batch
+//! holding more than [`BATCH_HIGH_WATER_BLOCKS`] idle blocks of a region gives the excess back.
+
+use std::sync::Mutex;
+
+use super::block::BlockId;
+use super::plan::ReservationKind;
+use super::pool::BlockPool;
+
+/// Most blocks one refill brings to a core.
+pub const BATCH_REFILL_MAX_BLOCKS: usize = 4;
+/// Most idle blocks of one region a core keeps before returning the excess.
+pub const BATCH_HIGH_WATER_BLOCKS: usize = 4;
+
+/// Where batches get blocks from and give them back to, in bulk.
+pub trait BlockSource {
+    /// Appends up to a fair share (at most `max`) of region `rank`'s free blocks to `out`.
+    fn refill(&self, kind: ReservationKind, rank: usize, max: usize, out: &mut Vec<BlockId>);
+    /// Returns blocks to their regions.
+    fn give_back(&self, blocks: &[BlockId]);
+}
+
+/// The global pool behind one mutex, shared by `shards` cores.
+#[derive(Debug)]
+pub struct SharedPool {
+    pool: Mutex<BlockPool>,
+    shards: usize,
+}
+
+impl SharedPool {
+    pub fn new(pool: BlockPool, shards: usize) -> SharedPool {
+        SharedPool {
+            pool: Mutex::new(pool),
+            shards: shards.max(1),
+        }
+    }
+
+    /// Runs `f` with the pool locked (stats, checks, tests).
+    pub fn with<R>(&self, f: impl FnOnce(&mut BlockPool) -> R) -> R {
+        let mut pool = self
+            .pool
+            .lock()
+            .unwrap_or_else(|poisoned| poisoned.into_inner());
+        f(&mut pool)
+    }
+}
+
+impl BlockSource for SharedPool {
+    fn refill(&self, kind: ReservationKind, rank: usize, max: usize, out: &mut Vec<BlockId>) {
+        self.with(|pool| {
+            let share = (pool.free_in(kind, rank) / (2 * self.shards)).max(1);
+            pool.take_from(kind, rank, max.min(share), out);
+        });
+    }
+
+    fn give_back(&self, blocks: &[BlockId]) {
+        self.with(|pool| blocks.iter().for_each(|&block| pool.give(block)));
+    }
+}
+
+/// One core's idle blocks, per (reservation, rank).
+#[derive(Debug, Default)]
+pub struct BlockBatch {
+    held: Vec<(ReservationKind, Vec<Vec<BlockId>>)>,
+    pub refills: u64,
+    pub returns: u64,
+}
+
+impl BlockBatch {
+    pub fn new() -> BlockBatch {
+        BlockBatch::default()
+    }
+
+    fn slot(&mut self, kind: ReservationKind, rank: usize) -> &mut Vec<BlockId> {
+        let at = match self.held.iter().position(|(k, _)| *k == kind) {
+            Some(at) => at,
+            None => {
+                self.held.push((kind, Vec::new()));
+                self.held.len() - 1
+            }
+        };
+        let ranks = &mut self.held[at].1;
+        if ranks.len() <= rank {
+            ranks.resize_with(rank + 1, Vec::new);
+        }
+        &mut ranks[rank]
+    }
+
+    /// A free block of region `rank`, from the batch or, when it is empty, from a bulk refill.
+    pub fn acquire(
+        &mut self,
+        source: &dyn BlockSource,
+        kind: ReservationKind,
+        rank: usize,
+    ) -> Option<BlockId> {
+        if self.slot(kind, rank).is_empty() {
+            let mut fresh = Vec::with_capacity(BATCH_REFILL_MAX_BLOCKS);
+            source.refill(kind, rank, BATCH_REFILL_MAX_BLOCKS, &mut fresh);
+            if fresh.is_empty() {
+                return None;
+            }
+            self.refills += 1;
+            // Keep the lowest id on top so blocks are used in address order.
+            fresh.reverse();
+            self.slot(kind, rank).extend(fresh);
+        }
+        self.slot(kind, rank).pop()
+    }
+
+    /// Takes back a now-empty block; returns the excess to the pool in one call.
+    pub fn release(
+        &mut self,
+        source: &dyn BlockSource,
+        kind: ReservationKind,
+        rank: usize,
+        block: BlockId,
+    ) {
+        let slot = self.slot(kind, rank);
+        slot.push(block);
+        if slot.len() > BATCH_HIGH_WATER_BLOCKS {
+            let excess: Vec<BlockId> = slot
+                .drain(..slot.len() - BATCH_REFILL_MAX_BLOCKS / 2)
+                .collect();
+            source.give_back(&excess);
+            self.returns += 1;
+        }
+    }
+
+    /// Idle blocks held for one region.
+    pub fn held(&self, kind: ReservationKind, rank: usize) -> usize {
+        self.held
+            .iter()
+            .find(|(k, _)| *k == kind)
+            .and_then(|(_, ranks)| ranks.get(rank))
+            .map_or(0, Vec::len)
+    }
+
+    /// Every held block, for invariant checks.
+    pub fn all_held(&self) -> impl Iterator<Item = BlockId> + '_ {
+        self.held
+            .iter()
+            .flat_map(|(_, ranks)| ranks.iter().flatten().copied())
+    }
+
+    /// Gives every idle block back (shutdown, or when another core starves).
+    pub fn return_all(&mut self, source: &dyn BlockSource) {
+        let all: Vec<BlockId> = self.all_held().collect();
+        if !all.is_empty() {
+            source.give_back(&all);
+            self.returns += 1;
+        }
+        self.held.clear();
+    }
+}

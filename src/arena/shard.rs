@@ -1,0 +1,528 @@
+//! One serving core's view of the arena: its block batch, its fixed-head buddy, its packed
+//! small-object arena, the pins readers hold, and admission (compact first, evict last).
+
+use std::sync::Arc;
+
+use hashbrown::HashMap;
+
+use super::batch::BlockBatch;
+use super::block::{BlockId, HeadLoc, TableMemory};
+use super::buddy::Buddy;
+use super::bump::{BlockMemory, Bump, CompactionReport, Relocation};
+use super::plan::ReservationKind;
+use super::stats::{ShardArenaStats, ShardRegionStats};
+use super::Arena;
+
+/// Which allocator a head belongs to.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum HeadClass {
+    /// An exact `ram_head` buddy slot.
+    Fixed,
+    /// A packed small object in the bump arena.
+    Small,
+}
+
+/// Room reserved for a head that is being filled and is not yet in the index. It cannot move
+/// (compaction skips its block) until [`ShardArena::publish`] or [`ShardArena::abort`].
+#[must_use = "a reservation must be published or aborted"]
+#[derive(Debug, PartialEq, Eq)]
+pub struct Reserved {
+    loc: HeadLoc,
+    class: HeadClass,
+}
+
+impl Reserved {
+    pub fn loc(&self) -> HeadLoc {
+        self.loc
+    }
+
+    pub fn class(&self) -> HeadClass {
+        self.class
+    }
+}
+
+/// Why an allocation failed.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum AllocError {
+    /// The payload can never fit this class.
+    TooLarge { payload_bytes: u64, max_bytes: u64 },
+    /// No room, after compaction and every eviction the caller could make.
+    OutOfMemory { class: HeadClass },
+}
+
+impl std::fmt::Display for AllocError {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match self {
+            AllocError::TooLarge {
+                payload_bytes,
+                max_bytes,
+            } => write!(
+                f,
+                "a {payload_bytes}-byte payload exceeds the {max_bytes}-byte limit of its class"
+            ),
+            AllocError::OutOfMemory { class } => write!(f, "no {class:?} head space left"),
+        }
+    }
+}
+
+impl std::error::Error for AllocError {}
+
+/// What admission needs from the owner of the locators (the index).
+pub trait AdmissionHost {
+    /// Compaction moved a head: rewrite its locator from `moved.from` to `moved.to`.
+    fn relocate(&mut self, moved: Relocation<'_>);
+    /// Evicts one victim, freeing it through `arena`. `false` when nothing can be evicted.
+    fn evict_one(&mut self, arena: &mut ShardArena) -> bool;
+}
+
+#[derive(Clone, Copy, Debug, Default)]
+struct PinState {
+    readers: u32,
+    /// The owner freed the head while it was pinned; free it at the last unpin.
+    free_pending: bool,
+}
+
+#[derive(Clone, Copy, Debug, Default)]
+struct Counters {
+    compactions: u64,
+    compaction: CompactionReport,
+    fixed_alloc_failures: u64,
+    small_alloc_failures: u64,
+    evictions_requested: u64,
+}
+
+/// One core's allocator over the shared arena. Not `Sync`: it lives on its core.
+pub struct ShardArena {
+    shard: usize,
+    arena: Arc<Arena>,
+    mem: TableMemory,
+    batch: BlockBatch,
+    buddy: Buddy,
+    bump: Bump,
+    pins: HashMap<HeadLoc, PinState>,
+    fixed_reservation: ReservationKind,
+    small_reservation: ReservationKind,
+    counters: Counters,
+}
+
+impl ShardArena {
+    pub(super) fn new(arena: Arc<Arena>, shard: usize) -> ShardArena {
+        let config = &arena.plan().config;
+        ShardArena {
+            shard,
+            mem: TableMemory::new(arena.table_arc()),
+            batch: BlockBatch::new(),
+            buddy: Buddy::new(config.block_bytes, config.ram_head_bytes),
+            bump: Bump::new(config.block_bytes, config.small_min_alloc_bytes as u32),
+            pins: HashMap::new(),
+            fixed_reservation: config.head_reservation(),
+            small_reservation: config.small_reservation(),
+            counters: Counters::default(),
+            arena,
+        }
+    }
+
+    pub fn shard(&self) -> usize {
+        self.shard
+    }
+
+    pub fn arena(&self) -> &Arc<Arena> {
+        &self.arena
+    }
+
+    pub fn ram_head_bytes(&self) -> u64 {
+        self.arena.plan().config.ram_head_bytes
+    }
+
+    /// The largest payload the small class takes: below `ram_head`, and fitting a block with
+    /// its header.
+    pub fn small_max_payload(&self) -> u32 {
+        (self.ram_head_bytes() - 1).min(u64::from(self.bump.max_payload())) as u32
+    }
+
+    /// Bytes a small payload occupies in the arena (header and granule rounding included).
+    pub fn small_footprint(&self, payload_len: u32) -> u32 {
+        self.bump.footprint(payload_len)
+    }
+
+    fn ranks(&self, kind: ReservationKind) -> usize {
+        self.arena.ranks(kind)
+    }
+
+    fn acquire_block(&mut self, kind: ReservationKind, rank: usize) -> Option<BlockId> {
+        self.batch.acquire(self.arena.pool(), kind, rank)
+    }
+
+    fn release_block(&mut self, block: BlockId) {
+        let (kind, rank) = self.arena.home_of(block);
+        self.batch.release(self.arena.pool(), kind, rank, block);
+    }
+
+    /// One attempt at a small reservation: local region first (its partly used blocks, then
+    /// a fresh block), then each foreign region in order. No compaction, no eviction.
+    pub fn try_reserve_small(&mut self, payload_len: u32) -> Result<Reserved, AllocError> {
+        let max = self.small_max_payload();
+        if payload_len > max {
+            return Err(AllocError::TooLarge {
+                payload_bytes: payload_len.into(),
+                max_bytes: max.into(),
+            });
+        }
+        let kind = self.small_reservation;
+        for rank in 0..self.ranks(kind) {
+            if let Some(loc) = self.bump.alloc(rank, payload_len, &mut self.mem) {
+                return Ok(Reserved {
+                    loc,
+                    class: HeadClass::Small,
+                });
+            }
+            if let Some(block) = self.acquire_block(kind, rank) {
+                self.bump.add_block(block, rank);
+                let loc = self
+                    .bump
+                    .alloc(rank, payload_len, &mut self.mem)
+                    .expect("a fresh block fits any small payload");
+                return Ok(Reserved {
+                    loc,
+                    class: HeadClass::Small,
+                });
+            }
+        }
+        Err(AllocError::OutOfMemory {
+            class: HeadClass::Small,
+        })
+    }
+
+    /// One attempt at a fixed-head slot, local region first. No eviction.
+    pub fn try_reserve_fixed(&mut self) -> Result<Reserved, AllocError> {
+        let kind = self.fixed_reservation;
+        for rank in 0..self.ranks(kind) {
+            let (block, offset) = match self.buddy.alloc(rank, 0) {
+                Some(slot) => slot,
+                None => match self.acquire_block(kind, rank) {
+                    Some(block) => {
+                        self.buddy.add_block(block, rank);
+                        self.buddy.alloc(rank, 0).expect("a fresh block has a slot")
+                    }
+                    None => continue,
+                },
+            };
+            *self.buddy.counters_mut(block).1 += 1;
+            let loc = HeadLoc { block, offset };
+            return Ok(Reserved {
+                loc,
+                class: HeadClass::Fixed,
+            });
+        }
+        Err(AllocError::OutOfMemory {
+            class: HeadClass::Fixed,
+        })
+    }
+
+    /// Whether compaction may run for a small payload now: at least one `ram_head` of dead
+    /// space is reclaimable (ADR-0008) and compacting some block would fit the payload.
+    pub fn compaction_would_help(&self, payload_len: u32) -> bool {
+        self.bump.reclaimable_dead_bytes() >= self.ram_head_bytes()
+            && self.bump.compaction_would_fit(payload_len)
+    }
+
+    /// Compacts until a block has room for `payload_len`, reporting every move.
+    pub fn compact_for(
+        &mut self,
+        payload_len: u32,
+        relocate: &mut dyn FnMut(Relocation<'_>),
+    ) -> CompactionReport {
+        let report = self.bump.compact_for(payload_len, &mut self.mem, relocate);
+        self.count_compaction(report);
+        report
+    }
+
+    /// Compacts every block that has reclaimable dead space (maintenance and tests).
+    pub fn compact_all(&mut self, relocate: &mut dyn FnMut(Relocation<'_>)) -> CompactionReport {
+        self.compact_for(u32::MAX / 2, relocate)
+    }
+
+    fn count_compaction(&mut self, report: CompactionReport) {
+        if report.blocks_compacted > 0 {
+            self.counters.compactions += 1;
+            let total = &mut self.counters.compaction;
+            total.blocks_compacted += report.blocks_compacted;
+            total.objects_moved += report.objects_moved;
+            total.bytes_moved += report.bytes_moved;
+            total.bytes_reclaimed += report.bytes_reclaimed;
+        }
+    }
+
+    /// Admission of a small payload: allocate; when short, compact if old dead space
+    /// suffices; otherwise evict one victim and, if that made enough dead space, compact
+    /// before asking for another. Fails only when nothing is left to evict.
+    pub fn admit_small(
+        &mut self,
+        payload_len: u32,
+        host: &mut dyn AdmissionHost,
+    ) -> Result<Reserved, AllocError> {
+        loop {
+            match self.try_reserve_small(payload_len) {
+                Ok(reserved) => return Ok(reserved),
+                Err(AllocError::OutOfMemory { .. }) => {}
+                Err(too_large) => return Err(too_large),
+            }
+            if self.compaction_would_help(payload_len) {
+                self.compact_for(payload_len, &mut |moved| host.relocate(moved));
+                continue;
+            }
+            self.counters.evictions_requested += 1;
+            if !host.evict_one(self) {
+                self.counters.small_alloc_failures += 1;
+                return Err(AllocError::OutOfMemory {
+                    class: HeadClass::Small,
+                });
+            }
+        }
+    }
+
+    /// Admission of a fixed head: allocate, evicting victims until a slot frees up.
+    pub fn admit_fixed(&mut self, host: &mut dyn AdmissionHost) -> Result<Reserved, AllocError> {
+        loop {
+            if let Ok(reserved) = self.try_reserve_fixed() {
+                return Ok(reserved);
+            }
+            self.counters.evictions_requested += 1;
+            if !host.evict_one(self) {
+                self.counters.fixed_alloc_failures += 1;
+                return Err(AllocError::OutOfMemory {
+                    class: HeadClass::Fixed,
+                });
+            }
+        }
+    }
+
+    /// The bytes of a reservation, to fill before publishing.
+    pub fn reserved_mut(&mut self, reserved: &Reserved) -> &mut [u8] {
+        let range = self.range(reserved.loc, reserved.class);
+        &mut self.mem.bytes_mut(reserved.loc.block)[range]
+    }
+
+    /// Makes a reservation a live head: from now on compaction may move it.
+    pub fn publish(&mut self, reserved: Reserved) -> HeadLoc {
+        match reserved.class {
+            HeadClass::Small => self.bump.publish(reserved.loc),
+            HeadClass::Fixed => {
+                let unpublished = self.buddy.counters_mut(reserved.loc.block).1;
+                assert!(*unpublished > 0, "{} published twice", reserved.loc);
+                *unpublished -= 1;
+            }
+        }
+        reserved.loc
+    }
+
+    /// Gives a reservation's room back without publishing it.
+    pub fn abort(&mut self, reserved: Reserved) {
+        let loc = self.publish(reserved);
+        self.free_now(loc);
+    }
+
+    /// Which class owns the block of `loc`.
+    pub fn class_of(&self, loc: HeadLoc) -> HeadClass {
+        if self.bump.owns(loc.block) {
+            HeadClass::Small
+        } else {
+            assert!(
+                self.buddy.owns(loc.block),
+                "{loc} is not in this shard's arena"
+            );
+            HeadClass::Fixed
+        }
+    }
+
+    fn range(&self, loc: HeadLoc, class: HeadClass) -> std::ops::Range<usize> {
+        match class {
+            HeadClass::Small => self.bump.payload_range(loc, &self.mem),
+            HeadClass::Fixed => {
+                debug_assert!(
+                    self.buddy.is_allocated(loc.block, loc.offset, 0),
+                    "{loc} not live"
+                );
+                let start = loc.offset as usize;
+                start..start + self.ram_head_bytes() as usize
+            }
+        }
+    }
+
+    /// A live head's bytes: the payload of a small object, or the whole `ram_head` slot.
+    pub fn bytes(&self, loc: HeadLoc) -> &[u8] {
+        let range = self.range(loc, self.class_of(loc));
+        &self.mem.bytes(loc.block)[range]
+    }
+
+    /// Pins a head for a reader (ADR-0017): until the last unpin it never moves, and a free
+    /// of it only takes effect at the last unpin.
+    pub fn pin(&mut self, loc: HeadLoc) {
+        let state = self.pins.entry(loc).or_default();
+        assert!(!state.free_pending, "{loc} pinned after it was freed");
+        state.readers += 1;
+        if state.readers == 1 {
+            *self.block_counters(loc).0 += 1;
+        }
+    }
+
+    /// Drops one reader's pin; frees the head if its owner freed it meanwhile.
+    pub fn unpin(&mut self, loc: HeadLoc) {
+        let state = self
+            .pins
+            .get_mut(&loc)
+            .expect("unpin of a head that is not pinned");
+        state.readers -= 1;
+        if state.readers > 0 {
+            return;
+        }
+        let free_pending = state.free_pending;
+        self.pins.remove(&loc);
+        *self.block_counters(loc).0 -= 1;
+        if free_pending {
+            self.free_now(loc);
+        } else if self.bump.owns(loc.block) {
+            // The last pin may have been all that kept a dead block from leaving.
+            if let Some(block) = self.bump.release_if_empty(loc.block) {
+                self.release_block(block);
+            }
+        }
+    }
+
+    pub fn is_pinned(&self, loc: HeadLoc) -> bool {
+        self.pins.contains_key(&loc)
+    }
+
+    fn block_counters(&mut self, loc: HeadLoc) -> (&mut u32, &mut u32) {
+        if self.bump.owns(loc.block) {
+            self.bump.counters_mut(loc.block)
+        } else {
+            self.buddy.counters_mut(loc.block)
+        }
+    }
+
+    /// Frees a live head (deferred to the last unpin when pinned).
+    pub fn free(&mut self, loc: HeadLoc) {
+        if let Some(state) = self.pins.get_mut(&loc) {
+            assert!(!state.free_pending, "{loc} freed twice");
+            state.free_pending = true;
+            return;
+        }
+        self.free_now(loc);
+    }
+
+    fn free_now(&mut self, loc: HeadLoc) {
+        let emptied = if self.bump.owns(loc.block) {
+            self.bump.free(loc, &mut self.mem)
+        } else {
+            self.buddy.free(loc.block, loc.offset, 0)
+        };
+        if let Some(block) = emptied {
+            self.release_block(block);
+        }
+    }
+
+    /// Gives every idle block in the batch back to the global pool.
+    pub fn return_idle_blocks(&mut self) {
+        self.batch.return_all(self.arena.pool());
+    }
+
+    /// Dead small-object bytes compaction could reclaim now.
+    pub fn reclaimable_dead_bytes(&self) -> u64 {
+        self.bump.reclaimable_dead_bytes()
+    }
+
+    /// Blocks this core holds: (in use by fixed heads, in use by small objects, idle).
+    pub fn blocks_held(&self) -> Vec<BlockId> {
+        let mut blocks: Vec<BlockId> = self
+            .buddy
+            .blocks()
+            .chain(self.bump.blocks())
+            .map(|(id, _)| id)
+            .chain(self.batch.all_held())
+            .collect();
+        blocks.sort_unstable();
+        blocks
+    }
+
+    /// Whether a fixed-head block is completely occupied (a promotion candidate).
+    pub fn is_full_fixed_block(&self, block: BlockId) -> bool {
+        self.buddy.is_full(block)
+    }
+
+    pub fn stats(&self) -> ShardArenaStats {
+        let regions = self.arena.plan().regions.len();
+        let mut per_region = vec![ShardRegionStats::default(); regions];
+        for (block, _) in self.buddy.blocks() {
+            let region = &mut per_region[self.arena.table().region_of(block)];
+            region.blocks_fixed += 1;
+            region.fixed_heads_live += u64::from(self.buddy.used_chunks(block));
+        }
+        for (block, _) in self.bump.blocks() {
+            let region = &mut per_region[self.arena.table().region_of(block)];
+            let (live, dead, objects) = self.bump.usage(block).expect("held block");
+            region.blocks_small += 1;
+            region.small_live_bytes += u64::from(live);
+            region.small_dead_bytes += u64::from(dead);
+            region.small_objects_live += u64::from(objects);
+        }
+        for block in self.batch.all_held() {
+            per_region[self.arena.table().region_of(block)].blocks_idle += 1;
+        }
+        let c = &self.counters;
+        ShardArenaStats {
+            per_region,
+            compactions: c.compactions,
+            compaction_blocks: u64::from(c.compaction.blocks_compacted),
+            compaction_objects_moved: c.compaction.objects_moved,
+            compaction_bytes_moved: c.compaction.bytes_moved,
+            compaction_bytes_reclaimed: c.compaction.bytes_reclaimed,
+            fixed_alloc_failures: c.fixed_alloc_failures,
+            small_alloc_failures: c.small_alloc_failures,
+            evictions_requested: c.evictions_requested,
+            batch_refills: self.batch.refills,
+            batch_returns: self.batch.returns,
+            heads_pinned: self.pins.len() as u64,
+        }
+    }
+
+    /// Checks every allocator invariant of this core (tests; cheap enough for debug runs).
+    pub fn check_invariants(&self) {
+        self.buddy.check_invariants();
+        self.bump.check_invariants(&self.mem);
+        let held = self.blocks_held();
+        assert!(
+            held.windows(2).all(|w| w[0] != w[1]),
+            "a block is held twice"
+        );
+        for &block in &held {
+            let (kind, _) = self.arena.home_of(block);
+            if self.buddy.owns(block) {
+                assert_eq!(
+                    kind, self.fixed_reservation,
+                    "{block}: fixed head in wrong pool"
+                );
+                assert!(!self.bump.owns(block), "{block} has two classes");
+            }
+            if self.bump.owns(block) {
+                assert_eq!(
+                    kind, self.small_reservation,
+                    "{block}: small object in wrong pool"
+                );
+            }
+            assert!(
+                !self.arena.pool().with(|pool| pool.is_free(block)),
+                "{block} is free and held"
+            );
+        }
+        for (loc, pin) in &self.pins {
+            assert!(pin.readers > 0);
+            let pinned = if self.bump.owns(loc.block) {
+                self.bump.pinned(loc.block)
+            } else {
+                self.buddy.pinned(loc.block)
+            };
+            assert!(pinned > 0, "{loc} pinned but its block does not count it");
+        }
+    }
+}

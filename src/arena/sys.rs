@@ -1,0 +1,239 @@
+//! The few system calls the arena needs to map, bind, populate, lock and inspect memory.
+//! This is one of the modules that may hold `unsafe`: each call says why it is sound.
+
+use std::io;
+use std::ptr::{self, NonNull};
+
+use crate::topology::NodeId;
+
+const MPOL_BIND: libc::c_int = 2;
+const MPOL_F_STATIC_NODES: libc::c_int = 1 << 15;
+const MPOL_MF_STRICT: libc::c_uint = 1 << 0;
+/// `madvise` advice that faults pages in writable and reports failure instead of SIGBUS
+/// (Linux 5.14). Hugetlb pages missing from a node's pool then give ENOMEM, not a crash.
+const MADV_POPULATE_WRITE: libc::c_int = 23;
+const MAP_HUGE_SHIFT: libc::c_int = 26;
+/// Node mask width handed to the kernel: enough for any node id it accepts.
+const NODE_MASK_BITS: usize = 1024;
+/// Pages asked about per `move_pages` call.
+const MOVE_PAGES_BATCH: usize = 4096;
+const CAP_IPC_LOCK: u32 = 14;
+
+/// An anonymous private mapping, unmapped on drop.
+#[derive(Debug)]
+pub struct Mapping {
+    base: NonNull<u8>,
+    len: usize,
+}
+
+// SAFETY: the mapping is plain memory owned by this value; which thread touches which bytes is
+// decided by the block pools above (a block belongs to one shard at a time).
+unsafe impl Send for Mapping {}
+// SAFETY: as above; `&Mapping` only hands out the base address.
+unsafe impl Sync for Mapping {}
+
+impl Mapping {
+    /// Maps `len` bytes of anonymous memory, aligned to `align` bytes. With `huge_page_bytes`
+    /// the mapping comes from the hugetlb pool of that page size (already aligned to it).
+    pub fn anonymous(
+        len: usize,
+        align: usize,
+        huge_page_bytes: Option<u64>,
+    ) -> io::Result<Mapping> {
+        assert!(len > 0 && align.is_power_of_two());
+        let mut flags = libc::MAP_PRIVATE | libc::MAP_ANONYMOUS | libc::MAP_NORESERVE;
+        let map_len = match huge_page_bytes {
+            Some(page) => {
+                assert!(page.is_power_of_two() && len as u64 % page == 0);
+                flags &= !libc::MAP_NORESERVE;
+                flags |=
+                    libc::MAP_HUGETLB | ((page.trailing_zeros() as libc::c_int) << MAP_HUGE_SHIFT);
+                len
+            }
+            // Over-map so an aligned window of `len` bytes exists, then trim both ends.
+            None => len + align,
+        };
+        // SAFETY: a fresh anonymous mapping at an address of the kernel's choosing aliases
+        // nothing; the result is checked before use.
+        let raw = unsafe {
+            libc::mmap(
+                ptr::null_mut(),
+                map_len,
+                libc::PROT_READ | libc::PROT_WRITE,
+                flags,
+                -1,
+                0,
+            )
+        };
+        if raw == libc::MAP_FAILED {
+            return Err(io::Error::last_os_error());
+        }
+        let raw = raw as usize;
+        if huge_page_bytes.is_some() {
+            debug_assert_eq!(raw % align.min(huge_page_bytes.unwrap_or(0) as usize), 0);
+            let base = NonNull::new(raw as *mut u8).expect("mmap never returns null on success");
+            return Ok(Mapping { base, len });
+        }
+        let start = (raw + align - 1) & !(align - 1);
+        let head = start - raw;
+        let tail = map_len - head - len;
+        // SAFETY: both trimmed ranges lie inside the mapping just made and hold nothing yet.
+        unsafe {
+            if head > 0 {
+                libc::munmap(raw as *mut libc::c_void, head);
+            }
+            if tail > 0 {
+                libc::munmap((start + len) as *mut libc::c_void, tail);
+            }
+        }
+        let base = NonNull::new(start as *mut u8).expect("aligned start inside a mapping");
+        Ok(Mapping { base, len })
+    }
+
+    pub fn base(&self) -> NonNull<u8> {
+        self.base
+    }
+
+    pub fn len(&self) -> usize {
+        self.len
+    }
+
+    pub fn is_empty(&self) -> bool {
+        self.len == 0
+    }
+
+    /// Binds the mapping to `node` strictly: `MPOL_BIND | MPOL_F_STATIC_NODES`, and
+    /// `MPOL_MF_STRICT` so pages already present elsewhere make the call fail.
+    pub fn bind_to_node(&self, node: NodeId) -> io::Result<()> {
+        let node = node as usize;
+        if node >= NODE_MASK_BITS {
+            return Err(io::Error::new(
+                io::ErrorKind::InvalidInput,
+                "node id beyond the mask",
+            ));
+        }
+        let mut mask = [0u64; NODE_MASK_BITS / 64];
+        mask[node / 64] |= 1 << (node % 64);
+        // SAFETY: mbind only changes the policy of our own mapping; the mask outlives the call
+        // and its bit count matches its length.
+        let rc = unsafe {
+            libc::syscall(
+                libc::SYS_mbind,
+                self.base.as_ptr(),
+                self.len,
+                MPOL_BIND | MPOL_F_STATIC_NODES,
+                mask.as_ptr(),
+                NODE_MASK_BITS as libc::c_ulong,
+                MPOL_MF_STRICT,
+            )
+        };
+        if rc == 0 {
+            Ok(())
+        } else {
+            Err(io::Error::last_os_error())
+        }
+    }
+
+    /// Faults every page in, writable, under the mapping's policy. Errors (ENOMEM when a
+    /// node's hugetlb pool is short) come back instead of a SIGBUS on first touch.
+    pub fn populate(&self) -> io::Result<()> {
+        // SAFETY: advice on our own mapping; it writes nothing we can observe except zeroes.
+        let rc = unsafe {
+            libc::madvise(
+                self.base.as_ptr() as *mut libc::c_void,
+                self.len,
+                MADV_POPULATE_WRITE,
+            )
+        };
+        if rc == 0 {
+            Ok(())
+        } else {
+            Err(io::Error::last_os_error())
+        }
+    }
+
+    /// Locks the mapping resident so the head is never paged out to the disk it avoids.
+    pub fn lock(&self) -> io::Result<()> {
+        // SAFETY: mlock on our own mapping changes residency only.
+        let rc = unsafe { libc::mlock(self.base.as_ptr() as *const libc::c_void, self.len) };
+        if rc == 0 {
+            Ok(())
+        } else {
+            Err(io::Error::last_os_error())
+        }
+    }
+
+    /// The node of every `page_bytes` page (kernel `move_pages` with no target: a query).
+    /// A negative entry is an errno: `-ENOENT` for a page that is not present.
+    pub fn page_nodes(&self, page_bytes: usize) -> io::Result<Vec<i32>> {
+        assert!(page_bytes.is_power_of_two() && self.len % page_bytes == 0);
+        let pages = self.len / page_bytes;
+        let mut status = vec![i32::MIN; pages];
+        let mut addrs: Vec<*mut libc::c_void> = Vec::with_capacity(MOVE_PAGES_BATCH);
+        for first in (0..pages).step_by(MOVE_PAGES_BATCH) {
+            let count = MOVE_PAGES_BATCH.min(pages - first);
+            addrs.clear();
+            // wrapping_add keeps this free of unsafe; every address is inside the mapping.
+            addrs.extend((first..first + count).map(|page| {
+                self.base.as_ptr().wrapping_add(page * page_bytes) as *mut libc::c_void
+            }));
+            // SAFETY: a query (null target nodes) on addresses of our own mapping; the kernel
+            // writes `count` entries into a slice of exactly that length.
+            let rc = unsafe {
+                libc::syscall(
+                    libc::SYS_move_pages,
+                    0,
+                    count as libc::c_ulong,
+                    addrs.as_ptr(),
+                    ptr::null::<libc::c_int>(),
+                    status[first..first + count].as_mut_ptr(),
+                    0,
+                )
+            };
+            if rc != 0 {
+                return Err(io::Error::last_os_error());
+            }
+        }
+        Ok(status)
+    }
+}
+
+impl Drop for Mapping {
+    fn drop(&mut self) {
+        // SAFETY: we own the mapping; nothing borrowed from it outlives `self`.
+        unsafe {
+            libc::munmap(self.base.as_ptr() as *mut libc::c_void, self.len);
+        }
+    }
+}
+
+/// The soft RLIMIT_MEMLOCK in bytes (`None` when unlimited).
+pub fn memlock_limit_bytes() -> Option<u64> {
+    let limit = nix::sys::resource::getrlimit(nix::sys::resource::Resource::RLIMIT_MEMLOCK)
+        .map(|(soft, _hard)| soft)
+        .unwrap_or(0);
+    if limit == libc::RLIM_INFINITY {
+        None
+    } else {
+        Some(limit)
+    }
+}
+
+/// Whether the process holds CAP_IPC_LOCK, which exempts it from RLIMIT_MEMLOCK.
+pub fn has_cap_ipc_lock() -> bool {
+    std::fs::read_to_string("/proc/self/status")
+        .ok()
+        .and_then(|status| {
+            let line = status.lines().find(|line| line.starts_with("CapEff:"))?;
+            u64::from_str_radix(line["CapEff:".len()..].trim(), 16).ok()
+        })
+        .is_some_and(|caps| caps & (1 << CAP_IPC_LOCK) != 0)
+}
+
+/// The base page size of this machine.
+pub fn base_page_bytes() -> usize {
+    nix::unistd::sysconf(nix::unistd::SysconfVar::PAGE_SIZE)
+        .ok()
+        .flatten()
+        .map_or(4096, |size| size as usize)
+}

@@ -1,0 +1,583 @@
+//! Start-up configuration: flags (clap), an optional TOML file (`--config`), and the rules of
+//! ADR-0008 checked before any memory is mapped.
+//!
+//! The command line wins over the file. Every rule has its own [`ConfigError`], whose message
+//! is one sentence naming the flag and the rule; the binary exits with status 2 on any of them.
+
+mod size;
+
+use std::fmt;
+use std::net::{IpAddr, SocketAddr, ToSocketAddrs};
+use std::path::{Path, PathBuf};
+use std::str::FromStr;
+
+use clap::Parser;
+use serde::Deserialize;
+
+pub use size::{ByteSize, SizeParseError};
+
+use crate::arena::{ArenaConfig, NumaMode};
+use crate::topology::{NodeId, Topology};
+
+/// Exit status for every configuration error (as clap uses for usage errors).
+pub const CONFIG_ERROR_EXIT: i32 = 2;
+/// The smallest I/O granule and the alignment every head keeps (device block, ADR-0011).
+pub const DEVICE_BLOCK_BYTES: u64 = 4096;
+/// io_uring registers buffers of at most 1 GiB; a block must fit one.
+pub const MAX_BLOCK_BYTES: u64 = 1 << 30;
+
+pub const DEFAULT_MEMORY: ByteSize = ByteSize(64 << 20);
+pub const DEFAULT_RAM_HEAD: ByteSize = ByteSize(256 << 10);
+pub const DEFAULT_IO_CHUNK: ByteSize = ByteSize(1 << 20);
+pub const DEFAULT_SMALL_MIN_ALLOC: u64 = 16;
+pub const DEFAULT_LISTEN: &str = "127.0.0.1:11211";
+
+/// `--block` default: the platform huge page order (ADR-0008).
+pub const fn default_block() -> ByteSize {
+    ByteSize(crate::topology::platform_huge_page_bytes())
+}
+
+/// `--numa` value: a node number or `auto`.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum NumaArg {
+    Auto,
+    Node(NodeId),
+}
+
+impl FromStr for NumaArg {
+    type Err = String;
+
+    fn from_str(text: &str) -> Result<Self, Self::Err> {
+        if text.eq_ignore_ascii_case("auto") {
+            return Ok(NumaArg::Auto);
+        }
+        text.parse()
+            .map(NumaArg::Node)
+            .map_err(|_| format!("'{text}' is neither a NUMA node number nor 'auto'"))
+    }
+}
+
+impl<'de> Deserialize<'de> for NumaArg {
+    fn deserialize<D: serde::Deserializer<'de>>(deserializer: D) -> Result<Self, D::Error> {
+        #[derive(Deserialize)]
+        #[serde(untagged)]
+        enum Raw {
+            Node(NodeId),
+            Text(String),
+        }
+        match Raw::deserialize(deserializer)? {
+            Raw::Node(node) => Ok(NumaArg::Node(node)),
+            Raw::Text(text) => text.parse().map_err(serde::de::Error::custom),
+        }
+    }
+}
+
+const AFTER_HELP: &str = "\
+Sizes take binary units: 4G, 256M, 2MiB, 64k, or plain bytes.
+Every budget is whole --block units; the command line wins over --config.
+Set HEADROOM_TOPOLOGY=FILE to plan against a synthetic NUMA layout (docs/topology.md).
+Exit status: 0 ok, 1 runtime failure, 2 invalid configuration.";
+
+/// Command-line flags. Every setting is optional here so the file can supply it.
+#[derive(Parser, Debug, Default, Clone)]
+#[command(name = "headroom", version, about = "A thread-per-core io_uring cache server \
+    for objects of any size, speaking the memcached binary protocol", after_help = AFTER_HELP)]
+pub struct Cli {
+    /// Read settings from this TOML file (keys are the flag names without `--`).
+    #[arg(long, value_name = "FILE")]
+    pub config: Option<PathBuf>,
+
+    /// Print the memory plan (one line per region) and exit without mapping anything.
+    #[arg(long)]
+    pub dry_run: bool,
+
+    /// Serving NUMA node: a node number, or `auto` (the node of the NIC that holds --listen,
+    /// else node 0). Default: auto.
+    #[arg(long, value_name = "NODE|auto", conflicts_with = "no_numa")]
+    pub numa: Option<NumaArg>,
+
+    /// Do not bind memory or threads to any NUMA node.
+    #[arg(long)]
+    pub no_numa: bool,
+
+    /// Fixed-head (and, without --small-memory, small-object) RAM on the serving node
+    /// [default: 64M].
+    #[arg(long, value_name = "SIZE")]
+    pub memory: Option<ByteSize>,
+
+    /// Fixed-head RAM on every other online node; needs an explicit --numa [default: 0].
+    #[arg(long, value_name = "SIZE")]
+    pub sub_memory: Option<ByteSize>,
+
+    /// Dedicated small-object RAM on the serving node; splits the pools so heads and small
+    /// objects never borrow from each other.
+    #[arg(long, value_name = "SIZE")]
+    pub small_memory: Option<ByteSize>,
+
+    /// Dedicated small-object RAM on every other online node; needs --small-memory and an
+    /// explicit --numa [default: 0].
+    #[arg(long, value_name = "SIZE")]
+    pub small_sub_memory: Option<ByteSize>,
+
+    /// Allocation block: a power-of-two multiple of the huge page size
+    /// [default: 2M on x86-64, 32M on aarch64].
+    #[arg(long, value_name = "SIZE")]
+    pub block: Option<ByteSize>,
+
+    /// RAM head per object: a power of two from 4K up to --block. Smaller objects are packed;
+    /// larger ones keep their first ram-head bytes in RAM [default: 256K].
+    #[arg(long, value_name = "SIZE")]
+    pub ram_head: Option<ByteSize>,
+
+    /// Packing granule of small objects, 8 or 16 bytes [default: 16].
+    #[arg(long, value_name = "BYTES")]
+    pub small_min_alloc: Option<u64>,
+
+    /// I/O chunk of the streaming pools: a power of two from 4K up to --block [default: 1M].
+    #[arg(long, value_name = "SIZE")]
+    pub io_chunk: Option<ByteSize>,
+
+    /// Benchmark only: map the preferred regions on the node farthest from the serving node,
+    /// inverting memory locality while threads stay put.
+    #[arg(long)]
+    pub perverse: bool,
+
+    /// Address to serve on; also picks the node for `--numa auto` [default: 127.0.0.1:11211].
+    #[arg(long, value_name = "ADDR")]
+    pub listen: Option<String>,
+
+    /// Log filter: error, warn, info, debug, trace, or a tracing directive [default: info].
+    #[arg(long, value_name = "LEVEL")]
+    pub log_level: Option<String>,
+}
+
+/// The `--config` file: the same settings, spelled as the flags without `--`.
+#[derive(Deserialize, Debug, Default, Clone)]
+#[serde(deny_unknown_fields, rename_all = "kebab-case")]
+pub struct FileConfig {
+    pub numa: Option<NumaArg>,
+    #[serde(default)]
+    pub no_numa: bool,
+    pub memory: Option<ByteSize>,
+    pub sub_memory: Option<ByteSize>,
+    pub small_memory: Option<ByteSize>,
+    pub small_sub_memory: Option<ByteSize>,
+    pub block: Option<ByteSize>,
+    pub ram_head: Option<ByteSize>,
+    pub small_min_alloc: Option<u64>,
+    pub io_chunk: Option<ByteSize>,
+    #[serde(default)]
+    pub perverse: bool,
+    pub listen: Option<String>,
+    pub log_level: Option<String>,
+}
+
+impl FileConfig {
+    pub fn read(path: &Path) -> Result<FileConfig, ConfigError> {
+        let text = std::fs::read_to_string(path).map_err(|err| ConfigError::File {
+            path: path.to_path_buf(),
+            reason: err.to_string(),
+        })?;
+        toml::from_str(&text).map_err(|err| ConfigError::File {
+            path: path.to_path_buf(),
+            reason: err.message().to_string(),
+        })
+    }
+}
+
+/// A configuration rule that was broken. Each message is one sentence that names the flag.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum ConfigError {
+    File {
+        path: PathBuf,
+        reason: String,
+    },
+    NumaAndNoNuma,
+    NumaNodeOffline {
+        node: NodeId,
+        online: Vec<NodeId>,
+    },
+    BlockNotPowerOfTwo {
+        block: u64,
+    },
+    BlockNotHugePageMultiple {
+        block: u64,
+        huge_page: u64,
+    },
+    BlockTooLarge {
+        block: u64,
+    },
+    RamHeadNotPowerOfTwo {
+        ram_head: u64,
+    },
+    RamHeadTooSmall {
+        ram_head: u64,
+    },
+    RamHeadLargerThanBlock {
+        ram_head: u64,
+        block: u64,
+    },
+    SmallMinAlloc {
+        value: u64,
+    },
+    IoChunkNotPowerOfTwo {
+        io_chunk: u64,
+    },
+    IoChunkTooSmall {
+        io_chunk: u64,
+    },
+    IoChunkLargerThanBlock {
+        io_chunk: u64,
+        block: u64,
+    },
+    BudgetBelowBlock {
+        flag: &'static str,
+        bytes: u64,
+        block: u64,
+    },
+    BudgetNotBlockMultiple {
+        flag: &'static str,
+        bytes: u64,
+        block: u64,
+    },
+    BudgetNotHugePageMultiple {
+        flag: &'static str,
+        bytes: u64,
+        huge_page: u64,
+    },
+    TooManyBlocks {
+        blocks: u64,
+    },
+    SubMemoryNeedsExplicitNuma,
+    SmallSubMemoryNeedsSmallMemory,
+    SmallSubMemoryNeedsExplicitNuma,
+    PerverseWithNoNuma,
+    PerverseNeedsTwoNodes {
+        online: usize,
+    },
+    Listen {
+        text: String,
+        reason: String,
+    },
+}
+
+impl fmt::Display for ConfigError {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        use ConfigError::*;
+        let b = |bytes: &u64| ByteSize(*bytes);
+        match self {
+            File { path, reason } => write!(f, "--config {}: {reason}", path.display()),
+            NumaAndNoNuma => write!(f, "--numa and --no-numa cannot be used together"),
+            NumaNodeOffline { node, online } => {
+                write!(f, "--numa {node} is not an online NUMA node (online: {online:?})")
+            }
+            BlockNotPowerOfTwo { block } => {
+                write!(f, "--block {} must be a power of two", b(block))
+            }
+            BlockNotHugePageMultiple { block, huge_page } => write!(
+                f,
+                "--block {} must be a power-of-two multiple of the {} huge page size",
+                b(block),
+                b(huge_page)
+            ),
+            BlockTooLarge { block } => write!(
+                f,
+                "--block {} must be at most {} (the largest buffer io_uring registers)",
+                b(block),
+                b(&MAX_BLOCK_BYTES)
+            ),
+            RamHeadNotPowerOfTwo { ram_head } => {
+                write!(f, "--ram-head {} must be a power of two", b(ram_head))
+            }
+            RamHeadTooSmall { ram_head } => write!(
+                f,
+                "--ram-head {} must be at least {} so every fixed head stays O_DIRECT-aligned",
+                b(ram_head),
+                b(&DEVICE_BLOCK_BYTES)
+            ),
+            RamHeadLargerThanBlock { ram_head, block } => write!(
+                f,
+                "--ram-head {} must be no larger than --block {}",
+                b(ram_head),
+                b(block)
+            ),
+            SmallMinAlloc { value } => {
+                write!(f, "--small-min-alloc {value} must be 8 or 16 (bytes)")
+            }
+            IoChunkNotPowerOfTwo { io_chunk } => {
+                write!(f, "--io-chunk {} must be a power of two", b(io_chunk))
+            }
+            IoChunkTooSmall { io_chunk } => write!(
+                f,
+                "--io-chunk {} must be at least {} (the device block)",
+                b(io_chunk),
+                b(&DEVICE_BLOCK_BYTES)
+            ),
+            IoChunkLargerThanBlock { io_chunk, block } => write!(
+                f,
+                "--io-chunk {} must be no larger than --block {}",
+                b(io_chunk),
+                b(block)
+            ),
+            BudgetBelowBlock { flag, bytes, block } => write!(
+                f,
+                "{flag} {} must be at least one --block ({})",
+                b(bytes),
+                b(block)
+            ),
+            BudgetNotBlockMultiple { flag, bytes, block } => write!(
+                f,
+                "{flag} {} must be a whole multiple of --block {} (sizes are never rounded)",
+                b(bytes),
+                b(block)
+            ),
+            BudgetNotHugePageMultiple { flag, bytes, huge_page } => write!(
+                f,
+                "{flag} {} must be a whole multiple of the {} huge page size (sizes are never rounded)",
+                b(bytes),
+                b(huge_page)
+            ),
+            TooManyBlocks { blocks } => write!(
+                f,
+                "--memory and the other budgets add up to {blocks} blocks, more than 2^32; use a larger --block"
+            ),
+            SubMemoryNeedsExplicitNuma => write!(
+                f,
+                "--sub-memory needs an explicit --numa NODE (automatic selection may not commit memory on every node)"
+            ),
+            SmallSubMemoryNeedsSmallMemory => {
+                write!(f, "--small-sub-memory needs --small-memory")
+            }
+            SmallSubMemoryNeedsExplicitNuma => write!(
+                f,
+                "--small-sub-memory needs an explicit --numa NODE (automatic selection may not commit memory on every node)"
+            ),
+            PerverseWithNoNuma => write!(f, "--perverse cannot be used with --no-numa"),
+            PerverseNeedsTwoNodes { online } => write!(
+                f,
+                "--perverse needs at least two online NUMA nodes, and this machine has {online}"
+            ),
+            Listen { text, reason } => write!(f, "--listen {text}: {reason}"),
+        }
+    }
+}
+
+impl std::error::Error for ConfigError {}
+
+/// Fully resolved settings, every rule checked.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Settings {
+    pub arena: ArenaConfig,
+    pub listen: SocketAddr,
+    pub dry_run: bool,
+    pub log_level: String,
+    /// Why the serving node is what it is (logged at start-up).
+    pub numa_reason: String,
+}
+
+/// Merges the file (if any) under the flags and checks every rule against `topology`.
+pub fn resolve(cli: &Cli, topology: &Topology) -> Result<Settings, ConfigError> {
+    let file = match &cli.config {
+        Some(path) => FileConfig::read(path)?,
+        None => FileConfig::default(),
+    };
+    resolve_with_file(cli, &file, topology)
+}
+
+fn parse_listen(text: &str) -> Result<SocketAddr, ConfigError> {
+    let fail = |reason: String| ConfigError::Listen {
+        text: text.to_string(),
+        reason,
+    };
+    let mut addrs = text
+        .to_socket_addrs()
+        .map_err(|err| fail(format!("not a HOST:PORT address ({err})")))?;
+    addrs
+        .next()
+        .ok_or_else(|| fail("resolves to no address".to_string()))
+}
+
+/// The node `--numa auto` picks: the NIC holding the listen address, else the lowest online
+/// node (node 0 on every ordinary machine).
+fn automatic_node(listen: IpAddr, topology: &Topology) -> (NodeId, String) {
+    let fallback = topology.node_ids()[0];
+    match topology.node_of_listen_addr(listen) {
+        Some((nic, node)) => (node, format!("--numa auto: {} holds {listen} and is on node {node}", nic.name)),
+        None => (
+            fallback,
+            format!("--numa auto: no interface with a known NUMA node holds {listen}; using node {fallback}"),
+        ),
+    }
+}
+
+fn check_budget(flag: &'static str, bytes: u64, block: u64, huge: u64) -> Result<(), ConfigError> {
+    if bytes < block {
+        return Err(ConfigError::BudgetBelowBlock { flag, bytes, block });
+    }
+    if bytes % block != 0 {
+        return Err(ConfigError::BudgetNotBlockMultiple { flag, bytes, block });
+    }
+    // Implied by the two rules above and the --block rule; kept as its own check because the
+    // bound must never be rounded whatever the other rules become.
+    if bytes % huge != 0 {
+        return Err(ConfigError::BudgetNotHugePageMultiple {
+            flag,
+            bytes,
+            huge_page: huge,
+        });
+    }
+    Ok(())
+}
+
+/// [`resolve`] with the file already read (tests use this directly).
+pub fn resolve_with_file(
+    cli: &Cli,
+    file: &FileConfig,
+    topology: &Topology,
+) -> Result<Settings, ConfigError> {
+    let no_numa = cli.no_numa || (file.no_numa && cli.numa.is_none());
+    let numa = cli.numa.or(if cli.no_numa { None } else { file.numa });
+    if no_numa && numa.is_some() {
+        return Err(ConfigError::NumaAndNoNuma);
+    }
+    let listen_text = cli
+        .listen
+        .clone()
+        .or_else(|| file.listen.clone())
+        .unwrap_or_else(|| DEFAULT_LISTEN.to_string());
+    let listen = parse_listen(&listen_text)?;
+    let huge = topology.huge_page_bytes();
+
+    let block = cli.block.or(file.block).unwrap_or(default_block()).0;
+    if !block.is_power_of_two() {
+        return Err(ConfigError::BlockNotPowerOfTwo { block });
+    }
+    if block < huge {
+        return Err(ConfigError::BlockNotHugePageMultiple {
+            block,
+            huge_page: huge,
+        });
+    }
+    if block > MAX_BLOCK_BYTES {
+        return Err(ConfigError::BlockTooLarge { block });
+    }
+    let ram_head = cli.ram_head.or(file.ram_head).unwrap_or(DEFAULT_RAM_HEAD).0;
+    if !ram_head.is_power_of_two() {
+        return Err(ConfigError::RamHeadNotPowerOfTwo { ram_head });
+    }
+    if ram_head < DEVICE_BLOCK_BYTES {
+        return Err(ConfigError::RamHeadTooSmall { ram_head });
+    }
+    if ram_head > block {
+        return Err(ConfigError::RamHeadLargerThanBlock { ram_head, block });
+    }
+    let small_min_alloc = cli
+        .small_min_alloc
+        .or(file.small_min_alloc)
+        .unwrap_or(DEFAULT_SMALL_MIN_ALLOC);
+    if small_min_alloc != 8 && small_min_alloc != 16 {
+        return Err(ConfigError::SmallMinAlloc {
+            value: small_min_alloc,
+        });
+    }
+    let io_chunk = cli.io_chunk.or(file.io_chunk).unwrap_or(DEFAULT_IO_CHUNK).0;
+    if !io_chunk.is_power_of_two() {
+        return Err(ConfigError::IoChunkNotPowerOfTwo { io_chunk });
+    }
+    if io_chunk < DEVICE_BLOCK_BYTES {
+        return Err(ConfigError::IoChunkTooSmall { io_chunk });
+    }
+    if io_chunk > block {
+        return Err(ConfigError::IoChunkLargerThanBlock { io_chunk, block });
+    }
+
+    let memory = cli.memory.or(file.memory).unwrap_or(DEFAULT_MEMORY).0;
+    check_budget("--memory", memory, block, huge)?;
+    let sub_memory = cli.sub_memory.or(file.sub_memory).map_or(0, |s| s.0);
+    if sub_memory > 0 {
+        check_budget("--sub-memory", sub_memory, block, huge)?;
+    }
+    let small_memory = cli.small_memory.or(file.small_memory).map(|s| s.0);
+    if let Some(bytes) = small_memory {
+        check_budget("--small-memory", bytes, block, huge)?;
+    }
+    let small_sub_memory = cli
+        .small_sub_memory
+        .or(file.small_sub_memory)
+        .map_or(0, |s| s.0);
+    if small_sub_memory > 0 {
+        check_budget("--small-sub-memory", small_sub_memory, block, huge)?;
+    }
+
+    let explicit = matches!(numa, Some(NumaArg::Node(_)));
+    if sub_memory > 0 && !explicit {
+        return Err(ConfigError::SubMemoryNeedsExplicitNuma);
+    }
+    if small_sub_memory > 0 && small_memory.is_none() {
+        return Err(ConfigError::SmallSubMemoryNeedsSmallMemory);
+    }
+    if small_sub_memory > 0 && !explicit {
+        return Err(ConfigError::SmallSubMemoryNeedsExplicitNuma);
+    }
+    let perverse = cli.perverse || file.perverse;
+    if perverse && no_numa {
+        return Err(ConfigError::PerverseWithNoNuma);
+    }
+    if perverse && topology.online_count() < 2 {
+        return Err(ConfigError::PerverseNeedsTwoNodes {
+            online: topology.online_count(),
+        });
+    }
+
+    let (mode, numa_reason) = if no_numa {
+        (
+            NumaMode::Unbound,
+            "--no-numa: memory and threads are not bound".to_string(),
+        )
+    } else {
+        match numa {
+            Some(NumaArg::Node(node)) => {
+                if !topology.is_online(node) {
+                    return Err(ConfigError::NumaNodeOffline {
+                        node,
+                        online: topology.node_ids(),
+                    });
+                }
+                (NumaMode::Explicit(node), format!("--numa {node}"))
+            }
+            Some(NumaArg::Auto) | None => {
+                let (node, reason) = automatic_node(listen.ip(), topology);
+                (NumaMode::Automatic(node), reason)
+            }
+        }
+    };
+    let others = topology.online_count().saturating_sub(1) as u64;
+    let blocks =
+        (memory + sub_memory * others + small_memory.unwrap_or(0) + small_sub_memory * others)
+            / block;
+    if blocks > u64::from(u32::MAX) {
+        return Err(ConfigError::TooManyBlocks { blocks });
+    }
+    Ok(Settings {
+        arena: ArenaConfig {
+            numa: mode,
+            memory_bytes: memory,
+            sub_memory_bytes: sub_memory,
+            small_memory_bytes: small_memory,
+            small_sub_memory_bytes: small_sub_memory,
+            block_bytes: block,
+            ram_head_bytes: ram_head,
+            small_min_alloc_bytes: small_min_alloc,
+            io_chunk_bytes: io_chunk,
+            perverse,
+        },
+        listen,
+        dry_run: cli.dry_run,
+        log_level: cli
+            .log_level
+            .clone()
+            .or_else(|| file.log_level.clone())
+            .unwrap_or_else(|| "info".to_string()),
+        numa_reason,
+    })
+}
