@@ -1,0 +1,162 @@
+//! Real mappings on this machine: the hugetlb path (pages reserved through
+//! /proc/sys/vm/nr_hugepages when root, the old value restored) and the fallback path (no
+//! pages), both verified by reading back where every page sits.
+
+use std::sync::Mutex;
+
+use headroom::arena::{Arena, ArenaConfig, Backing, MemoryPlan, NumaMode};
+use headroom::topology::Topology;
+
+/// nr_hugepages is machine-wide: tests that change it take turns.
+static HUGEPAGES: Mutex<()> = Mutex::new(());
+const NR_HUGEPAGES: &str = "/proc/sys/vm/nr_hugepages";
+
+fn is_root() -> bool {
+    nix::unistd::geteuid().is_root()
+}
+
+/// Whether this run must exercise the root-only paths (CI runs as root and sets it).
+fn root_required() -> bool {
+    std::env::var_os("HEADROOM_REQUIRE_ROOT_TESTS").is_some()
+}
+
+/// Sets nr_hugepages and puts the old value back on drop, even when the test fails.
+struct HugePages {
+    old: String,
+}
+
+impl HugePages {
+    fn set(pages: u64) -> HugePages {
+        let old = std::fs::read_to_string(NR_HUGEPAGES).unwrap().trim().to_string();
+        std::fs::write(NR_HUGEPAGES, pages.to_string()).unwrap();
+        HugePages { old }
+    }
+}
+
+impl Drop for HugePages {
+    fn drop(&mut self) {
+        let _ = std::fs::write(NR_HUGEPAGES, &self.old);
+    }
+}
+
+fn config(node: u32, memory: u64) -> ArenaConfig {
+    ArenaConfig {
+        numa: NumaMode::Explicit(node),
+        memory_bytes: memory,
+        sub_memory_bytes: 0,
+        small_memory_bytes: None,
+        small_sub_memory_bytes: 0,
+        block_bytes: 2 << 20,
+        ram_head_bytes: 256 << 10,
+        small_min_alloc_bytes: 16,
+        io_chunk_bytes: 1 << 20,
+        perverse: false,
+    }
+}
+
+/// Maps, checks every page is on `node`, writes and reads back through the arena.
+fn map_and_verify(topology: &Topology, node: u32, memory: u64) -> Backing {
+    let plan = MemoryPlan::new(&config(node, memory), topology);
+    let arena = Arena::map_for_serving(plan, topology, 1).expect("map");
+    let region = &arena.regions()[0];
+    let nodes = region.page_nodes().unwrap();
+    assert_eq!(nodes.len() as u64, memory / region.page_bytes() as u64);
+    assert!(nodes.iter().all(|&n| n == node as i32), "pages off node {node}: {nodes:?}");
+    let mut shard = arena.shard(0);
+    let reserved = shard.try_reserve_fixed().unwrap();
+    shard.reserved_mut(&reserved).fill(0x5a);
+    let loc = shard.publish(reserved);
+    assert!(shard.bytes(loc).iter().all(|&b| b == 0x5a));
+    shard.free(loc);
+    region.backing.clone()
+}
+
+fn vm_locked_kib() -> u64 {
+    let status = std::fs::read_to_string("/proc/self/status").unwrap();
+    let line = status.lines().find(|l| l.starts_with("VmLck:")).unwrap();
+    line.split_whitespace().nth(1).unwrap().parse().unwrap()
+}
+
+#[test]
+fn fallback_path_binds_locks_and_places_every_page() {
+    let _turn = HUGEPAGES.lock().unwrap_or_else(|e| e.into_inner());
+    let _pages = is_root().then(|| HugePages::set(0));
+    let topology = Topology::from_sysfs("/sys".as_ref()).unwrap();
+    let node = topology.node_ids()[0];
+    let locked_before = vm_locked_kib();
+    let plan = MemoryPlan::new(&config(node, 8 << 20), &topology);
+    let arena = Arena::map_for_serving(plan, &topology, 1).expect("map");
+    let region = &arena.regions()[0];
+    match &region.backing {
+        Backing::Fallback { reason } => assert!(reason.contains("pool"), "{reason}"),
+        other => panic!("expected the fallback with no huge pages reserved, got {other}"),
+    }
+    assert_eq!(region.page_bytes(), 4096);
+    let nodes = region.page_nodes().unwrap();
+    assert_eq!(nodes.len(), 2048);
+    assert!(nodes.iter().all(|&n| n == node as i32));
+    assert!(vm_locked_kib() >= locked_before + 8 * 1024, "region is not locked");
+    drop(arena);
+    let _ = map_and_verify(&topology, node, 4 << 20);
+}
+
+#[test]
+fn hugetlb_path_takes_pages_from_the_nodes_pool() {
+    if !is_root() {
+        assert!(!root_required(), "HEADROOM_REQUIRE_ROOT_TESTS is set but this is not root");
+        println!("skipped: reserving huge pages needs root");
+        return;
+    }
+    let _turn = HUGEPAGES.lock().unwrap_or_else(|e| e.into_inner());
+    let _pages = HugePages::set(8);
+    let reserved: u64 = std::fs::read_to_string(NR_HUGEPAGES).unwrap().trim().parse().unwrap();
+    assert!(reserved >= 4, "the kernel reserved only {reserved} huge pages");
+    let topology = Topology::from_sysfs("/sys".as_ref()).unwrap();
+    let node = topology.node_ids()[0];
+    match map_and_verify(&topology, node, 8 << 20) {
+        Backing::HugeTlb { page_bytes } => assert_eq!(page_bytes, 2 << 20),
+        other => panic!("expected hugetlb with 8 pages reserved, got {other}"),
+    }
+}
+
+#[test]
+fn a_short_pool_falls_back_with_the_same_geometry() {
+    if !is_root() {
+        assert!(!root_required(), "HEADROOM_REQUIRE_ROOT_TESTS is set but this is not root");
+        println!("skipped: reserving huge pages needs root");
+        return;
+    }
+    let _turn = HUGEPAGES.lock().unwrap_or_else(|e| e.into_inner());
+    let _pages = HugePages::set(2);
+    let topology = Topology::from_sysfs("/sys".as_ref()).unwrap();
+    let node = topology.node_ids()[0];
+    let plan = MemoryPlan::new(&config(node, 8 << 20), &topology);
+    let blocks = plan.total_blocks();
+    let arena = Arena::map_for_serving(plan, &topology, 1).expect("map");
+    assert_eq!(arena.regions()[0].backing.name(), "fallback");
+    assert_eq!(arena.table().len() as u32, blocks, "geometry changed on fallback");
+    assert_eq!(arena.regions()[0].mapping().len(), 8 << 20);
+}
+
+#[test]
+fn memlock_limit_is_checked_before_mapping() {
+    // An unprivileged user (no CAP_IPC_LOCK) with a 1 MiB RLIMIT_MEMLOCK: start-up must fail
+    // at once, saying how much is needed and how to grant it, without mapping anything.
+    if !is_root() {
+        assert!(!root_required(), "HEADROOM_REQUIRE_ROOT_TESTS is set but this is not root");
+        println!("skipped: switching to an unprivileged user needs root");
+        return;
+    }
+    let out = std::process::Command::new("setpriv")
+        .args(["--reuid=65534", "--regid=65534", "--clear-groups", "prlimit", "--memlock=1048576"])
+        .arg(env!("CARGO_BIN_EXE_headroom"))
+        .args(["--memory", "64M", "--log-level", "warn"])
+        .output()
+        .expect("setpriv and prlimit (util-linux) run");
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert_eq!(out.status.code(), Some(1), "{stderr}");
+    assert!(
+        stderr.contains("locks 64 MiB") && stderr.contains("allows 1 MiB") && stderr.contains("CAP_IPC_LOCK"),
+        "{stderr}"
+    );
+}
