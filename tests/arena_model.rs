@@ -30,7 +30,10 @@ struct Object {
 }
 
 fn pattern(id: u64, salt: u8, i: usize) -> u8 {
-    (id as usize).wrapping_mul(131).wrapping_add(i.wrapping_mul(7)) as u8 ^ salt
+    (id as usize)
+        .wrapping_mul(131)
+        .wrapping_add(i.wrapping_mul(7)) as u8
+        ^ salt
 }
 
 /// The model: what the index would hold, plus reservations in flight.
@@ -48,11 +51,19 @@ struct Model {
 
 impl Model {
     fn pick_live(&mut self, filter: impl Fn(&Object) -> bool) -> Option<u64> {
-        let ids: Vec<u64> = self.live.iter().filter(|(_, o)| filter(o)).map(|(id, _)| *id).collect();
+        let ids: Vec<u64> = self
+            .live
+            .iter()
+            .filter(|(_, o)| filter(o))
+            .map(|(id, _)| *id)
+            .collect();
         if ids.is_empty() {
             return None;
         }
-        self.rng_state = self.rng_state.wrapping_mul(6364136223846793005).wrapping_add(1442695040888963407);
+        self.rng_state = self
+            .rng_state
+            .wrapping_mul(6364136223846793005)
+            .wrapping_add(1442695040888963407);
         Some(ids[(self.rng_state >> 33) as usize % ids.len()])
     }
 
@@ -64,7 +75,10 @@ impl Model {
 
 impl AdmissionHost for Model {
     fn relocate(&mut self, moved: Relocation<'_>) {
-        let id = self.by_loc.remove(&moved.from).expect("compaction moved an object the index does not hold");
+        let id = self
+            .by_loc
+            .remove(&moved.from)
+            .expect("compaction moved an object the index does not hold");
         let object = self.live.get_mut(&id).unwrap();
         assert_eq!(object.pins, 0, "a pinned object moved");
         assert!(!object.freed);
@@ -73,7 +87,10 @@ impl AdmissionHost for Model {
             assert_eq!(*byte, pattern(id, object.salt, i), "moved payload differs");
         }
         object.loc = moved.to;
-        assert!(self.by_loc.insert(moved.to, id).is_none(), "moved onto a live object");
+        assert!(
+            self.by_loc.insert(moved.to, id).is_none(),
+            "moved onto a live object"
+        );
         self.moves += 1;
     }
 
@@ -95,7 +112,17 @@ impl AdmissionHost for Model {
 
 fn topology(nodes: usize) -> Topology {
     let distances = (0..nodes)
-        .map(|i| (0..nodes).map(|j| if i == j { 10 } else { 20 + 5 * i.abs_diff(j) as u32 }).collect())
+        .map(|i| {
+            (0..nodes)
+                .map(|j| {
+                    if i == j {
+                        10
+                    } else {
+                        20 + 5 * i.abs_diff(j) as u32
+                    }
+                })
+                .collect()
+        })
         .collect();
     Topology::synthetic(&vec![1; nodes], distances, HUGE).unwrap()
 }
@@ -109,9 +136,17 @@ fn random_config(rng: &mut Rng, nodes: usize) -> ArenaConfig {
     ArenaConfig {
         numa: NumaMode::Explicit(node),
         memory_bytes: blocks(rng, 4),
-        sub_memory_bytes: if nodes > 1 && rng.chance(80) { blocks(rng, 3) } else { 0 },
+        sub_memory_bytes: if nodes > 1 && rng.chance(80) {
+            blocks(rng, 3)
+        } else {
+            0
+        },
         small_memory_bytes: split.then(|| blocks(rng, 3)),
-        small_sub_memory_bytes: if split && nodes > 1 && rng.chance(60) { blocks(rng, 2) } else { 0 },
+        small_sub_memory_bytes: if split && nodes > 1 && rng.chance(60) {
+            blocks(rng, 2)
+        } else {
+            0
+        },
         block_bytes: block,
         ram_head_bytes: ram_head.max(4096),
         small_min_alloc_bytes: if rng.chance(50) { 8 } else { 16 },
@@ -139,7 +174,10 @@ impl Harness {
     fn extent(&self, object: &Object) -> (u32, u32) {
         match object.class {
             HeadClass::Fixed => (object.loc.offset, object.loc.offset + self.ram_head),
-            HeadClass::Small => (object.loc.offset, object.loc.offset + self.arena.small_footprint(object.len)),
+            HeadClass::Small => (
+                object.loc.offset,
+                object.loc.offset + self.arena.small_footprint(object.len),
+            ),
         }
     }
 
@@ -149,10 +187,22 @@ impl Harness {
         for (id, object) in &self.model.live {
             if !object.freed {
                 let bytes = self.arena.bytes(object.loc);
-                let expect = if object.class == HeadClass::Fixed { self.ram_head } else { object.len };
-                assert_eq!(bytes.len(), expect as usize, "step {step}: object {id} length");
+                let expect = if object.class == HeadClass::Fixed {
+                    self.ram_head
+                } else {
+                    object.len
+                };
+                assert_eq!(
+                    bytes.len(),
+                    expect as usize,
+                    "step {step}: object {id} length"
+                );
                 for (i, byte) in bytes.iter().enumerate() {
-                    assert_eq!(*byte, pattern(*id, object.salt, i), "step {step}: object {id} corrupted at {i}");
+                    assert_eq!(
+                        *byte,
+                        pattern(*id, object.salt, i),
+                        "step {step}: object {id} corrupted at {i}"
+                    );
                 }
             }
             let (start, end) = self.extent(object);
@@ -161,7 +211,12 @@ impl Harness {
         }
         for (id, reserved, len, _) in &self.model.reserved {
             let start = reserved.loc().offset;
-            assert!(extents.insert((reserved.loc().block.0, start), *id).is_none(), "step {step}: reservation overlaps");
+            assert!(
+                extents
+                    .insert((reserved.loc().block.0, start), *id)
+                    .is_none(),
+                "step {step}: reservation overlaps"
+            );
             let _ = len;
         }
         // Neighbours in each block must not overlap.
@@ -183,7 +238,10 @@ impl Harness {
             .collect();
         for (block, start, end) in all {
             if let Some(prev_end) = ends.get(&block) {
-                assert!(*prev_end <= start, "step {step}: objects overlap in block {block}");
+                assert!(
+                    *prev_end <= start,
+                    "step {step}: objects overlap in block {block}"
+                );
             }
             ends.insert(block, end);
         }
@@ -194,7 +252,11 @@ impl Harness {
     fn lower_ranks_had_blocks(&self, class: HeadClass) -> Vec<bool> {
         let arena = self.arena.arena();
         let config = &arena.plan().config;
-        let kind = if class == HeadClass::Fixed { config.head_reservation() } else { config.small_reservation() };
+        let kind = if class == HeadClass::Fixed {
+            config.head_reservation()
+        } else {
+            config.small_reservation()
+        };
         let stats = self.arena.stats();
         arena
             .plan()
@@ -237,7 +299,10 @@ fn run(seed: u64, steps: usize, coverage: &mut Coverage) {
     let mut h = Harness {
         ram_head: config.ram_head_bytes as u32,
         arena: arena.shard(0),
-        model: Model { rng_state: seed, ..Model::default() },
+        model: Model {
+            rng_state: seed,
+            ..Model::default()
+        },
     };
     let max_small = h.arena.small_max_payload();
     for step in 0..steps {
@@ -251,12 +316,18 @@ fn run(seed: u64, steps: usize, coverage: &mut Coverage) {
         match rng.below(100) {
             // Reserve a small object, fill it, publish it (or leave it unpublished a while).
             0..=29 => {
-                let len = if rng.chance(80) { rng.below(200) as u32 } else { rng.below(u64::from(max_small) + 1) as u32 };
+                let len = if rng.chance(80) {
+                    rng.below(200) as u32
+                } else {
+                    rng.below(u64::from(max_small) + 1) as u32
+                };
                 let had = h.lower_ranks_had_blocks(HeadClass::Small);
                 let id = h.model.next_id;
                 h.model.next_id += 1;
                 let salt = rng.below(256) as u8;
-                let result = if rng.chance(50) { h.arena.try_reserve_small(len) } else {
+                let result = if rng.chance(50) {
+                    h.arena.try_reserve_small(len)
+                } else {
                     let Harness { arena, model, .. } = &mut h;
                     arena.admit_small(len, model)
                 };
@@ -268,7 +339,17 @@ fn run(seed: u64, steps: usize, coverage: &mut Coverage) {
                         if rng.chance(85) {
                             let loc = h.arena.publish(reserved);
                             h.model.by_loc.insert(loc, id);
-                            h.model.live.insert(id, Object { loc, class: HeadClass::Small, len, salt, pins: 0, freed: false });
+                            h.model.live.insert(
+                                id,
+                                Object {
+                                    loc,
+                                    class: HeadClass::Small,
+                                    len,
+                                    salt,
+                                    pins: 0,
+                                    freed: false,
+                                },
+                            );
                         } else {
                             h.model.reserved.push((id, reserved, len, salt));
                         }
@@ -283,7 +364,9 @@ fn run(seed: u64, steps: usize, coverage: &mut Coverage) {
                 let id = h.model.next_id;
                 h.model.next_id += 1;
                 let salt = rng.below(256) as u8;
-                let result = if rng.chance(50) { h.arena.try_reserve_fixed() } else {
+                let result = if rng.chance(50) {
+                    h.arena.try_reserve_fixed()
+                } else {
                     let Harness { arena, model, .. } = &mut h;
                     arena.admit_fixed(model)
                 };
@@ -293,7 +376,17 @@ fn run(seed: u64, steps: usize, coverage: &mut Coverage) {
                     h.fill(id, &reserved, len, salt);
                     let loc = h.arena.publish(reserved);
                     h.model.by_loc.insert(loc, id);
-                    h.model.live.insert(id, Object { loc, class: HeadClass::Fixed, len, salt, pins: 0, freed: false });
+                    h.model.live.insert(
+                        id,
+                        Object {
+                            loc,
+                            class: HeadClass::Fixed,
+                            len,
+                            salt,
+                            pins: 0,
+                            freed: false,
+                        },
+                    );
                 }
             }
             // Publish or abort a pending reservation.
@@ -304,7 +397,17 @@ fn run(seed: u64, steps: usize, coverage: &mut Coverage) {
                     if rng.chance(50) {
                         let loc = h.arena.publish(reserved);
                         h.model.by_loc.insert(loc, id);
-                        h.model.live.insert(id, Object { loc, class: HeadClass::Small, len, salt, pins: 0, freed: false });
+                        h.model.live.insert(
+                            id,
+                            Object {
+                                loc,
+                                class: HeadClass::Small,
+                                len,
+                                salt,
+                                pins: 0,
+                                freed: false,
+                            },
+                        );
                     } else {
                         h.arena.abort(reserved);
                     }
@@ -352,7 +455,10 @@ fn run(seed: u64, steps: usize, coverage: &mut Coverage) {
                     .filter(|o| o.class == HeadClass::Small)
                     .map(|o| u64::from(h.arena.small_footprint(o.len)))
                     .sum();
-                assert_eq!(live_bytes_before, live_after, "step {step}: compaction changed live bytes");
+                assert_eq!(
+                    live_bytes_before, live_after,
+                    "step {step}: compaction changed live bytes"
+                );
                 let _ = report;
             }
         }
@@ -378,8 +484,16 @@ fn run(seed: u64, steps: usize, coverage: &mut Coverage) {
     }
     h.arena.check_invariants();
     h.arena.return_idle_blocks();
-    assert!(h.arena.blocks_held().is_empty(), "blocks still held after everything was freed");
-    let free: u64 = h.arena.arena().pool().with(|p| p.region_counts().iter().map(|c| u64::from(c.blocks_free)).sum());
+    assert!(
+        h.arena.blocks_held().is_empty(),
+        "blocks still held after everything was freed"
+    );
+    let free: u64 = h.arena.arena().pool().with(|p| {
+        p.region_counts()
+            .iter()
+            .map(|c| u64::from(c.blocks_free))
+            .sum()
+    });
     assert_eq!(free, u64::from(h.arena.arena().plan().total_blocks()));
 }
 
@@ -390,10 +504,19 @@ fn arena_model_holds_every_invariant() {
     for_each_seed("arena_model", seeds, |seed| run(seed, 600, &mut coverage));
     println!("arena_model coverage: {coverage:?}");
     if seeds >= 20 {
-        assert!(coverage.moves > 0, "no run compacted anything: {coverage:?}");
+        assert!(
+            coverage.moves > 0,
+            "no run compacted anything: {coverage:?}"
+        );
         assert!(coverage.evictions > 0, "no run evicted: {coverage:?}");
-        assert!(coverage.foreign_placements > 0, "no run spilled to a foreign region: {coverage:?}");
-        assert!(coverage.deferred_frees > 0, "no run freed a pinned object: {coverage:?}");
+        assert!(
+            coverage.foreign_placements > 0,
+            "no run spilled to a foreign region: {coverage:?}"
+        );
+        assert!(
+            coverage.deferred_frees > 0,
+            "no run freed a pinned object: {coverage:?}"
+        );
     }
 }
 
@@ -415,36 +538,73 @@ fn compaction_runs_at_full_arena_and_keeps_every_locator() {
         perverse: false,
     };
     let arena = Arena::map(MemoryPlan::new(&config, &topo), &UnlockedMapper, 1).unwrap();
-    let mut h = Harness { ram_head: 4096, arena: arena.shard(0), model: Model::default() };
+    let mut h = Harness {
+        ram_head: 4096,
+        arena: arena.shard(0),
+        model: Model::default(),
+    };
     let len = 100;
     loop {
         let id = h.model.next_id;
-        let Ok(reserved) = h.arena.try_reserve_small(len) else { break };
+        let Ok(reserved) = h.arena.try_reserve_small(len) else {
+            break;
+        };
         h.model.next_id += 1;
         h.fill(id, &reserved, len, 9);
         let loc = h.arena.publish(reserved);
         h.model.by_loc.insert(loc, id);
-        h.model.live.insert(id, Object { loc, class: HeadClass::Small, len, salt: 9, pins: 0, freed: false });
+        h.model.live.insert(
+            id,
+            Object {
+                loc,
+                class: HeadClass::Small,
+                len,
+                salt: 9,
+                pins: 0,
+                freed: false,
+            },
+        );
     }
     let full = h.model.live.len();
     assert!(full > 1000, "filled {full}");
-    let ids: Vec<u64> = h.model.live.keys().copied().filter(|id| id % 2 == 0).collect();
+    let ids: Vec<u64> = h
+        .model
+        .live
+        .keys()
+        .copied()
+        .filter(|id| id % 2 == 0)
+        .collect();
     for id in ids {
         h.arena.free(h.model.live[&id].loc);
         h.model.forget(id);
     }
-    assert!(h.arena.try_reserve_small(len).is_err(), "no tail room before compaction");
+    assert!(
+        h.arena.try_reserve_small(len).is_err(),
+        "no tail room before compaction"
+    );
     // Admission compacts (dead space is well over one ram_head) instead of evicting.
     let mut admitted = 0;
     for _ in 0..(full / 2) {
         let id = h.model.next_id;
         h.model.next_id += 1;
         let Harness { arena, model, .. } = &mut h;
-        let reserved = arena.admit_small(len, model).expect("compaction makes room");
+        let reserved = arena
+            .admit_small(len, model)
+            .expect("compaction makes room");
         h.fill(id, &reserved, len, 9);
         let loc = h.arena.publish(reserved);
         h.model.by_loc.insert(loc, id);
-        h.model.live.insert(id, Object { loc, class: HeadClass::Small, len, salt: 9, pins: 0, freed: false });
+        h.model.live.insert(
+            id,
+            Object {
+                loc,
+                class: HeadClass::Small,
+                len,
+                salt: 9,
+                pins: 0,
+                freed: false,
+            },
+        );
         admitted += 1;
     }
     assert_eq!(admitted, full / 2);

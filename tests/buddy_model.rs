@@ -31,7 +31,10 @@ fn buddy_model() {
                 let slot = match buddy.alloc(rank, order) {
                     Some(slot) => slot,
                     None => {
-                        assert!(!buddy.has_free(rank, order), "step {step}: alloc failed with room");
+                        assert!(
+                            !buddy.has_free(rank, order),
+                            "step {step}: alloc failed with room"
+                        );
                         let block = BlockId(next_block);
                         next_block += 1;
                         buddy.add_block(block, rank);
@@ -41,14 +44,20 @@ fn buddy_model() {
                     }
                 };
                 let (block, offset) = slot;
-                assert_eq!(block_rank[&block], rank, "step {step}: chunk from another rank");
+                assert_eq!(
+                    block_rank[&block], rank,
+                    "step {step}: chunk from another rank"
+                );
                 let size = (min_chunk << order) as u32;
                 assert_eq!(offset % size, 0, "step {step}: misaligned chunk");
                 assert!(u64::from(offset + size) <= block_bytes);
                 // No overlap with any live chunk of the same block.
                 for (&(b, o), &ord) in live.range((block, 0)..=(block, u32::MAX)) {
                     let other = (min_chunk << ord) as u32;
-                    assert!(o + other <= offset || offset + size <= o, "step {step}: overlap in {b}");
+                    assert!(
+                        o + other <= offset || offset + size <= o,
+                        "step {step}: overlap in {b}"
+                    );
                 }
                 live.insert((block, offset), order);
             } else {
@@ -57,7 +66,11 @@ fn buddy_model() {
                 let order = live.remove(&key).unwrap();
                 let emptied = buddy.free(key.0, key.1, order);
                 let still_used = live.keys().any(|(b, _)| *b == key.0);
-                assert_eq!(emptied.is_some(), !still_used, "step {step}: block release mismatch");
+                assert_eq!(
+                    emptied.is_some(),
+                    !still_used,
+                    "step {step}: block release mismatch"
+                );
                 if emptied.is_some() {
                     owned.remove(&key.0);
                 }

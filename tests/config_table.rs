@@ -25,121 +25,367 @@ fn headroom(topology: &str, args: &[&str]) -> (i32, String, String) {
 #[test]
 fn every_invalid_combination_has_its_own_error_and_exit_2() {
     let table: &[(&str, &[&str], &str)] = &[
-        (ONE, &["--block", "3M"], "--block 3 MiB must be a power of two"),
-        (ONE, &["--block", "1M"], "--block 1 MiB must be a power-of-two multiple of the 2 MiB huge page size"),
-        (ONE, &["--block", "2G", "--memory", "2G"], "--block 2 GiB must be at most 1 GiB"),
-        (ONE, &["--ram-head", "96K"], "--ram-head 96 KiB must be a power of two"),
-        (ONE, &["--ram-head", "2K"], "--ram-head 2 KiB must be at least 4 KiB"),
-        (ONE, &["--ram-head", "4M"], "--ram-head 4 MiB must be no larger than --block 2 MiB"),
-        (ONE, &["--small-min-alloc", "32"], "--small-min-alloc 32 must be 8 or 16"),
-        (ONE, &["--io-chunk", "12K"], "--io-chunk 12 KiB must be a power of two"),
-        (ONE, &["--io-chunk", "2K"], "--io-chunk 2 KiB must be at least 4 KiB"),
-        (ONE, &["--io-chunk", "4M"], "--io-chunk 4 MiB must be no larger than --block 2 MiB"),
-        (ONE, &["--memory", "1M"], "--memory 1 MiB must be at least one --block (2 MiB)"),
-        (ONE, &["--memory", "0"], "--memory 0 B must be at least one --block (2 MiB)"),
-        (ONE, &["--memory", "5M"], "--memory 5 MiB must be a whole multiple of --block 2 MiB"),
-        (TWO, &["--numa", "0", "--sub-memory", "3M"], "--sub-memory 3 MiB must be a whole multiple of --block 2 MiB"),
-        (ONE, &["--small-memory", "1M"], "--small-memory 1 MiB must be at least one --block"),
-        (TWO, &["--numa", "0", "--small-memory", "4M", "--small-sub-memory", "6M", "--block", "4M"], "--small-sub-memory 6 MiB must be a whole multiple of --block 4 MiB"),
-        (TWO, &["--sub-memory", "4M"], "--sub-memory needs an explicit --numa NODE"),
-        (TWO, &["--numa", "auto", "--sub-memory", "4M"], "--sub-memory needs an explicit --numa NODE"),
-        (TWO, &["--numa", "0", "--small-sub-memory", "4M"], "--small-sub-memory needs --small-memory"),
-        (TWO, &["--small-memory", "4M", "--small-sub-memory", "4M"], "--small-sub-memory needs an explicit --numa NODE"),
-        (TWO, &["--no-numa", "--perverse"], "--perverse cannot be used with --no-numa"),
-        (ONE, &["--perverse"], "--perverse needs at least two online NUMA nodes, and this machine has 1"),
-        (ONE, &["--numa", "3"], "--numa 3 is not an online NUMA node (online: [0])"),
-        (ONE, &["--listen", "nowhere"], "--listen nowhere: not a HOST:PORT address"),
-        (ONE, &["--config", "tests/data/does-not-exist.toml"], "--config tests/data/does-not-exist.toml:"),
-        (ONE, &["--config", "tests/data/bad-key.toml"], "unknown field `memroy`"),
-        (ONE, &["--log-level", "loud=="], "--log-level loud==: not a log filter"),
+        (
+            ONE,
+            &["--block", "3M"],
+            "--block 3 MiB must be a power of two",
+        ),
+        (
+            ONE,
+            &["--block", "1M"],
+            "--block 1 MiB must be a power-of-two multiple of the 2 MiB huge page size",
+        ),
+        (
+            ONE,
+            &["--block", "2G", "--memory", "2G"],
+            "--block 2 GiB must be at most 1 GiB",
+        ),
+        (
+            ONE,
+            &["--ram-head", "96K"],
+            "--ram-head 96 KiB must be a power of two",
+        ),
+        (
+            ONE,
+            &["--ram-head", "2K"],
+            "--ram-head 2 KiB must be at least 4 KiB",
+        ),
+        (
+            ONE,
+            &["--ram-head", "4M"],
+            "--ram-head 4 MiB must be no larger than --block 2 MiB",
+        ),
+        (
+            ONE,
+            &["--small-min-alloc", "32"],
+            "--small-min-alloc 32 must be 8 or 16",
+        ),
+        (
+            ONE,
+            &["--io-chunk", "12K"],
+            "--io-chunk 12 KiB must be a power of two",
+        ),
+        (
+            ONE,
+            &["--io-chunk", "2K"],
+            "--io-chunk 2 KiB must be at least 4 KiB",
+        ),
+        (
+            ONE,
+            &["--io-chunk", "4M"],
+            "--io-chunk 4 MiB must be no larger than --block 2 MiB",
+        ),
+        (
+            ONE,
+            &["--memory", "1M"],
+            "--memory 1 MiB must be at least one --block (2 MiB)",
+        ),
+        (
+            ONE,
+            &["--memory", "0"],
+            "--memory 0 B must be at least one --block (2 MiB)",
+        ),
+        (
+            ONE,
+            &["--memory", "5M"],
+            "--memory 5 MiB must be a whole multiple of --block 2 MiB",
+        ),
+        (
+            TWO,
+            &["--numa", "0", "--sub-memory", "3M"],
+            "--sub-memory 3 MiB must be a whole multiple of --block 2 MiB",
+        ),
+        (
+            ONE,
+            &["--small-memory", "1M"],
+            "--small-memory 1 MiB must be at least one --block",
+        ),
+        (
+            TWO,
+            &[
+                "--numa",
+                "0",
+                "--small-memory",
+                "4M",
+                "--small-sub-memory",
+                "6M",
+                "--block",
+                "4M",
+            ],
+            "--small-sub-memory 6 MiB must be a whole multiple of --block 4 MiB",
+        ),
+        (
+            TWO,
+            &["--sub-memory", "4M"],
+            "--sub-memory needs an explicit --numa NODE",
+        ),
+        (
+            TWO,
+            &["--numa", "auto", "--sub-memory", "4M"],
+            "--sub-memory needs an explicit --numa NODE",
+        ),
+        (
+            TWO,
+            &["--numa", "0", "--small-sub-memory", "4M"],
+            "--small-sub-memory needs --small-memory",
+        ),
+        (
+            TWO,
+            &["--small-memory", "4M", "--small-sub-memory", "4M"],
+            "--small-sub-memory needs an explicit --numa NODE",
+        ),
+        (
+            TWO,
+            &["--no-numa", "--perverse"],
+            "--perverse cannot be used with --no-numa",
+        ),
+        (
+            ONE,
+            &["--perverse"],
+            "--perverse needs at least two online NUMA nodes, and this machine has 1",
+        ),
+        (
+            ONE,
+            &["--numa", "3"],
+            "--numa 3 is not an online NUMA node (online: [0])",
+        ),
+        (
+            ONE,
+            &["--listen", "nowhere"],
+            "--listen nowhere: not a HOST:PORT address",
+        ),
+        (
+            ONE,
+            &["--config", "tests/data/does-not-exist.toml"],
+            "--config tests/data/does-not-exist.toml:",
+        ),
+        (
+            ONE,
+            &["--config", "tests/data/bad-key.toml"],
+            "unknown field `memroy`",
+        ),
+        (
+            ONE,
+            &["--log-level", "loud=="],
+            "--log-level loud==: not a log filter",
+        ),
     ];
     let mut messages = std::collections::HashSet::new();
     for (topology, args, expected) in table {
         let (code, stdout, stderr) = headroom(topology, args);
         assert_eq!(code, 2, "{args:?}: exit {code}, stderr {stderr}");
         assert!(stdout.is_empty(), "{args:?} printed a plan: {stdout}");
-        assert!(stderr.contains(expected), "{args:?}: expected {expected:?}, got {stderr:?}");
-        assert_eq!(stderr.trim().lines().count(), 1, "{args:?}: one sentence, got {stderr:?}");
+        assert!(
+            stderr.contains(expected),
+            "{args:?}: expected {expected:?}, got {stderr:?}"
+        );
+        assert_eq!(
+            stderr.trim().lines().count(),
+            1,
+            "{args:?}: one sentence, got {stderr:?}"
+        );
         messages.insert(stderr);
     }
     let rules: std::collections::HashSet<&str> = table.iter().map(|(_, _, e)| *e).collect();
-    assert_eq!(messages.len(), rules.len(), "two rules share an error message");
+    assert_eq!(
+        messages.len(),
+        rules.len(),
+        "two rules share an error message"
+    );
 }
 
 #[test]
 fn clap_usage_errors_also_exit_2() {
-    for args in [&["--numa", "1", "--no-numa"][..], &["--memory", "lots"], &["--numa", "x"], &["--bogus"]] {
+    for args in [
+        &["--numa", "1", "--no-numa"][..],
+        &["--memory", "lots"],
+        &["--numa", "x"],
+        &["--bogus"],
+    ] {
         let (code, _, stderr) = headroom(ONE, args);
         assert_eq!(code, 2, "{args:?}: {stderr}");
     }
 }
 
-/// The region rows of a plan: (reservation, order, node, locality, bytes, blocks).
-fn rows(plan: &str) -> Vec<(String, usize, String, String, String, u32)> {
+/// One region row of a plan: (reservation, order, node, locality, bytes, blocks).
+type Row = (String, usize, String, String, String, u32);
+
+/// The region rows of a plan.
+fn rows(plan: &str) -> Vec<Row> {
     plan.lines()
-        .filter(|line| line.starts_with("shared") || line.starts_with("heads") || line.starts_with("small"))
+        .filter(|line| {
+            line.starts_with("shared") || line.starts_with("heads") || line.starts_with("small")
+        })
         .map(|line| {
             let w: Vec<&str> = line.split_whitespace().collect();
-            (w[0].into(), w[1].parse().unwrap(), w[2].into(), w[3].into(), format!("{} {}", w[4], w[5]), w[6].parse().unwrap())
+            (
+                w[0].into(),
+                w[1].parse().unwrap(),
+                w[2].into(),
+                w[3].into(),
+                format!("{} {}", w[4], w[5]),
+                w[6].parse().unwrap(),
+            )
         })
         .collect()
 }
 
-fn row(res: &str, order: usize, node: &str, locality: &str, bytes: &str, blocks: u32) -> (String, usize, String, String, String, u32) {
-    (res.into(), order, node.into(), locality.into(), bytes.into(), blocks)
+fn row(res: &str, order: usize, node: &str, locality: &str, bytes: &str, blocks: u32) -> Row {
+    (
+        res.into(),
+        order,
+        node.into(),
+        locality.into(),
+        bytes.into(),
+        blocks,
+    )
 }
 
 #[test]
 fn every_valid_combination_prints_its_plan() {
-    let table: Vec<(&str, Vec<&str>, Vec<(String, usize, String, String, String, u32)>)> = vec![
-        (ONE, vec![], vec![row("shared", 0, "0", "local", "64 MiB", 32)]),
-        (ONE, vec!["--no-numa", "--memory", "8M"], vec![row("shared", 0, "any", "unbound", "8 MiB", 4)]),
-        (ONE, vec!["--numa", "0", "--memory", "1G", "--block", "4M", "--ram-head", "4M"], vec![row("shared", 0, "0", "local", "1 GiB", 256)]),
-        (TWO, vec!["--numa", "1", "--memory", "16M", "--sub-memory", "8M"], vec![
-            row("shared", 0, "1", "local", "16 MiB", 8),
-            row("shared", 1, "0", "foreign", "8 MiB", 4),
-        ]),
-        (TWO, vec!["--numa", "0", "--memory", "16M", "--small-memory", "4M"], vec![
-            row("heads", 0, "0", "local", "16 MiB", 8),
-            row("small", 0, "0", "local", "4 MiB", 2),
-        ]),
-        (TWO, vec!["--numa", "0", "--memory", "16M", "--sub-memory", "4M", "--small-memory", "4M", "--small-sub-memory", "2M"], vec![
-            row("heads", 0, "0", "local", "16 MiB", 8),
-            row("heads", 1, "1", "foreign", "4 MiB", 2),
-            row("small", 0, "0", "local", "4 MiB", 2),
-            row("small", 1, "1", "foreign", "2 MiB", 1),
-        ]),
+    let table: Vec<(&str, Vec<&str>, Vec<Row>)> = vec![
+        (
+            ONE,
+            vec![],
+            vec![row("shared", 0, "0", "local", "64 MiB", 32)],
+        ),
+        (
+            ONE,
+            vec!["--no-numa", "--memory", "8M"],
+            vec![row("shared", 0, "any", "unbound", "8 MiB", 4)],
+        ),
+        (
+            ONE,
+            vec![
+                "--numa",
+                "0",
+                "--memory",
+                "1G",
+                "--block",
+                "4M",
+                "--ram-head",
+                "4M",
+            ],
+            vec![row("shared", 0, "0", "local", "1 GiB", 256)],
+        ),
+        (
+            TWO,
+            vec!["--numa", "1", "--memory", "16M", "--sub-memory", "8M"],
+            vec![
+                row("shared", 0, "1", "local", "16 MiB", 8),
+                row("shared", 1, "0", "foreign", "8 MiB", 4),
+            ],
+        ),
+        (
+            TWO,
+            vec!["--numa", "0", "--memory", "16M", "--small-memory", "4M"],
+            vec![
+                row("heads", 0, "0", "local", "16 MiB", 8),
+                row("small", 0, "0", "local", "4 MiB", 2),
+            ],
+        ),
+        (
+            TWO,
+            vec![
+                "--numa",
+                "0",
+                "--memory",
+                "16M",
+                "--sub-memory",
+                "4M",
+                "--small-memory",
+                "4M",
+                "--small-sub-memory",
+                "2M",
+            ],
+            vec![
+                row("heads", 0, "0", "local", "16 MiB", 8),
+                row("heads", 1, "1", "foreign", "4 MiB", 2),
+                row("small", 0, "0", "local", "4 MiB", 2),
+                row("small", 1, "1", "foreign", "2 MiB", 1),
+            ],
+        ),
         // Perverse: the preferred region moves to the farthest node and stays first.
-        (TWO, vec!["--numa", "0", "--memory", "16M", "--perverse"], vec![row("shared", 0, "1", "foreign", "16 MiB", 8)]),
-        (THREE, vec!["--numa", "0", "--memory", "16M", "--sub-memory", "2M", "--perverse"], vec![
-            row("shared", 0, "2", "foreign", "16 MiB", 8),
-            row("shared", 1, "0", "local", "2 MiB", 1),
-            row("shared", 2, "1", "foreign", "2 MiB", 1),
-        ]),
-        (THREE, vec!["--numa", "0", "--memory", "8M", "--small-memory", "4M", "--small-sub-memory", "2M", "--perverse"], vec![
-            row("heads", 0, "2", "foreign", "8 MiB", 4),
-            row("small", 0, "2", "foreign", "4 MiB", 2),
-            row("small", 1, "0", "local", "2 MiB", 1),
-            row("small", 2, "1", "foreign", "2 MiB", 1),
-        ]),
+        (
+            TWO,
+            vec!["--numa", "0", "--memory", "16M", "--perverse"],
+            vec![row("shared", 0, "1", "foreign", "16 MiB", 8)],
+        ),
+        (
+            THREE,
+            vec![
+                "--numa",
+                "0",
+                "--memory",
+                "16M",
+                "--sub-memory",
+                "2M",
+                "--perverse",
+            ],
+            vec![
+                row("shared", 0, "2", "foreign", "16 MiB", 8),
+                row("shared", 1, "0", "local", "2 MiB", 1),
+                row("shared", 2, "1", "foreign", "2 MiB", 1),
+            ],
+        ),
+        (
+            THREE,
+            vec![
+                "--numa",
+                "0",
+                "--memory",
+                "8M",
+                "--small-memory",
+                "4M",
+                "--small-sub-memory",
+                "2M",
+                "--perverse",
+            ],
+            vec![
+                row("heads", 0, "2", "foreign", "8 MiB", 4),
+                row("small", 0, "2", "foreign", "4 MiB", 2),
+                row("small", 1, "0", "local", "2 MiB", 1),
+                row("small", 2, "1", "foreign", "2 MiB", 1),
+            ],
+        ),
         // Sub-memory goes to every other node, nearest first.
-        (THREE, vec!["--numa", "2", "--memory", "4M", "--sub-memory", "2M"], vec![
-            row("shared", 0, "2", "local", "4 MiB", 2),
-            row("shared", 1, "1", "foreign", "2 MiB", 1),
-            row("shared", 2, "0", "foreign", "2 MiB", 1),
-        ]),
+        (
+            THREE,
+            vec!["--numa", "2", "--memory", "4M", "--sub-memory", "2M"],
+            vec![
+                row("shared", 0, "2", "local", "4 MiB", 2),
+                row("shared", 1, "1", "foreign", "2 MiB", 1),
+                row("shared", 2, "0", "foreign", "2 MiB", 1),
+            ],
+        ),
         // --numa auto follows the NIC that holds the listen address.
-        (THREE, vec!["--listen", "10.0.2.7:11211", "--memory", "4M"], vec![row("shared", 0, "2", "local", "4 MiB", 2)]),
-        (THREE, vec!["--listen", "127.0.0.1:11211", "--memory", "4M"], vec![row("shared", 0, "0", "local", "4 MiB", 2)]),
+        (
+            THREE,
+            vec!["--listen", "10.0.2.7:11211", "--memory", "4M"],
+            vec![row("shared", 0, "2", "local", "4 MiB", 2)],
+        ),
+        (
+            THREE,
+            vec!["--listen", "127.0.0.1:11211", "--memory", "4M"],
+            vec![row("shared", 0, "0", "local", "4 MiB", 2)],
+        ),
         // The file supplies settings; the command line wins.
-        (TWO, vec!["--config", "config/headroom.example.toml"], vec![
-            row("shared", 0, "0", "local", "256 MiB", 128),
-            row("shared", 1, "1", "foreign", "64 MiB", 32),
-        ]),
-        (TWO, vec!["--config", "config/headroom.example.toml", "--memory", "8M"], vec![
-            row("shared", 0, "0", "local", "8 MiB", 4),
-            row("shared", 1, "1", "foreign", "64 MiB", 32),
-        ]),
+        (
+            TWO,
+            vec!["--config", "config/headroom.example.toml"],
+            vec![
+                row("shared", 0, "0", "local", "256 MiB", 128),
+                row("shared", 1, "1", "foreign", "64 MiB", 32),
+            ],
+        ),
+        (
+            TWO,
+            vec!["--config", "config/headroom.example.toml", "--memory", "8M"],
+            vec![
+                row("shared", 0, "0", "local", "8 MiB", 4),
+                row("shared", 1, "1", "foreign", "64 MiB", 32),
+            ],
+        ),
     ];
     for (topology, mut args, expected) in table {
         args.push("--dry-run");
@@ -152,9 +398,24 @@ fn every_valid_combination_prints_its_plan() {
 
 #[test]
 fn dry_run_reports_the_hugetlb_outlook() {
-    let (_, stdout, _) = headroom(THREE, &["--numa", "0", "--memory", "64M", "--sub-memory", "16M", "--dry-run"]);
+    let (_, stdout, _) = headroom(
+        THREE,
+        &[
+            "--numa",
+            "0",
+            "--memory",
+            "64M",
+            "--sub-memory",
+            "16M",
+            "--dry-run",
+        ],
+    );
     let lines: Vec<&str> = stdout.lines().filter(|l| l.starts_with("shared")).collect();
     assert!(lines[0].contains("(32 needed, 64 free)"), "{}", lines[0]);
     assert!(lines[1].contains("(8 needed, 8 free)"), "{}", lines[1]);
-    assert!(lines[2].contains("(8 needed, 0 free; short, so expect the fallback)"), "{}", lines[2]);
+    assert!(
+        lines[2].contains("(8 needed, 0 free; short, so expect the fallback)"),
+        "{}",
+        lines[2]
+    );
 }

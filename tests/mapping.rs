@@ -27,7 +27,10 @@ struct HugePages {
 
 impl HugePages {
     fn set(pages: u64) -> HugePages {
-        let old = std::fs::read_to_string(NR_HUGEPAGES).unwrap().trim().to_string();
+        let old = std::fs::read_to_string(NR_HUGEPAGES)
+            .unwrap()
+            .trim()
+            .to_string();
         std::fs::write(NR_HUGEPAGES, pages.to_string()).unwrap();
         HugePages { old }
     }
@@ -61,7 +64,10 @@ fn map_and_verify(topology: &Topology, node: u32, memory: u64) -> Backing {
     let region = &arena.regions()[0];
     let nodes = region.page_nodes().unwrap();
     assert_eq!(nodes.len() as u64, memory / region.page_bytes() as u64);
-    assert!(nodes.iter().all(|&n| n == node as i32), "pages off node {node}: {nodes:?}");
+    assert!(
+        nodes.iter().all(|&n| n == node as i32),
+        "pages off node {node}: {nodes:?}"
+    );
     let mut shard = arena.shard(0);
     let reserved = shard.try_reserve_fixed().unwrap();
     shard.reserved_mut(&reserved).fill(0x5a);
@@ -95,7 +101,10 @@ fn fallback_path_binds_locks_and_places_every_page() {
     let nodes = region.page_nodes().unwrap();
     assert_eq!(nodes.len(), 2048);
     assert!(nodes.iter().all(|&n| n == node as i32));
-    assert!(vm_locked_kib() >= locked_before + 8 * 1024, "region is not locked");
+    assert!(
+        vm_locked_kib() >= locked_before + 8 * 1024,
+        "region is not locked"
+    );
     drop(arena);
     let _ = map_and_verify(&topology, node, 4 << 20);
 }
@@ -103,14 +112,24 @@ fn fallback_path_binds_locks_and_places_every_page() {
 #[test]
 fn hugetlb_path_takes_pages_from_the_nodes_pool() {
     if !is_root() {
-        assert!(!root_required(), "HEADROOM_REQUIRE_ROOT_TESTS is set but this is not root");
+        assert!(
+            !root_required(),
+            "HEADROOM_REQUIRE_ROOT_TESTS is set but this is not root"
+        );
         println!("skipped: reserving huge pages needs root");
         return;
     }
     let _turn = HUGEPAGES.lock().unwrap_or_else(|e| e.into_inner());
     let _pages = HugePages::set(8);
-    let reserved: u64 = std::fs::read_to_string(NR_HUGEPAGES).unwrap().trim().parse().unwrap();
-    assert!(reserved >= 4, "the kernel reserved only {reserved} huge pages");
+    let reserved: u64 = std::fs::read_to_string(NR_HUGEPAGES)
+        .unwrap()
+        .trim()
+        .parse()
+        .unwrap();
+    assert!(
+        reserved >= 4,
+        "the kernel reserved only {reserved} huge pages"
+    );
     let topology = Topology::from_sysfs("/sys".as_ref()).unwrap();
     let node = topology.node_ids()[0];
     match map_and_verify(&topology, node, 8 << 20) {
@@ -122,7 +141,10 @@ fn hugetlb_path_takes_pages_from_the_nodes_pool() {
 #[test]
 fn a_short_pool_falls_back_with_the_same_geometry() {
     if !is_root() {
-        assert!(!root_required(), "HEADROOM_REQUIRE_ROOT_TESTS is set but this is not root");
+        assert!(
+            !root_required(),
+            "HEADROOM_REQUIRE_ROOT_TESTS is set but this is not root"
+        );
         println!("skipped: reserving huge pages needs root");
         return;
     }
@@ -134,7 +156,11 @@ fn a_short_pool_falls_back_with_the_same_geometry() {
     let blocks = plan.total_blocks();
     let arena = Arena::map_for_serving(plan, &topology, 1).expect("map");
     assert_eq!(arena.regions()[0].backing.name(), "fallback");
-    assert_eq!(arena.table().len() as u32, blocks, "geometry changed on fallback");
+    assert_eq!(
+        arena.table().len() as u32,
+        blocks,
+        "geometry changed on fallback"
+    );
     assert_eq!(arena.regions()[0].mapping().len(), 8 << 20);
 }
 
@@ -143,12 +169,21 @@ fn memlock_limit_is_checked_before_mapping() {
     // An unprivileged user (no CAP_IPC_LOCK) with a 1 MiB RLIMIT_MEMLOCK: start-up must fail
     // at once, saying how much is needed and how to grant it, without mapping anything.
     if !is_root() {
-        assert!(!root_required(), "HEADROOM_REQUIRE_ROOT_TESTS is set but this is not root");
+        assert!(
+            !root_required(),
+            "HEADROOM_REQUIRE_ROOT_TESTS is set but this is not root"
+        );
         println!("skipped: switching to an unprivileged user needs root");
         return;
     }
     let out = std::process::Command::new("setpriv")
-        .args(["--reuid=65534", "--regid=65534", "--clear-groups", "prlimit", "--memlock=1048576"])
+        .args([
+            "--reuid=65534",
+            "--regid=65534",
+            "--clear-groups",
+            "prlimit",
+            "--memlock=1048576",
+        ])
         .arg(env!("CARGO_BIN_EXE_headroom"))
         .args(["--memory", "64M", "--log-level", "warn"])
         .output()
@@ -156,7 +191,9 @@ fn memlock_limit_is_checked_before_mapping() {
     let stderr = String::from_utf8_lossy(&out.stderr);
     assert_eq!(out.status.code(), Some(1), "{stderr}");
     assert!(
-        stderr.contains("locks 64 MiB") && stderr.contains("allows 1 MiB") && stderr.contains("CAP_IPC_LOCK"),
+        stderr.contains("locks 64 MiB")
+            && stderr.contains("allows 1 MiB")
+            && stderr.contains("CAP_IPC_LOCK"),
         "{stderr}"
     );
 }

@@ -19,13 +19,21 @@ fn in_vm() -> bool {
 
 fn topology() -> Topology {
     let topo = Topology::from_sysfs("/sys".as_ref()).unwrap();
-    assert!(topo.online_count() >= 2, "the VM must have at least two nodes");
+    assert!(
+        topo.online_count() >= 2,
+        "the VM must have at least two nodes"
+    );
     topo
 }
 
 fn huge_free(node: NodeId) -> u64 {
-    let path = format!("/sys/devices/system/node/node{node}/hugepages/hugepages-2048kB/free_hugepages");
-    std::fs::read_to_string(path).unwrap().trim().parse().unwrap()
+    let path =
+        format!("/sys/devices/system/node/node{node}/hugepages/hugepages-2048kB/free_hugepages");
+    std::fs::read_to_string(path)
+        .unwrap()
+        .trim()
+        .parse()
+        .unwrap()
 }
 
 fn config(numa: NumaMode) -> ArenaConfig {
@@ -68,11 +76,24 @@ fn hugetlb_from_the_nodes_own_pool() {
         return;
     }
     let topo = topology();
-    let node = topo.node_ids().into_iter().find(|&n| huge_free(n) >= 2).expect("a node with a hugetlb pool");
+    let node = topo
+        .node_ids()
+        .into_iter()
+        .find(|&n| huge_free(n) >= 2)
+        .expect("a node with a hugetlb pool");
     let before = huge_free(node);
-    let arena = Arena::map_for_serving(MemoryPlan::new(&config(NumaMode::Explicit(node)), &topo), &topo, 1).unwrap();
+    let arena = Arena::map_for_serving(
+        MemoryPlan::new(&config(NumaMode::Explicit(node)), &topo),
+        &topo,
+        1,
+    )
+    .unwrap();
     assert_eq!(placements(&arena), vec![(node, "hugetlb")]);
-    assert_eq!(huge_free(node), before - 2, "the pages came from node {node}'s pool");
+    assert_eq!(
+        huge_free(node),
+        before - 2,
+        "the pages came from node {node}'s pool"
+    );
     drop(arena);
     assert_eq!(huge_free(node), before, "pages returned on unmap");
 }
@@ -83,8 +104,17 @@ fn fallback_binds_to_a_node_without_pages() {
         return;
     }
     let topo = topology();
-    let node = topo.node_ids().into_iter().find(|&n| huge_free(n) == 0).expect("a node without huge pages");
-    let arena = Arena::map_for_serving(MemoryPlan::new(&config(NumaMode::Explicit(node)), &topo), &topo, 1).unwrap();
+    let node = topo
+        .node_ids()
+        .into_iter()
+        .find(|&n| huge_free(n) == 0)
+        .expect("a node without huge pages");
+    let arena = Arena::map_for_serving(
+        MemoryPlan::new(&config(NumaMode::Explicit(node)), &topo),
+        &topo,
+        1,
+    )
+    .unwrap();
     assert_eq!(placements(&arena), vec![(node, "fallback")]);
 }
 
@@ -96,9 +126,16 @@ fn a_pool_that_cannot_populate_falls_back_and_leaks_nothing() {
     // The plan believes the pool is fine (free count unknown), the machine pool has pages, but
     // none on this node: the hugetlb populate fails and the fallback must take over.
     let topo = topology();
-    let empty = topo.node_ids().into_iter().find(|&n| huge_free(n) == 0).expect("a node without huge pages");
+    let empty = topo
+        .node_ids()
+        .into_iter()
+        .find(|&n| huge_free(n) == 0)
+        .expect("a node without huge pages");
     let total_before: u64 = topo.node_ids().iter().map(|&n| huge_free(n)).sum();
-    assert!(total_before >= 2, "the VM must reserve huge pages somewhere");
+    assert!(
+        total_before >= 2,
+        "the VM must reserve huge pages somewhere"
+    );
     let mut plan = MemoryPlan::new(&config(NumaMode::Explicit(empty)), &topo);
     plan.regions[0].huge_pages_free = None;
     let arena = Arena::map_for_serving(plan, &topo, 1).unwrap();
@@ -108,7 +145,10 @@ fn a_pool_that_cannot_populate_falls_back_and_leaks_nothing() {
     }
     assert_eq!(placements(&arena), vec![(empty, "fallback")]);
     let total_after: u64 = topo.node_ids().iter().map(|&n| huge_free(n)).sum();
-    assert_eq!(total_after, total_before, "the failed hugetlb attempt leaked pages");
+    assert_eq!(
+        total_after, total_before,
+        "the failed hugetlb attempt leaked pages"
+    );
 }
 
 #[test]
@@ -143,15 +183,29 @@ fn sub_memory_maps_every_other_node_and_heads_go_local_first() {
     for node in topo.nodes_by_distance(serving).into_iter().skip(1) {
         want.extend(std::iter::repeat_n(node, slots_per_block));
     }
-    assert_eq!(nodes_in_order, want, "heads were not handed out local-first");
+    assert_eq!(
+        nodes_in_order, want,
+        "heads were not handed out local-first"
+    );
     // Small objects fill the local small region before the foreign ones.
     let mut small_nodes = Vec::new();
     while let Ok(reserved) = shard.try_reserve_small(60_000) {
         let loc = shard.publish(reserved);
-        small_nodes.push(arena.regions()[arena.table().region_of(loc.block)].plan.node.unwrap());
+        small_nodes.push(
+            arena.regions()[arena.table().region_of(loc.block)]
+                .plan
+                .node
+                .unwrap(),
+        );
     }
-    let first_foreign = small_nodes.iter().position(|&n| n != serving).expect("spilled");
-    assert!(small_nodes[first_foreign..].iter().all(|&n| n != serving), "local after foreign");
+    let first_foreign = small_nodes
+        .iter()
+        .position(|&n| n != serving)
+        .expect("spilled");
+    assert!(
+        small_nodes[first_foreign..].iter().all(|&n| n != serving),
+        "local after foreign"
+    );
 }
 
 #[test]
@@ -167,18 +221,36 @@ fn perverse_maps_the_preferred_region_on_the_farthest_node() {
     cfg.sub_memory_bytes = 2 * MIB;
     cfg.small_memory_bytes = Some(2 * MIB);
     let arena = Arena::map_for_serving(MemoryPlan::new(&cfg, &topo), &topo, 1).unwrap();
-    let heads: Vec<&headroom::arena::Region> =
-        arena.regions().iter().filter(|r| r.plan.reservation == ReservationKind::Heads).collect();
-    assert_eq!(heads[0].plan.node, Some(farthest), "preferred fixed-head region");
+    let heads: Vec<&headroom::arena::Region> = arena
+        .regions()
+        .iter()
+        .filter(|r| r.plan.reservation == ReservationKind::Heads)
+        .collect();
+    assert_eq!(
+        heads[0].plan.node,
+        Some(farthest),
+        "preferred fixed-head region"
+    );
     assert_eq!(heads[0].plan.rank, 0);
-    let small: Vec<&headroom::arena::Region> =
-        arena.regions().iter().filter(|r| r.plan.reservation == ReservationKind::Small).collect();
+    let small: Vec<&headroom::arena::Region> = arena
+        .regions()
+        .iter()
+        .filter(|r| r.plan.reservation == ReservationKind::Small)
+        .collect();
     assert_eq!(small[0].plan.node, Some(farthest), "preferred small region");
     placements(&arena);
     // The first head lands in the farthest node's memory: locality is inverted on purpose.
     let mut shard = arena.shard(0);
     let reserved = shard.try_reserve_fixed().unwrap();
     let loc = shard.publish(reserved);
-    assert_eq!(arena.regions()[arena.table().region_of(loc.block)].plan.node, Some(farthest));
-    println!("perverse: serving node {serving}, preferred region on node {farthest} of {:?}", topo.node_ids());
+    assert_eq!(
+        arena.regions()[arena.table().region_of(loc.block)]
+            .plan
+            .node,
+        Some(farthest)
+    );
+    println!(
+        "perverse: serving node {serving}, preferred region on node {farthest} of {:?}",
+        topo.node_ids()
+    );
 }

@@ -31,7 +31,11 @@ fn plan(rng: &mut Rng) -> MemoryPlan {
         memory_bytes: blocks(rng),
         sub_memory_bytes: if rng.chance(80) { blocks(rng) } else { 0 },
         small_memory_bytes: split.then(|| blocks(rng)),
-        small_sub_memory_bytes: if split && rng.chance(50) { blocks(rng) } else { 0 },
+        small_sub_memory_bytes: if split && rng.chance(50) {
+            blocks(rng)
+        } else {
+            0
+        },
         block_bytes: BLOCK,
         ram_head_bytes: 256 << 10,
         small_min_alloc_bytes: 16,
@@ -59,7 +63,8 @@ fn pool_hands_out_local_first_and_never_twice() {
             let ranks = pool.ranks(kind);
             match rng.below(3) {
                 0 => {
-                    let free_before: Vec<usize> = (0..ranks).map(|r| pool.free_in(kind, r)).collect();
+                    let free_before: Vec<usize> =
+                        (0..ranks).map(|r| pool.free_in(kind, r)).collect();
                     let mut out = Vec::new();
                     let want = 1 + rng.below(5) as usize;
                     let got = pool.take(kind, want, &mut out);
@@ -69,8 +74,15 @@ fn pool_hands_out_local_first_and_never_twice() {
                         let (home, rank) = pool.home_of(*block);
                         assert_eq!(home, kind, "step {step}: {block} crossed reservations");
                         // Local first: every block taken before this one in lower ranks drained them.
-                        let taken_below = out[..i].iter().filter(|b| pool.home_of(**b).1 < rank).count();
-                        assert_eq!(taken_below, free_before[..rank].iter().sum::<usize>(), "step {step}: foreign before local");
+                        let taken_below = out[..i]
+                            .iter()
+                            .filter(|b| pool.home_of(**b).1 < rank)
+                            .count();
+                        assert_eq!(
+                            taken_below,
+                            free_before[..rank].iter().sum::<usize>(),
+                            "step {step}: foreign before local"
+                        );
                         assert!(held.insert(*block), "step {step}: {block} handed out twice");
                     }
                 }
@@ -84,7 +96,11 @@ fn pool_hands_out_local_first_and_never_twice() {
                     }
                 }
                 _ => {
-                    let mine: Vec<BlockId> = held.iter().copied().filter(|b| pool.home_of(*b).0 == kind).collect();
+                    let mine: Vec<BlockId> = held
+                        .iter()
+                        .copied()
+                        .filter(|b| pool.home_of(*b).0 == kind)
+                        .collect();
                     if let Some(&block) = rng.pick(&mine) {
                         held.remove(&block);
                         pool.give(block);
@@ -94,8 +110,15 @@ fn pool_hands_out_local_first_and_never_twice() {
             pool.check_invariants();
             for kind in &kinds {
                 for rank in 0..pool.ranks(*kind) {
-                    let out = held.iter().filter(|b| pool.home_of(**b) == (*kind, rank)).count();
-                    assert_eq!(out + pool.free_in(*kind, rank), capacity(&plan, *kind, rank), "step {step}: blocks leaked");
+                    let out = held
+                        .iter()
+                        .filter(|b| pool.home_of(**b) == (*kind, rank))
+                        .count();
+                    assert_eq!(
+                        out + pool.free_in(*kind, rank),
+                        capacity(&plan, *kind, rank),
+                        "step {step}: blocks leaked"
+                    );
                 }
             }
         }
@@ -121,30 +144,49 @@ fn batches_exchange_in_bulk_and_conserve_blocks() {
                 let idle = batches[core].held(kind, rank);
                 match batches[core].acquire(&source, kind, rank) {
                     Some(block) => {
-                        assert_eq!(source.with(|p| p.home_of(block)), (kind, rank), "step {step}");
+                        assert_eq!(
+                            source.with(|p| p.home_of(block)),
+                            (kind, rank),
+                            "step {step}"
+                        );
                         in_use[core].push(block);
                     }
-                    None => assert_eq!(pool_free + idle, 0, "step {step}: refused with blocks free"),
+                    None => {
+                        assert_eq!(pool_free + idle, 0, "step {step}: refused with blocks free")
+                    }
                 }
             } else if !in_use[core].is_empty() {
                 let at = rng.below(in_use[core].len() as u64) as usize;
                 let block = in_use[core].swap_remove(at);
                 let (kind, rank) = source.with(|p| p.home_of(block));
                 batches[core].release(&source, kind, rank, block);
-                assert!(batches[core].held(kind, rank) <= headroom::arena::batch::BATCH_HIGH_WATER_BLOCKS);
+                assert!(
+                    batches[core].held(kind, rank)
+                        <= headroom::arena::batch::BATCH_HIGH_WATER_BLOCKS
+                );
             }
             source.with(|p| p.check_invariants());
             let mut seen = HashSet::new();
             for c in 0..cores {
                 for block in batches[c].all_held().chain(in_use[c].iter().copied()) {
                     assert!(seen.insert(block), "step {step}: {block} held twice");
-                    assert!(!source.with(|p| p.is_free(block)), "step {step}: {block} held and free");
+                    assert!(
+                        !source.with(|p| p.is_free(block)),
+                        "step {step}: {block} held and free"
+                    );
                 }
             }
             let free: usize = source.with(|p| {
-                kinds.iter().map(|k| (0..p.ranks(*k)).map(|r| p.free_in(*k, r)).sum::<usize>()).sum()
+                kinds
+                    .iter()
+                    .map(|k| (0..p.ranks(*k)).map(|r| p.free_in(*k, r)).sum::<usize>())
+                    .sum()
             });
-            assert_eq!(seen.len() + free, plan.total_blocks() as usize, "step {step}: blocks leaked");
+            assert_eq!(
+                seen.len() + free,
+                plan.total_blocks() as usize,
+                "step {step}: blocks leaked"
+            );
         }
         for (core, batch) in batches.iter_mut().enumerate() {
             batch.return_all(&source as &dyn BlockSource);
@@ -152,7 +194,12 @@ fn batches_exchange_in_bulk_and_conserve_blocks() {
                 source.give_back(&[block]);
             }
         }
-        let free: usize = source.with(|p| p.region_counts().iter().map(|c| c.blocks_free as usize).sum());
+        let free: usize = source.with(|p| {
+            p.region_counts()
+                .iter()
+                .map(|c| c.blocks_free as usize)
+                .sum()
+        });
         assert_eq!(free, plan.total_blocks() as usize);
     });
 }

@@ -124,12 +124,15 @@ impl Bump {
     }
 
     fn relist(&mut self, block: BlockId) {
-        self.unlist(block);
         let state = &self.blocks[&block];
-        let Some(bucket) = bucket_of(self.block_bytes - state.frontier) else {
+        let (bucket, rank) = (bucket_of(self.block_bytes - state.frontier), state.rank);
+        if state.room_slot.map(|(b, _)| b) == bucket {
+            return; // still in the right bucket: the common case on the allocation path
+        }
+        self.unlist(block);
+        let Some(bucket) = bucket else {
             return;
         };
-        let rank = state.rank;
         let list = &mut self.room_lists(rank)[bucket as usize];
         let pos = list.len() as u32;
         list.push(block);

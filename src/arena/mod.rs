@@ -56,7 +56,7 @@ impl Arena {
                 region = region_plan.index,
                 reservation = %region_plan.reservation,
                 order = region_plan.rank,
-                node = ?region_plan.node,
+                node = %region_plan.node.map_or("any".to_string(), |n| n.to_string()),
                 locality = %region_plan.locality,
                 bytes = region_plan.bytes,
                 blocks = region_plan.blocks,

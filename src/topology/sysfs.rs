@@ -175,7 +175,7 @@ pub(super) fn read(root: &Path) -> Result<Topology, TopologyError> {
                 // columns of online nodes only.
                 let row: Vec<u32> = ids
                     .iter()
-                    .map(|&to| row.get(to as usize).copied())
+                    .map(|&to| row.get(to).copied())
                     .collect::<Option<_>>()
                     .ok_or_else(|| sysfs_error(&distance_path, "shorter than the node list"))?;
                 distances.push(row);

@@ -45,8 +45,13 @@ pub fn seeds(test: &str, count: u64) -> Vec<u64> {
         .duration_since(UNIX_EPOCH)
         .map(|d| d.as_nanos() as u64)
         .unwrap_or(1);
-    let seeds: Vec<u64> = (0..count).map(|i| base.wrapping_add(i.wrapping_mul(7919))).collect();
-    println!("{test}: seeds {}..(+{count}); replay one with HEADROOM_SEED=<seed>", seeds[0]);
+    let seeds: Vec<u64> = (0..count)
+        .map(|i| base.wrapping_add(i.wrapping_mul(7919)))
+        .collect();
+    println!(
+        "{test}: seeds {}..(+{count}); replay one with HEADROOM_SEED=<seed>",
+        seeds[0]
+    );
     seeds
 }
 
