@@ -5,4 +5,5 @@
 
 pub mod arena;
 pub mod config;
+pub mod proto;
 pub mod topology;

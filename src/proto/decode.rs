@@ -1,0 +1,488 @@
+//! Request frames: header, shape checks, typed requests.
+//!
+//! The 24-byte request header is `magic, opcode, key length (u16), extras length, data type,
+//! vbucket (u16), total body length (u32), opaque (u32), CAS (u64)`, all big-endian, followed by
+//! extras, key and value. Shape rules (extras and key lengths per opcode) are memcached's.
+
+use super::{opcode as op, Status, KEY_MAX_BYTES, REQUEST_MAGIC};
+
+const HEADER_BYTES: usize = 24;
+
+/// How SET, ADD and REPLACE decide whether to store.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum StoreMode {
+    Set,
+    Add,
+    Replace,
+    Append,
+    Prepend,
+}
+
+/// A decoded request. Byte slices borrow the caller's buffer.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum Request<'a> {
+    /// GET, GETQ, GETK, GETKQ; GAT, GATQ, GATK, GATKQ (with `touch`); TOUCH (`value: false`).
+    Get {
+        key: &'a [u8],
+        quiet: bool,
+        with_key: bool,
+        touch: Option<u32>,
+        value: bool,
+    },
+    /// SET, ADD, REPLACE (with flags and expiry) and APPEND, PREPEND (without), quiet or not.
+    Store {
+        mode: StoreMode,
+        key: &'a [u8],
+        value: &'a [u8],
+        flags: u32,
+        expiry: u32,
+        cas: u64,
+        quiet: bool,
+    },
+    Delete {
+        key: &'a [u8],
+        cas: u64,
+        quiet: bool,
+    },
+    Arith {
+        incr: bool,
+        key: &'a [u8],
+        delta: u64,
+        initial: u64,
+        expiry: u32,
+        cas: u64,
+        quiet: bool,
+    },
+    /// A store whose value is over the item size limit: answer "too large" and, for SET, drop
+    /// the old value (so a stale copy never survives a failed overwrite, as memcached does).
+    /// The value bytes are skipped by the caller (`Decoded::Request::skip_after`).
+    TooLarge {
+        key: &'a [u8],
+        drop_existing: bool,
+    },
+    Quit {
+        quiet: bool,
+    },
+    Flush {
+        delay: u32,
+        quiet: bool,
+    },
+    Noop,
+    Version,
+    Stat {
+        group: &'a [u8],
+    },
+    Verbosity {
+        level: u32,
+    },
+}
+
+impl Request<'_> {
+    /// The key that decides which shard owns the request, if any.
+    pub fn key(&self) -> Option<&[u8]> {
+        match self {
+            Request::Get { key, .. }
+            | Request::Store { key, .. }
+            | Request::Delete { key, .. }
+            | Request::Arith { key, .. }
+            | Request::TooLarge { key, .. } => Some(key),
+            _ => None,
+        }
+    }
+}
+
+/// Why a frame was rejected (counted in STAT).
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+pub enum FrameError {
+    /// The first byte is not the request magic: the connection is closed without a reply.
+    BadMagic,
+    /// Key plus extras exceed the body length: "unknown command", then close.
+    BodyTooShort,
+    /// A key over 250 bytes: "invalid arguments", then close.
+    KeyTooLong,
+    /// Extras, key or body length wrong for the opcode: "invalid arguments", then close.
+    BadShape,
+    /// An opcode this server does not know: "unknown command", body skipped, connection kept.
+    UnknownOpcode,
+    /// A value over `--max-item-size`: "too large", value skipped, connection kept.
+    TooLarge,
+}
+
+/// The outcome of decoding the front of a buffer.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum Decoded<'a> {
+    /// Not a whole frame yet: at least `needed` bytes in total must be buffered.
+    Incomplete { needed: usize },
+    /// A request taking `consumed` bytes of the buffer; then `skip_after` more bytes of the
+    /// stream (possibly not received yet) belong to this frame and must be discarded.
+    Request {
+        request: Request<'a>,
+        opcode: u8,
+        opaque: u32,
+        consumed: usize,
+        skip_after: u64,
+    },
+    /// A frame answered with an error `status`: discard `skip` bytes of the stream from the
+    /// frame's start; close the connection after replying if `close`.
+    Reject {
+        opcode: u8,
+        opaque: u32,
+        status: Status,
+        skip: u64,
+        close: bool,
+        error: FrameError,
+    },
+    /// Close the connection without replying.
+    Close { error: FrameError },
+}
+
+fn be16(b: &[u8]) -> u16 {
+    u16::from_be_bytes([b[0], b[1]])
+}
+
+fn be32(b: &[u8]) -> u32 {
+    u32::from_be_bytes([b[0], b[1], b[2], b[3]])
+}
+
+fn be64(b: &[u8]) -> u64 {
+    u64::from_be_bytes(b[..8].try_into().expect("8 bytes"))
+}
+
+/// Decodes the first frame of `buf`. Values longer than `max_value_bytes` are never buffered:
+/// they come back as [`Request::TooLarge`] or a [`Decoded::Reject`] with the bytes to skip.
+pub fn decode(buf: &[u8], max_value_bytes: usize) -> Decoded<'_> {
+    if buf.is_empty() {
+        return Decoded::Incomplete {
+            needed: HEADER_BYTES,
+        };
+    }
+    if buf[0] != REQUEST_MAGIC {
+        return Decoded::Close {
+            error: FrameError::BadMagic,
+        };
+    }
+    if buf.len() < HEADER_BYTES {
+        return Decoded::Incomplete {
+            needed: HEADER_BYTES,
+        };
+    }
+    let opcode = buf[1];
+    let key_len = be16(&buf[2..]) as usize;
+    let extras_len = buf[4] as usize;
+    let body_len = be32(&buf[8..]) as usize;
+    let opaque = be32(&buf[12..]);
+    let cas = be64(&buf[16..]);
+    let frame_len = HEADER_BYTES as u64 + body_len as u64;
+    let reject = |status, skip, close, error| Decoded::Reject {
+        opcode,
+        opaque,
+        status,
+        skip,
+        close,
+        error,
+    };
+
+    if key_len + extras_len > body_len {
+        return reject(Status::UnknownCommand, 0, true, FrameError::BodyTooShort);
+    }
+    if key_len > KEY_MAX_BYTES {
+        return reject(Status::InvalidArguments, 0, true, FrameError::KeyTooLong);
+    }
+    let value_len = body_len - key_len - extras_len;
+    let bad_shape = reject(Status::InvalidArguments, 0, true, FrameError::BadShape);
+    let shape_ok = match opcode {
+        op::VERSION | op::NOOP | op::QUIT | op::QUITQ => {
+            extras_len == 0 && key_len == 0 && body_len == 0
+        }
+        op::FLUSH | op::FLUSHQ => {
+            key_len == 0 && body_len == extras_len && (extras_len == 0 || extras_len == 4)
+        }
+        op::SET | op::SETQ | op::ADD | op::ADDQ | op::REPLACE | op::REPLACEQ => {
+            extras_len == 8 && key_len != 0
+        }
+        op::GET | op::GETQ | op::GETK | op::GETKQ => {
+            extras_len == 0 && key_len > 0 && value_len == 0
+        }
+        op::DELETE | op::DELETEQ => extras_len == 0 && key_len > 0 && value_len == 0,
+        op::INCREMENT | op::INCREMENTQ | op::DECREMENT | op::DECREMENTQ => {
+            extras_len == 20 && key_len > 0 && value_len == 0
+        }
+        op::APPEND | op::APPENDQ | op::PREPEND | op::PREPENDQ => extras_len == 0 && key_len > 0,
+        op::STAT => extras_len == 0,
+        op::VERBOSITY => extras_len == 4 && key_len == 0 && body_len == 4,
+        op::TOUCH | op::GAT | op::GATQ | op::GATK | op::GATKQ => {
+            extras_len == 4 && key_len != 0 && value_len == 0
+        }
+        _ => {
+            return reject(
+                Status::UnknownCommand,
+                frame_len,
+                false,
+                FrameError::UnknownOpcode,
+            )
+        }
+    };
+    if !shape_ok {
+        return bad_shape;
+    }
+    let carries_value = matches!(
+        opcode,
+        op::SET
+            | op::SETQ
+            | op::ADD
+            | op::ADDQ
+            | op::REPLACE
+            | op::REPLACEQ
+            | op::APPEND
+            | op::APPENDQ
+            | op::PREPEND
+            | op::PREPENDQ
+    );
+    // A STAT body beyond its key is ignored; never buffer more of it than a key's worth.
+    if !carries_value && value_len > KEY_MAX_BYTES {
+        return reject(Status::InvalidArguments, 0, true, FrameError::BadShape);
+    }
+    if carries_value && value_len > max_value_bytes {
+        let head = HEADER_BYTES + extras_len + key_len;
+        if matches!(
+            opcode,
+            op::APPEND | op::APPENDQ | op::PREPEND | op::PREPENDQ
+        ) {
+            return reject(Status::TooLarge, frame_len, false, FrameError::TooLarge);
+        }
+        if buf.len() < head {
+            return Decoded::Incomplete { needed: head };
+        }
+        let key = &buf[HEADER_BYTES + extras_len..head];
+        return Decoded::Request {
+            request: Request::TooLarge {
+                key,
+                drop_existing: matches!(opcode, op::SET | op::SETQ),
+            },
+            opcode,
+            opaque,
+            consumed: head,
+            skip_after: value_len as u64,
+        };
+    }
+    let total = HEADER_BYTES + body_len;
+    if buf.len() < total {
+        return Decoded::Incomplete { needed: total };
+    }
+    let extras = &buf[HEADER_BYTES..HEADER_BYTES + extras_len];
+    let key = &buf[HEADER_BYTES + extras_len..HEADER_BYTES + extras_len + key_len];
+    let value = &buf[HEADER_BYTES + extras_len + key_len..total];
+    let quiet = matches!(
+        opcode,
+        op::GETQ
+            | op::GETKQ
+            | op::SETQ
+            | op::ADDQ
+            | op::REPLACEQ
+            | op::DELETEQ
+            | op::INCREMENTQ
+            | op::DECREMENTQ
+            | op::QUITQ
+            | op::FLUSHQ
+            | op::APPENDQ
+            | op::PREPENDQ
+            | op::GATQ
+            | op::GATKQ
+    );
+    let request = match opcode {
+        op::GET | op::GETQ | op::GETK | op::GETKQ => Request::Get {
+            key,
+            quiet,
+            with_key: matches!(opcode, op::GETK | op::GETKQ),
+            touch: None,
+            value: true,
+        },
+        op::TOUCH | op::GAT | op::GATQ | op::GATK | op::GATKQ => Request::Get {
+            key,
+            quiet,
+            with_key: matches!(opcode, op::GATK | op::GATKQ),
+            touch: Some(be32(extras)),
+            value: opcode != op::TOUCH,
+        },
+        op::SET | op::SETQ | op::ADD | op::ADDQ | op::REPLACE | op::REPLACEQ => Request::Store {
+            mode: match opcode {
+                op::SET | op::SETQ => StoreMode::Set,
+                op::ADD | op::ADDQ => StoreMode::Add,
+                _ => StoreMode::Replace,
+            },
+            key,
+            value,
+            flags: be32(extras),
+            expiry: be32(&extras[4..]),
+            cas,
+            quiet,
+        },
+        op::APPEND | op::APPENDQ | op::PREPEND | op::PREPENDQ => Request::Store {
+            mode: if matches!(opcode, op::APPEND | op::APPENDQ) {
+                StoreMode::Append
+            } else {
+                StoreMode::Prepend
+            },
+            key,
+            value,
+            flags: 0,
+            expiry: 0,
+            cas,
+            quiet,
+        },
+        op::DELETE | op::DELETEQ => Request::Delete { key, cas, quiet },
+        op::INCREMENT | op::INCREMENTQ | op::DECREMENT | op::DECREMENTQ => Request::Arith {
+            incr: matches!(opcode, op::INCREMENT | op::INCREMENTQ),
+            key,
+            delta: be64(extras),
+            initial: be64(&extras[8..]),
+            expiry: be32(&extras[16..]),
+            cas,
+            quiet,
+        },
+        op::QUIT | op::QUITQ => Request::Quit { quiet },
+        op::FLUSH | op::FLUSHQ => Request::Flush {
+            delay: if extras_len == 4 { be32(extras) } else { 0 },
+            quiet,
+        },
+        op::NOOP => Request::Noop,
+        op::VERSION => Request::Version,
+        op::STAT => Request::Stat { group: key },
+        op::VERBOSITY => Request::Verbosity {
+            level: be32(extras),
+        },
+        _ => unreachable!("unknown opcodes were rejected above"),
+    };
+    Decoded::Request {
+        request,
+        opcode,
+        opaque,
+        consumed: total,
+        skip_after: 0,
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn frame(opcode: u8, extras: &[u8], key: &[u8], value: &[u8], cas: u64) -> Vec<u8> {
+        let mut out = vec![REQUEST_MAGIC, opcode];
+        out.extend_from_slice(&(key.len() as u16).to_be_bytes());
+        out.push(extras.len() as u8);
+        out.extend_from_slice(&[0, 0, 0]);
+        out.extend_from_slice(&((extras.len() + key.len() + value.len()) as u32).to_be_bytes());
+        out.extend_from_slice(&0xdead_beefu32.to_be_bytes());
+        out.extend_from_slice(&cas.to_be_bytes());
+        out.extend_from_slice(extras);
+        out.extend_from_slice(key);
+        out.extend_from_slice(value);
+        out
+    }
+
+    #[test]
+    fn decodes_a_set() {
+        let mut extras = 7u32.to_be_bytes().to_vec();
+        extras.extend_from_slice(&60u32.to_be_bytes());
+        let bytes = frame(op::SETQ, &extras, b"k", b"value", 9);
+        match decode(&bytes, 1024) {
+            Decoded::Request {
+                request,
+                consumed,
+                opaque,
+                ..
+            } => {
+                assert_eq!(consumed, bytes.len());
+                assert_eq!(opaque, 0xdead_beef);
+                assert_eq!(
+                    request,
+                    Request::Store {
+                        mode: StoreMode::Set,
+                        key: b"k",
+                        value: b"value",
+                        flags: 7,
+                        expiry: 60,
+                        cas: 9,
+                        quiet: true
+                    }
+                );
+            }
+            other => panic!("{other:?}"),
+        }
+        for cut in 0..bytes.len() {
+            assert!(
+                matches!(decode(&bytes[..cut], 1024), Decoded::Incomplete { .. }),
+                "cut {cut}"
+            );
+        }
+    }
+
+    #[test]
+    fn rejects_what_memcached_rejects() {
+        assert_eq!(
+            decode(&[0x81; 30], 10),
+            Decoded::Close {
+                error: FrameError::BadMagic
+            }
+        );
+        let get_with_extras = frame(op::GET, &[1, 2, 3, 4], b"k", b"", 0);
+        assert!(matches!(
+            decode(&get_with_extras, 10),
+            Decoded::Reject {
+                status: Status::InvalidArguments,
+                close: true,
+                ..
+            }
+        ));
+        let long_key = frame(op::GET, &[], &[b'k'; 251], b"", 0);
+        assert!(matches!(
+            decode(&long_key, 10),
+            Decoded::Reject {
+                error: FrameError::KeyTooLong,
+                close: true,
+                ..
+            }
+        ));
+        let unknown = frame(0x7f, &[], b"", b"abc", 0);
+        assert!(matches!(
+            decode(&unknown, 10),
+            Decoded::Reject {
+                status: Status::UnknownCommand,
+                close: false,
+                skip: 27,
+                ..
+            }
+        ));
+        let mut short = frame(op::GET, &[], b"key", b"", 0);
+        short[8..12].copy_from_slice(&1u32.to_be_bytes());
+        assert!(matches!(
+            decode(&short, 10),
+            Decoded::Reject {
+                error: FrameError::BodyTooShort,
+                close: true,
+                ..
+            }
+        ));
+    }
+
+    #[test]
+    fn oversized_values_are_skipped_not_buffered() {
+        let mut extras = 0u32.to_be_bytes().to_vec();
+        extras.extend_from_slice(&0u32.to_be_bytes());
+        let bytes = frame(op::SET, &extras, b"big", &[0u8; 100], 0);
+        match decode(&bytes[..40], 50) {
+            Decoded::Request {
+                request: Request::TooLarge { key, drop_existing },
+                consumed,
+                skip_after,
+                ..
+            } => {
+                assert_eq!(
+                    (key, drop_existing, consumed, skip_after),
+                    (&b"big"[..], true, 35, 100)
+                );
+            }
+            other => panic!("{other:?}"),
+        }
+    }
+}
