@@ -6,4 +6,6 @@
 pub mod arena;
 pub mod config;
 pub mod proto;
+pub mod server;
+pub mod store;
 pub mod topology;

@@ -1,12 +1,14 @@
-//! The `headroom` binary: read the configuration, plan and map the arena.
+//! The `headroom` binary: read the configuration, plan and map the arena, serve until
+//! SIGINT or SIGTERM.
 
 use std::process::ExitCode;
 
 use clap::Parser;
 use tracing_subscriber::EnvFilter;
 
-use headroom::arena::{Arena, MemoryPlan};
+use headroom::arena::MemoryPlan;
 use headroom::config::{self, Cli, CONFIG_ERROR_EXIT};
+use headroom::server;
 use headroom::topology::Topology;
 
 fn init_logging(filter: &str) -> Result<(), String> {
@@ -21,16 +23,15 @@ fn init_logging(filter: &str) -> Result<(), String> {
     Ok(())
 }
 
-/// Blocks until SIGINT or SIGTERM arrives.
-fn wait_for_stop_signal() -> Result<(), nix::Error> {
+/// Blocks SIGINT and SIGTERM in this thread (and so in every thread it starts), so they
+/// arrive only where `wait_for_stop_signal` waits for them.
+fn block_stop_signals() -> Result<nix::sys::signal::SigSet, nix::Error> {
     use nix::sys::signal::{SigSet, Signal};
     let mut set = SigSet::empty();
     set.add(Signal::SIGINT);
     set.add(Signal::SIGTERM);
     set.thread_block()?;
-    let signal = set.wait()?;
-    tracing::info!(%signal, "stopping");
-    Ok(())
+    Ok(set)
 }
 
 fn main() -> ExitCode {
@@ -59,24 +60,26 @@ fn main() -> ExitCode {
         return ExitCode::SUCCESS;
     }
     tracing::info!(topology = %topology.source(), "{}", settings.numa_reason);
-    let shards = 1;
-    let arena = match Arena::map_for_serving(plan, &topology, shards) {
-        Ok(arena) => arena,
+    let signals = match block_stop_signals() {
+        Ok(signals) => signals,
+        Err(err) => {
+            eprintln!("headroom: cannot block SIGINT/SIGTERM: {err}");
+            return ExitCode::from(1);
+        }
+    };
+    let running = match server::start(settings, &topology) {
+        Ok(running) => running,
         Err(err) => {
             eprintln!("headroom: {err}");
             return ExitCode::from(1);
         }
     };
-    let stats = arena.stats(&[]);
-    eprint!("{}", stats.render());
-    tracing::info!(
-        bytes = arena.plan().total_bytes(),
-        "arena mapped and locked; this build has no protocol listener yet, so it holds the \
-         arena until SIGINT or SIGTERM"
-    );
-    if let Err(err) = wait_for_stop_signal() {
-        eprintln!("headroom: waiting for a stop signal failed: {err}");
-        return ExitCode::from(1);
+    match signals.wait() {
+        Ok(signal) => {
+            tracing::info!(%signal, "stopping: no new connections, finishing in-flight requests")
+        }
+        Err(err) => tracing::error!(%err, "waiting for a stop signal failed; stopping"),
     }
+    running.stop();
     ExitCode::SUCCESS
 }

@@ -73,6 +73,9 @@ pub struct Bump {
     blocks: HashMap<BlockId, SmallBlock>,
     /// `room[rank][bucket]`: blocks of that rank by tail room.
     room: Vec<Vec<Vec<BlockId>>>,
+    /// Bumped by every compaction and every block release: object offsets saved before it may
+    /// no longer be object boundaries.
+    layout_generation: u64,
 }
 
 fn bucket_of(tail_bytes: u32) -> Option<u8> {
@@ -88,6 +91,7 @@ impl Bump {
             granule,
             blocks: HashMap::new(),
             room: Vec::new(),
+            layout_generation: 0,
         }
     }
 
@@ -256,6 +260,9 @@ impl Bump {
         }
         self.unlist(block);
         self.blocks.remove(&block);
+        // The block may come back with a different layout (or class): saved offsets into it
+        // must not be trusted.
+        self.layout_generation += 1;
         Some(block)
     }
 
@@ -375,7 +382,40 @@ impl Bump {
         report.blocks_compacted += 1;
         state.frontier = dst as u32;
         state.dead_bytes = 0;
+        self.layout_generation += 1;
         self.relist(block);
+    }
+
+    /// Changes whenever compaction moves objects or a block leaves.
+    pub fn layout_generation(&self) -> u64 {
+        self.layout_generation
+    }
+
+    /// The first live object of `block` at or after `from`, which must be an object boundary
+    /// (0, or an offset returned by an earlier call under the same layout generation), and the
+    /// offset just past it. `None` at the frontier or when the block is not held here.
+    pub fn next_live(
+        &self,
+        block: BlockId,
+        from: u32,
+        mem: &dyn BlockMemory,
+    ) -> Option<(HeadLoc, u32)> {
+        let state = self.blocks.get(&block)?;
+        let bytes = mem.bytes(block);
+        let mut at = from;
+        while at < state.frontier {
+            let header = u32::from_le_bytes(
+                bytes[at as usize..at as usize + 4]
+                    .try_into()
+                    .expect("4 bytes"),
+            );
+            let next = at + self.footprint(header & LEN_MASK);
+            if header & DEAD_BIT == 0 {
+                return Some((HeadLoc { block, offset: at }, next));
+            }
+            at = next;
+        }
+        None
     }
 
     /// Every block held, with its rank.

@@ -355,6 +355,30 @@ impl ShardArena {
         &self.mem.bytes(loc.block)[range]
     }
 
+    /// A live head's bytes, writable (the owner updates its own metadata in place).
+    pub fn bytes_mut(&mut self, loc: HeadLoc) -> &mut [u8] {
+        let range = self.range(loc, self.class_of(loc));
+        &mut self.mem.bytes_mut(loc.block)[range]
+    }
+
+    /// The blocks holding small objects, in id order (for scans such as eviction hands).
+    pub fn small_blocks(&self) -> Vec<BlockId> {
+        let mut blocks: Vec<BlockId> = self.bump.blocks().map(|(id, _)| id).collect();
+        blocks.sort_unstable();
+        blocks
+    }
+
+    /// The first live small object of `block` at or after the object boundary `from`, and the
+    /// boundary after it (see [`ShardArena::small_layout_generation`]).
+    pub fn next_small_object(&self, block: BlockId, from: u32) -> Option<(HeadLoc, u32)> {
+        self.bump.next_live(block, from, &self.mem)
+    }
+
+    /// Changes whenever compaction moves small objects: saved offsets are then stale.
+    pub fn small_layout_generation(&self) -> u64 {
+        self.bump.layout_generation()
+    }
+
     /// Pins a head for a reader (ADR-0017): until the last unpin it never moves, and a free
     /// of it only takes effect at the last unpin.
     pub fn pin(&mut self, loc: HeadLoc) {

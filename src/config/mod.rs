@@ -31,6 +31,8 @@ pub const DEFAULT_RAM_HEAD: ByteSize = ByteSize(256 << 10);
 pub const DEFAULT_IO_CHUNK: ByteSize = ByteSize(1 << 20);
 pub const DEFAULT_SMALL_MIN_ALLOC: u64 = 16;
 pub const DEFAULT_LISTEN: &str = "127.0.0.1:11211";
+pub const DEFAULT_MAX_CONNECTIONS: usize = 1024;
+pub const DEFAULT_MAX_ITEM_SIZE: ByteSize = ByteSize(1 << 20);
 
 /// `--block` default: the platform huge page order (ADR-0008).
 pub const fn default_block() -> ByteSize {
@@ -142,13 +144,32 @@ pub struct Cli {
     #[arg(long)]
     pub perverse: bool,
 
-    /// Address to serve on; also picks the node for `--numa auto` [default: 127.0.0.1:11211].
+    /// Address to serve on (port 0: any free port, logged); also picks the node for
+    /// `--numa auto` [default: 127.0.0.1:11211].
     #[arg(long, value_name = "ADDR")]
     pub listen: Option<String>,
 
     /// Log filter: error, warn, info, debug, trace, or a tracing directive [default: info].
     #[arg(long, value_name = "LEVEL")]
     pub log_level: Option<String>,
+
+    /// Serving shards: one per CPU of the serving node (every online CPU with --no-numa);
+    /// fewer with this [default: all of them].
+    #[arg(long, value_name = "N")]
+    pub threads: Option<usize>,
+
+    /// Most client connections open at once; more are closed on accept [default: 1024].
+    #[arg(long, value_name = "N")]
+    pub max_connections: Option<usize>,
+
+    /// Close a connection that neither sends nor accepts bytes for this many seconds; 0 never
+    /// [default: 0].
+    #[arg(long, value_name = "SECONDS")]
+    pub idle_timeout: Option<u64>,
+
+    /// Largest value accepted; larger ones get "too large" [default: 1M].
+    #[arg(long, value_name = "SIZE")]
+    pub max_item_size: Option<ByteSize>,
 }
 
 /// The `--config` file: the same settings, spelled as the flags without `--`.
@@ -170,6 +191,10 @@ pub struct FileConfig {
     pub perverse: bool,
     pub listen: Option<String>,
     pub log_level: Option<String>,
+    pub threads: Option<usize>,
+    pub max_connections: Option<usize>,
+    pub idle_timeout: Option<u64>,
+    pub max_item_size: Option<ByteSize>,
 }
 
 impl FileConfig {
@@ -258,6 +283,15 @@ pub enum ConfigError {
     Listen {
         text: String,
         reason: String,
+    },
+    ThreadsZero,
+    ThreadsAboveCpus {
+        threads: usize,
+        cpus: usize,
+    },
+    MaxConnectionsZero,
+    MaxItemSize {
+        bytes: u64,
     },
 }
 
@@ -358,6 +392,17 @@ impl fmt::Display for ConfigError {
                 "--perverse needs at least two online NUMA nodes, and this machine has {online}"
             ),
             Listen { text, reason } => write!(f, "--listen {text}: {reason}"),
+            ThreadsZero => write!(f, "--threads must be at least 1"),
+            ThreadsAboveCpus { threads, cpus } => write!(
+                f,
+                "--threads {threads} exceeds the {cpus} CPUs of the serving node (one shard per CPU)"
+            ),
+            MaxConnectionsZero => write!(f, "--max-connections must be at least 1"),
+            MaxItemSize { bytes } => write!(
+                f,
+                "--max-item-size {} must be from 1 KiB up to (not including) 4 GiB",
+                b(bytes)
+            ),
         }
     }
 }
@@ -369,6 +414,12 @@ impl std::error::Error for ConfigError {}
 pub struct Settings {
     pub arena: ArenaConfig,
     pub listen: SocketAddr,
+    /// The CPUs that get a shard each, ascending.
+    pub cpus: Vec<usize>,
+    pub max_connections: usize,
+    /// 0: never.
+    pub idle_timeout_seconds: u64,
+    pub max_item_bytes: u64,
     pub dry_run: bool,
     pub log_level: String,
     /// Why the serving node is what it is (logged at start-up).
@@ -551,6 +602,40 @@ pub fn resolve_with_file(
             }
         }
     };
+    let node_cpus = match mode.serving_node() {
+        Some(node) => topology
+            .node(node)
+            .map(|n| n.cpus.clone())
+            .unwrap_or_default(),
+        None => topology.all_cpus(),
+    };
+    let threads = cli.threads.or(file.threads).unwrap_or(node_cpus.len());
+    if threads == 0 {
+        return Err(ConfigError::ThreadsZero);
+    }
+    if threads > node_cpus.len() {
+        return Err(ConfigError::ThreadsAboveCpus {
+            threads,
+            cpus: node_cpus.len(),
+        });
+    }
+    let max_connections = cli
+        .max_connections
+        .or(file.max_connections)
+        .unwrap_or(DEFAULT_MAX_CONNECTIONS);
+    if max_connections == 0 {
+        return Err(ConfigError::MaxConnectionsZero);
+    }
+    let max_item_bytes = cli
+        .max_item_size
+        .or(file.max_item_size)
+        .unwrap_or(DEFAULT_MAX_ITEM_SIZE)
+        .0;
+    if !(1024..1 << 32).contains(&max_item_bytes) {
+        return Err(ConfigError::MaxItemSize {
+            bytes: max_item_bytes,
+        });
+    }
     let others = topology.online_count().saturating_sub(1) as u64;
     let blocks =
         (memory + sub_memory * others + small_memory.unwrap_or(0) + small_sub_memory * others)
@@ -572,6 +657,10 @@ pub fn resolve_with_file(
             perverse,
         },
         listen,
+        cpus: node_cpus[..threads].to_vec(),
+        max_connections,
+        idle_timeout_seconds: cli.idle_timeout.or(file.idle_timeout).unwrap_or(0),
+        max_item_bytes,
         dry_run: cli.dry_run,
         log_level: cli
             .log_level

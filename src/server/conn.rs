@@ -1,0 +1,452 @@
+//! One client connection: read frames, run them on their owning shards, write the replies in
+//! request order.
+//!
+//! Frames are taken in *segments*: keyed requests this shard owns run at once; those of
+//! other shards are gathered into one batch per shard, sent, and awaited together; the
+//! replies are then stitched back into request order. FLUSH, STAT and QUIT end a segment (they
+//! see everything before them and nothing after). See `docs/server.md`.
+
+use std::rc::Rc;
+use std::time::Duration;
+
+use futures_lite::{AsyncReadExt, AsyncWriteExt};
+use glommio::net::TcpStream;
+
+use crate::proto::{decode, Decoded, FrameError, Request, ResponseWriter, Status};
+use crate::store::KeyHasher;
+
+use super::execute::execute_keyed;
+use super::shard::{RemoteOp, ShardCtx, ShardReply, ShardRequest};
+use super::stats::write_stats;
+use super::unix_now;
+
+/// Read buffer a connection starts with (and shrinks back to when idle).
+const READ_BUFFER_BYTES: usize = 16 << 10;
+/// Replies gathered before they are written, so a pipeline of large GETs stays bounded.
+const OUTPUT_CAP_BYTES: usize = 1 << 20;
+/// Frames per segment at most (bounds a batch's bookkeeping).
+const SEGMENT_MAX_FRAMES: usize = 4096;
+
+/// Where a reply of the current segment comes from.
+enum Piece {
+    /// `local[start..end]`.
+    Local { start: usize, end: usize },
+    /// Op `index` of the batch sent to `shard`.
+    Remote { shard: usize, index: usize },
+}
+
+/// A segment being assembled.
+#[derive(Default)]
+struct Segment {
+    pieces: Vec<Piece>,
+    local: Vec<u8>,
+    /// Per shard: the frames to send and their ops.
+    batches: Vec<(Vec<u8>, Vec<RemoteOp>)>,
+}
+
+impl Segment {
+    fn new(shards: usize) -> Segment {
+        Segment {
+            batches: (0..shards).map(|_| (Vec::new(), Vec::new())).collect(),
+            ..Segment::default()
+        }
+    }
+
+    fn is_empty(&self) -> bool {
+        self.pieces.is_empty()
+    }
+
+    fn local_reply(&mut self, write: impl FnOnce(&mut Vec<u8>)) {
+        let start = self.local.len();
+        write(&mut self.local);
+        let end = self.local.len();
+        if end > start {
+            self.pieces.push(Piece::Local { start, end });
+        }
+    }
+
+    fn remote(&mut self, shard: usize, op_bytes: &[u8], make: impl FnOnce(u32, u32) -> RemoteOp) {
+        let (buf, ops) = &mut self.batches[shard];
+        let start = buf.len() as u32;
+        buf.extend_from_slice(op_bytes);
+        ops.push(make(start, buf.len() as u32));
+        self.pieces.push(Piece::Remote {
+            shard,
+            index: ops.len() - 1,
+        });
+    }
+
+    /// Sends the batches, waits for every reply, and appends all replies in order to `out`.
+    async fn finish(&mut self, ctx: &ShardCtx, out: &mut Vec<u8>) {
+        let calls: Vec<_> = self
+            .batches
+            .iter_mut()
+            .enumerate()
+            .filter(|(_, (_, ops))| !ops.is_empty())
+            .map(|(shard, (buf, ops))| {
+                let request = ShardRequest::Batch {
+                    buf: std::mem::take(buf),
+                    ops: std::mem::take(ops),
+                };
+                (shard, request)
+            })
+            .collect();
+        let mut replies: Vec<Option<(Vec<u8>, Vec<u32>)>> =
+            (0..self.batches.len()).map(|_| None).collect();
+        // Every batch is in flight before the first reply is awaited.
+        let pending: Vec<_> = calls
+            .into_iter()
+            .map(|(shard, request)| (shard, Box::pin(ctx.call(shard, request))))
+            .collect();
+        for (shard, call) in pending {
+            if let ShardReply::Batch { out, ends } = call.await {
+                replies[shard] = Some((out, ends));
+            }
+        }
+        for piece in self.pieces.drain(..) {
+            match piece {
+                Piece::Local { start, end } => out.extend_from_slice(&self.local[start..end]),
+                Piece::Remote { shard, index } => {
+                    let (bytes, ends) = replies[shard].as_ref().expect("a reply per batch");
+                    let start = if index == 0 {
+                        0
+                    } else {
+                        ends[index - 1] as usize
+                    };
+                    out.extend_from_slice(&bytes[start..ends[index] as usize]);
+                }
+            }
+        }
+        self.local.clear();
+    }
+}
+
+/// What the connection does after writing its replies.
+#[derive(Clone, Copy, PartialEq, Eq)]
+enum After {
+    Continue,
+    Close,
+}
+
+struct Conn {
+    buf: Vec<u8>,
+    /// Bytes of `buf` holding received data, and how many of those are processed.
+    filled: usize,
+    consumed: usize,
+    /// Stream bytes still to discard (the rest of a rejected or too-large frame).
+    skip: u64,
+    out: Vec<u8>,
+}
+
+fn count(ctx: &ShardCtx, error: FrameError) {
+    let mut c = ctx.counters.borrow_mut();
+    match error {
+        FrameError::BadMagic => c.bad_magic += 1,
+        FrameError::BodyTooShort => c.body_too_short += 1,
+        FrameError::KeyTooLong => c.key_too_long += 1,
+        FrameError::BadShape => c.invalid_frames += 1,
+        FrameError::UnknownOpcode => c.unknown_opcodes += 1,
+        FrameError::TooLarge => c.too_large_frames += 1,
+    }
+}
+
+impl Conn {
+    /// Runs every whole frame buffered, up to the output cap. Returns what to do next.
+    async fn process(&mut self, ctx: &ShardCtx) -> After {
+        let max_item = ctx.shared.settings.max_item_bytes as usize;
+        let mut segment = Segment::new(ctx.shards);
+        let now = unix_now();
+        let mut after = After::Continue;
+        loop {
+            if self.skip > 0 {
+                let drop = (self.skip as usize).min(self.filled - self.consumed);
+                self.consumed += drop;
+                self.skip -= drop as u64;
+                if self.skip > 0 {
+                    break;
+                }
+            }
+            if self.out.len() + segment.local.len() > OUTPUT_CAP_BYTES
+                || segment.pieces.len() >= SEGMENT_MAX_FRAMES
+            {
+                break;
+            }
+            let frame = &self.buf[self.consumed..self.filled];
+            match decode(frame, max_item) {
+                Decoded::Incomplete { needed } => {
+                    self.make_room(needed);
+                    break;
+                }
+                Decoded::Close { error } => {
+                    count(ctx, error);
+                    after = After::Close;
+                    break;
+                }
+                Decoded::Reject {
+                    opcode,
+                    opaque,
+                    status,
+                    skip,
+                    close,
+                    error,
+                } => {
+                    count(ctx, error);
+                    segment
+                        .local_reply(|out| ResponseWriter::new(out).error(opcode, opaque, status));
+                    let available = (self.filled - self.consumed) as u64;
+                    let now_dropped = skip.min(available);
+                    self.consumed += now_dropped as usize;
+                    self.skip = skip - now_dropped;
+                    if close {
+                        after = After::Close;
+                        break;
+                    }
+                }
+                Decoded::Request {
+                    request,
+                    opcode,
+                    opaque,
+                    consumed,
+                    skip_after,
+                } => {
+                    let frame_bytes = &frame[..consumed];
+                    self.skip = skip_after;
+                    ctx.counters.borrow_mut().commands += 1;
+                    match &request {
+                        Request::Noop | Request::Version | Request::Verbosity { .. } => {
+                            let version = ctx.shared.version.as_bytes();
+                            segment.local_reply(|out| {
+                                let value: &[u8] = if request == Request::Version {
+                                    version
+                                } else {
+                                    &[]
+                                };
+                                ResponseWriter::new(out).reply(
+                                    opcode,
+                                    opaque,
+                                    Status::Ok,
+                                    0,
+                                    &[],
+                                    &[],
+                                    value,
+                                )
+                            });
+                        }
+                        Request::Quit { quiet } => {
+                            if !quiet {
+                                segment.local_reply(|out| {
+                                    ResponseWriter::new(out).reply(
+                                        opcode,
+                                        opaque,
+                                        Status::Ok,
+                                        0,
+                                        &[],
+                                        &[],
+                                        &[],
+                                    )
+                                });
+                            }
+                            self.consumed += consumed;
+                            after = After::Close;
+                            break;
+                        }
+                        Request::Flush { delay, quiet } => {
+                            let (delay, quiet) = (*delay, *quiet);
+                            self.consumed += consumed;
+                            segment.finish(ctx, &mut self.out).await;
+                            for shard in (0..ctx.shards).filter(|&s| s != ctx.id) {
+                                ctx.call(shard, ShardRequest::Flush { delay }).await;
+                            }
+                            ctx.store.borrow_mut().flush(delay, now);
+                            if !quiet {
+                                ResponseWriter::new(&mut self.out).reply(
+                                    opcode,
+                                    opaque,
+                                    Status::Ok,
+                                    0,
+                                    &[],
+                                    &[],
+                                    &[],
+                                );
+                            }
+                            continue;
+                        }
+                        Request::Stat { group } => {
+                            let group = group.to_vec();
+                            self.consumed += consumed;
+                            segment.finish(ctx, &mut self.out).await;
+                            write_stats(ctx, &group, opcode, opaque, &mut self.out).await;
+                            continue;
+                        }
+                        keyed => {
+                            let key = keyed.key().expect("keyed requests have keys");
+                            let hash = ctx.store.borrow().hash(key);
+                            let owner = KeyHasher::shard_of(hash, ctx.shards);
+                            if owner == ctx.id {
+                                let mut store = ctx.store.borrow_mut();
+                                segment.local_reply(|out| {
+                                    execute_keyed(&mut store, keyed, opcode, opaque, now, out)
+                                });
+                            } else if let Request::TooLarge { key, drop_existing } = keyed {
+                                let drop_existing = *drop_existing;
+                                segment.remote(owner, key, |start, end| RemoteOp::TooLarge {
+                                    start,
+                                    end,
+                                    drop_existing,
+                                    opcode,
+                                    opaque,
+                                });
+                            } else {
+                                segment.remote(owner, frame_bytes, |start, end| RemoteOp::Frame {
+                                    start,
+                                    end,
+                                });
+                            }
+                        }
+                    }
+                    self.consumed += consumed;
+                }
+            }
+        }
+        if !segment.is_empty() {
+            segment.finish(ctx, &mut self.out).await;
+        }
+        after
+    }
+
+    /// Makes the buffer able to hold a frame of `needed` bytes from `consumed`.
+    fn make_room(&mut self, needed: usize) {
+        if self.consumed > 0 {
+            self.buf.copy_within(self.consumed..self.filled, 0);
+            self.filled -= self.consumed;
+            self.consumed = 0;
+        }
+        if self.buf.len() < needed {
+            self.buf.resize(needed, 0);
+        }
+    }
+
+    /// Forgets processed bytes, and gives back a big buffer once it is empty.
+    fn settle(&mut self) {
+        if self.consumed == self.filled {
+            self.consumed = 0;
+            self.filled = 0;
+            if self.buf.len() > 4 * READ_BUFFER_BYTES {
+                self.buf = vec![0; READ_BUFFER_BYTES];
+            }
+        } else if self.filled == self.buf.len() {
+            self.make_room(self.filled - self.consumed + 1);
+        }
+        if self.filled == self.buf.len() {
+            let grow = self.buf.len() + READ_BUFFER_BYTES;
+            self.buf.resize(grow, 0);
+        }
+    }
+}
+
+/// What a read or a write came back with.
+enum Io {
+    Done(usize),
+    Closed,
+    TimedOut,
+    Stopped,
+}
+
+async fn with_limits<F>(ctx: &ShardCtx, idle: Option<Duration>, io: F) -> Io
+where
+    F: std::future::Future<Output = std::io::Result<usize>>,
+{
+    let io = async {
+        match io.await {
+            Ok(0) | Err(_) => Io::Closed,
+            Ok(n) => Io::Done(n),
+        }
+    };
+    let limited = async {
+        match idle {
+            Some(limit) => glommio::timer::timeout(limit, async { Ok(io.await) })
+                .await
+                .unwrap_or(Io::TimedOut),
+            None => io.await,
+        }
+    };
+    futures_lite::future::or(limited, async {
+        ctx.stop.wait().await;
+        Io::Stopped
+    })
+    .await
+}
+
+/// Serves one connection until the client leaves, a protocol error closes it, it idles out,
+/// or the server stops.
+pub async fn serve(ctx: Rc<ShardCtx>, mut stream: TcpStream) {
+    if let Err(err) = stream.set_nodelay(true) {
+        tracing::debug!(%err, "TCP_NODELAY refused");
+    }
+    let idle = match ctx.shared.settings.idle_timeout_seconds {
+        0 => None,
+        seconds => Some(Duration::from_secs(seconds)),
+    };
+    let mut conn = Conn {
+        buf: vec![0; READ_BUFFER_BYTES],
+        filled: 0,
+        consumed: 0,
+        skip: 0,
+        out: Vec::new(),
+    };
+    loop {
+        let read = {
+            let Conn { buf, filled, .. } = &mut conn;
+            with_limits(&ctx, idle, stream.read(&mut buf[*filled..])).await
+        };
+        match read {
+            Io::Done(n) => {
+                conn.filled += n;
+                ctx.counters.borrow_mut().bytes_read += n as u64;
+            }
+            Io::TimedOut => {
+                ctx.counters.borrow_mut().idle_closed += 1;
+                return;
+            }
+            Io::Closed | Io::Stopped => return,
+        }
+        loop {
+            let after = conn.process(&ctx).await;
+            if !conn.out.is_empty() {
+                let written = conn.out.len();
+                match with_limits(&ctx, idle, async {
+                    stream.write_all(&conn.out).await.map(|()| written)
+                })
+                .await
+                {
+                    Io::Done(n) => ctx.counters.borrow_mut().bytes_written += n as u64,
+                    Io::TimedOut => {
+                        ctx.counters.borrow_mut().idle_closed += 1;
+                        return;
+                    }
+                    Io::Closed | Io::Stopped => return,
+                }
+                conn.out.clear();
+            }
+            if after == After::Close {
+                let _ = stream.close().await;
+                return;
+            }
+            // More whole frames may wait behind the output cap; otherwise read more.
+            let more = conn.consumed < conn.filled
+                && conn.skip == 0
+                && !matches!(
+                    decode(&conn.buf[conn.consumed..conn.filled], 0),
+                    Decoded::Incomplete { .. }
+                )
+                && conn.out.is_empty();
+            conn.settle();
+            if !more {
+                break;
+            }
+        }
+        if ctx.stop.fired() {
+            return;
+        }
+    }
+}

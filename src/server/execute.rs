@@ -1,0 +1,110 @@
+//! Running one keyed request against the owning shard's store and composing its reply,
+//! exactly as memcached's binary protocol answers.
+
+use crate::proto::{Request, ResponseWriter, Status};
+use crate::store::{ArithOutcome, DeleteOutcome, Store, StoreOutcome};
+
+/// Runs a request that has a key (GET family, stores, DELETE, INCR/DECR, too-large stores)
+/// and appends its reply, if any, to `out`. Quiet requests reply only on errors (and GETQ
+/// family only on hits), as memcached does.
+pub fn execute_keyed(
+    store: &mut Store,
+    request: &Request<'_>,
+    opcode: u8,
+    opaque: u32,
+    now: u32,
+    out: &mut Vec<u8>,
+) {
+    let mut w = ResponseWriter::new(out);
+    match *request {
+        Request::Get {
+            key,
+            quiet,
+            with_key,
+            touch,
+            value,
+        } => match store.get(key, touch, now) {
+            Some(hit) => {
+                let key_part: &[u8] = if with_key { key } else { &[] };
+                let value_part: &[u8] = if value { hit.value } else { &[] };
+                w.header(
+                    opcode,
+                    opaque,
+                    Status::Ok,
+                    hit.cas,
+                    4,
+                    key_part.len() as u16,
+                    value_part.len() as u32,
+                );
+                w.body(&hit.flags.to_be_bytes());
+                w.body(key_part);
+                w.body(value_part);
+            }
+            None if quiet => {}
+            // GETK/GATK misses carry the key and no message; the others memcached's text.
+            None if with_key => w.reply(opcode, opaque, Status::NotFound, 0, &[], key, &[]),
+            None => w.error(opcode, opaque, Status::NotFound),
+        },
+        Request::Store {
+            mode,
+            key,
+            value,
+            flags,
+            expiry,
+            cas,
+            quiet,
+        } => match store.store(mode, key, value, flags, expiry, cas, now) {
+            StoreOutcome::Stored { cas } => {
+                if !quiet {
+                    w.reply(opcode, opaque, Status::Ok, cas, &[], &[], &[]);
+                }
+            }
+            StoreOutcome::Exists => w.error(opcode, opaque, Status::Exists),
+            StoreOutcome::NotFound => w.error(opcode, opaque, Status::NotFound),
+            StoreOutcome::NotStored => w.error(opcode, opaque, Status::NotStored),
+            StoreOutcome::TooLarge => w.error(opcode, opaque, Status::TooLarge),
+            StoreOutcome::OutOfMemory => w.error(opcode, opaque, Status::OutOfMemory),
+        },
+        Request::TooLarge { key, drop_existing } => {
+            store.refuse_too_large(key, drop_existing);
+            w.error(opcode, opaque, Status::TooLarge);
+        }
+        Request::Delete { key, cas, quiet } => match store.delete(key, cas, now) {
+            DeleteOutcome::Deleted => {
+                if !quiet {
+                    w.reply(opcode, opaque, Status::Ok, 0, &[], &[], &[]);
+                }
+            }
+            DeleteOutcome::NotFound => w.error(opcode, opaque, Status::NotFound),
+            DeleteOutcome::Exists => w.error(opcode, opaque, Status::Exists),
+        },
+        Request::Arith {
+            incr,
+            key,
+            delta,
+            initial,
+            expiry,
+            cas,
+            quiet,
+        } => match store.arith(incr, key, delta, initial, expiry, cas, now) {
+            ArithOutcome::Value { value, cas } => {
+                if !quiet {
+                    w.reply(
+                        opcode,
+                        opaque,
+                        Status::Ok,
+                        cas,
+                        &[],
+                        &[],
+                        &value.to_be_bytes(),
+                    );
+                }
+            }
+            ArithOutcome::NotFound => w.error(opcode, opaque, Status::NotFound),
+            ArithOutcome::Exists => w.error(opcode, opaque, Status::Exists),
+            ArithOutcome::NonNumeric => w.error(opcode, opaque, Status::NonNumeric),
+            ArithOutcome::OutOfMemory => w.error(opcode, opaque, Status::OutOfMemory),
+        },
+        _ => unreachable!("only keyed requests are executed by a store"),
+    }
+}

@@ -1,0 +1,271 @@
+//! The server: one glommio executor per serving CPU, each a shard with its own store and
+//! listener (SO_REUSEPORT), joined by a channel mesh. See `docs/server.md`.
+
+mod conn;
+mod event;
+mod execute;
+mod shard;
+mod stats;
+
+use std::net::SocketAddr;
+use std::rc::Rc;
+use std::sync::atomic::{AtomicBool, AtomicU64, AtomicUsize, Ordering};
+use std::sync::{Arc, Condvar, Mutex};
+use std::time::{Duration, Instant};
+
+use glommio::channels::channel_mesh::MeshBuilder;
+use glommio::{LocalExecutorBuilder, Placement};
+
+use crate::arena::{Arena, MemoryPlan};
+use crate::config::Settings;
+use crate::store::{KeyHasher, Store, StoreConfig};
+use crate::topology::Topology;
+
+use shard::{Message, ShardCtx};
+
+/// Messages a mesh channel holds before a sender waits.
+const MESH_CHANNEL_MESSAGES: usize = 1024;
+/// io_uring memory glommio preallocates per executor (its minimum: we do no DMA through it).
+const EXECUTOR_IO_MEMORY_BYTES: usize = 64 << 10;
+
+/// Seconds since the Unix epoch, as the protocol's expiry times count them.
+pub fn unix_now() -> u32 {
+    std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .map_or(0, |d| d.as_secs() as u32)
+}
+
+/// Per-shard connection-level counters.
+#[derive(Clone, Debug, Default)]
+pub struct ConnCounters {
+    pub commands: u64,
+    pub bytes_read: u64,
+    pub bytes_written: u64,
+    pub bad_magic: u64,
+    pub body_too_short: u64,
+    pub key_too_long: u64,
+    pub invalid_frames: u64,
+    pub unknown_opcodes: u64,
+    pub too_large_frames: u64,
+    pub idle_closed: u64,
+}
+
+impl ConnCounters {
+    pub fn add(&mut self, o: &ConnCounters) {
+        self.commands += o.commands;
+        self.bytes_read += o.bytes_read;
+        self.bytes_written += o.bytes_written;
+        self.bad_magic += o.bad_magic;
+        self.body_too_short += o.body_too_short;
+        self.key_too_long += o.key_too_long;
+        self.invalid_frames += o.invalid_frames;
+        self.unknown_opcodes += o.unknown_opcodes;
+        self.too_large_frames += o.too_large_frames;
+        self.idle_closed += o.idle_closed;
+    }
+}
+
+/// State every shard sees (the only cross-core shared state: configuration and atomics
+/// touched on accept, close and STAT, never per request).
+pub struct Shared {
+    pub settings: Settings,
+    pub arena: Arc<Arena>,
+    pub hasher: KeyHasher,
+    pub version: String,
+    pub started: Instant,
+    pub stop: AtomicBool,
+    pub curr_connections: AtomicUsize,
+    pub total_connections: AtomicU64,
+    pub rejected_connections: AtomicU64,
+    /// Shards whose own connections have all finished (shutdown barrier).
+    drained: AtomicUsize,
+    /// The address shard 0 bound (port 0 resolves there), for the other shards.
+    bound: (Mutex<Option<Result<SocketAddr, String>>>, Condvar),
+}
+
+#[derive(Debug)]
+pub enum ServerError {
+    Map(crate::arena::MapError),
+    Bind { addr: SocketAddr, reason: String },
+    Executor(String),
+}
+
+impl std::fmt::Display for ServerError {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match self {
+            ServerError::Map(err) => write!(f, "{err}"),
+            ServerError::Bind { addr, reason } => write!(f, "cannot listen on {addr}: {reason}"),
+            ServerError::Executor(reason) => write!(f, "cannot start a shard: {reason}"),
+        }
+    }
+}
+
+impl std::error::Error for ServerError {}
+
+/// A running server: its address and a handle to stop it.
+pub struct Running {
+    pub addr: SocketAddr,
+    shared: Arc<Shared>,
+    handles: Vec<glommio::ExecutorJoinHandle<()>>,
+}
+
+impl Running {
+    /// Stops accepting, lets in-flight requests finish, and waits for every shard to exit.
+    pub fn stop(self) {
+        self.shared.stop.store(true, Ordering::Release);
+        for handle in self.handles {
+            let _ = handle.join();
+        }
+        tracing::info!("stopped");
+    }
+}
+
+fn random_seed() -> u64 {
+    use std::hash::{BuildHasher, Hasher};
+    let mut h = std::collections::hash_map::RandomState::new().build_hasher();
+    h.write_u128(Instant::now().elapsed().as_nanos());
+    h.finish()
+}
+
+/// Maps the arena, starts one shard per CPU of `settings.cpus`, and returns once every shard
+/// listens.
+pub fn start(settings: Settings, topology: &Topology) -> Result<Running, ServerError> {
+    let shards = settings.cpus.len();
+    let plan = MemoryPlan::new(&settings.arena, topology);
+    let arena = Arena::map_for_serving(plan, topology, shards).map_err(ServerError::Map)?;
+    let shared = Arc::new(Shared {
+        hasher: KeyHasher::with_seed(random_seed()),
+        version: format!("1.6.0-headroom-{}", env!("CARGO_PKG_VERSION")),
+        started: Instant::now(),
+        stop: AtomicBool::new(false),
+        curr_connections: AtomicUsize::new(0),
+        total_connections: AtomicU64::new(0),
+        rejected_connections: AtomicU64::new(0),
+        drained: AtomicUsize::new(0),
+        bound: (Mutex::new(None), Condvar::new()),
+        arena,
+        settings,
+    });
+    let mesh = MeshBuilder::<Message, _>::full(shards, MESH_CHANNEL_MESSAGES);
+    let (ready_tx, ready_rx) = std::sync::mpsc::channel::<Result<SocketAddr, String>>();
+    let mut handles = Vec::with_capacity(shards);
+    for (index, &cpu) in shared.settings.cpus.iter().enumerate() {
+        let shared = Arc::clone(&shared);
+        let mesh = mesh.clone();
+        let ready = ready_tx.clone();
+        let handle = LocalExecutorBuilder::new(Placement::Fixed(cpu))
+            .name(&format!("shard-{index}"))
+            .io_memory(EXECUTOR_IO_MEMORY_BYTES)
+            .spawn(move || shard_main(index, shared, mesh, ready))
+            .map_err(|err| ServerError::Executor(format!("CPU {cpu}: {err}")))?;
+        handles.push(handle);
+    }
+    drop(ready_tx);
+    let mut addr = None;
+    for _ in 0..shards {
+        let report = ready_rx
+            .recv()
+            .unwrap_or_else(|_| Err("a shard stopped before it listened".to_string()));
+        match report {
+            Ok(bound) => addr = Some(bound),
+            Err(reason) => {
+                shared.stop.store(true, Ordering::Release);
+                // Wake shards still waiting for shard 0's address.
+                let (lock, cvar) = &shared.bound;
+                lock.lock()
+                    .unwrap_or_else(|e| e.into_inner())
+                    .get_or_insert(Err(reason.clone()));
+                cvar.notify_all();
+                for handle in handles {
+                    let _ = handle.join();
+                }
+                return Err(ServerError::Bind {
+                    addr: shared.settings.listen,
+                    reason,
+                });
+            }
+        }
+    }
+    let addr = addr.expect("every shard reported");
+    tracing::info!(%addr, shards, cpus = ?shared.settings.cpus, "listening on {addr}");
+    Ok(Running {
+        addr,
+        shared,
+        handles,
+    })
+}
+
+/// Binds this shard's listener: shard 0 first (resolving port 0), the others on its address.
+fn bind(index: usize, shared: &Shared) -> Result<glommio::net::TcpListener, String> {
+    let (lock, cvar) = &shared.bound;
+    if index == 0 {
+        let result = glommio::net::TcpListener::bind(shared.settings.listen)
+            .and_then(|l| l.local_addr().map(|a| (l, a)))
+            .map_err(|e| e.to_string());
+        let mut bound = lock.lock().unwrap_or_else(|e| e.into_inner());
+        *bound = Some(result.as_ref().map(|(_, a)| *a).map_err(Clone::clone));
+        cvar.notify_all();
+        return result.map(|(l, _)| l);
+    }
+    let mut bound = lock.lock().unwrap_or_else(|e| e.into_inner());
+    while bound.is_none() {
+        bound = cvar.wait(bound).unwrap_or_else(|e| e.into_inner());
+    }
+    let addr = bound.clone().expect("set")?;
+    drop(bound);
+    glommio::net::TcpListener::bind(addr).map_err(|e| e.to_string())
+}
+
+async fn shard_main(
+    index: usize,
+    shared: Arc<Shared>,
+    mesh: MeshBuilder<Message, glommio::channels::channel_mesh::Full>,
+    ready: std::sync::mpsc::Sender<Result<SocketAddr, String>>,
+) {
+    let (senders, receivers) = mesh.join().await.expect("the mesh forms");
+    let id = senders.peer_id();
+    let listener = match bind(index, &shared) {
+        Ok(listener) => listener,
+        Err(reason) => {
+            let _ = ready.send(Err(reason));
+            return;
+        }
+    };
+    let store = Store::new(
+        shared.arena.shard(id),
+        shared.hasher.clone(),
+        StoreConfig {
+            max_item_bytes: shared.settings.max_item_bytes,
+            shard: id,
+        },
+    );
+    let ctx = Rc::new(ShardCtx::new(id, store, Arc::clone(&shared), senders));
+    shard::spawn_receivers(&ctx, receivers);
+    let _ = ready.send(listener.local_addr().map_err(|e| e.to_string()));
+    drop(ready);
+
+    // Turns the process-wide stop flag into this shard's stop event.
+    let watcher = {
+        let ctx = Rc::clone(&ctx);
+        glommio::spawn_local(async move {
+            while !ctx.shared.stop.load(Ordering::Acquire) {
+                glommio::timer::sleep(Duration::from_millis(20)).await;
+            }
+            ctx.stop.fire();
+        })
+    };
+    let sweeper = glommio::spawn_local(shard::sweep_loop(Rc::clone(&ctx)));
+    shard::accept_loop(Rc::clone(&ctx), listener).await;
+    watcher.await;
+    sweeper.await;
+    // Let this shard's connections finish their in-flight requests.
+    while ctx.live_connections.get() > 0 {
+        glommio::timer::sleep(Duration::from_millis(5)).await;
+    }
+    // Keep answering other shards until every shard's connections are done.
+    shared.drained.fetch_add(1, Ordering::AcqRel);
+    while shared.drained.load(Ordering::Acquire) < ctx.shards {
+        glommio::timer::sleep(Duration::from_millis(5)).await;
+    }
+    ctx.store.borrow_mut().arena_mut().return_idle_blocks();
+}

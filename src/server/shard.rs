@@ -1,0 +1,301 @@
+//! One shard: its store, its place in the channel mesh, its listener and its background
+//! tasks. Cross-shard traffic is two kinds of message on one full mesh: requests (a batch of
+//! frames for keys this shard owns, a flush, a stats snapshot) and replies. A receiver never
+//! blocks on sending a reply (it hands a full channel to a task), so two shards replying to
+//! each other cannot deadlock.
+
+use std::cell::{Cell, RefCell};
+use std::collections::HashMap;
+use std::rc::Rc;
+use std::sync::atomic::Ordering;
+use std::sync::Arc;
+use std::time::Duration;
+
+use glommio::channels::channel_mesh::{Receivers, Senders};
+use glommio::channels::local_channel::{self, LocalSender};
+use glommio::net::TcpListener;
+
+use crate::arena::ShardArenaStats;
+use crate::proto::{decode, Decoded};
+use crate::store::{Store, StoreStats};
+
+use super::event::LocalEvent;
+use super::execute::execute_keyed;
+use super::{unix_now, ConnCounters, Shared};
+
+/// Messages between shards.
+pub enum Message {
+    Request {
+        from: usize,
+        token: u64,
+        request: ShardRequest,
+    },
+    Reply {
+        token: u64,
+        reply: ShardReply,
+    },
+}
+
+pub enum ShardRequest {
+    /// Frames for keys the receiver owns, to run in order; `buf` holds them back to back.
+    Batch {
+        buf: Vec<u8>,
+        ops: Vec<RemoteOp>,
+    },
+    Flush {
+        delay: u32,
+    },
+    Stats,
+}
+
+/// One operation of a batch.
+pub enum RemoteOp {
+    /// A whole request frame at `buf[start..end]`.
+    Frame { start: u32, end: u32 },
+    /// A store over the size limit whose value was never read: refuse it (and for SET drop the
+    /// old value) under the key at `buf[start..end]`.
+    TooLarge {
+        start: u32,
+        end: u32,
+        drop_existing: bool,
+        opcode: u8,
+        opaque: u32,
+    },
+}
+
+pub enum ShardReply {
+    /// Replies of a batch, back to back: op `i` answered `out[ends[i-1]..ends[i]]`.
+    Batch {
+        out: Vec<u8>,
+        ends: Vec<u32>,
+    },
+    Done,
+    Stats(Box<ShardSnapshot>),
+}
+
+/// One shard's figures, for STAT.
+#[derive(Clone, Debug, Default)]
+pub struct ShardSnapshot {
+    pub store: StoreStats,
+    pub arena: ShardArenaStats,
+    pub conn: ConnCounters,
+}
+
+/// Everything a shard's tasks share (single-threaded; `Rc`).
+pub struct ShardCtx {
+    pub id: usize,
+    pub shards: usize,
+    pub store: RefCell<Store>,
+    pub shared: Arc<Shared>,
+    pub counters: RefCell<ConnCounters>,
+    pub stop: LocalEvent,
+    pub live_connections: Cell<usize>,
+    mesh: Senders<Message>,
+    waiters: RefCell<HashMap<u64, LocalSender<ShardReply>>>,
+    next_token: Cell<u64>,
+}
+
+impl ShardCtx {
+    pub fn new(id: usize, store: Store, shared: Arc<Shared>, mesh: Senders<Message>) -> ShardCtx {
+        ShardCtx {
+            id,
+            shards: mesh.nr_consumers().max(1),
+            store: RefCell::new(store),
+            shared,
+            counters: RefCell::new(ConnCounters::default()),
+            stop: LocalEvent::new(),
+            live_connections: Cell::new(0),
+            mesh,
+            waiters: RefCell::new(HashMap::new()),
+            next_token: Cell::new(0),
+        }
+    }
+
+    /// Sends a request to shard `to` and waits for its reply.
+    pub async fn call(&self, to: usize, request: ShardRequest) -> ShardReply {
+        let token = self.next_token.get();
+        self.next_token.set(token + 1);
+        let (tx, rx) = local_channel::new_bounded(1);
+        self.waiters.borrow_mut().insert(token, tx);
+        let message = Message::Request {
+            from: self.id,
+            token,
+            request,
+        };
+        if self.mesh.send_to(to, message).await.is_err() {
+            unreachable!("a shard left the mesh while others still serve");
+        }
+        rx.recv().await.expect("a reply arrives for every request")
+    }
+
+    /// Runs a request from another shard, synchronously.
+    fn serve(&self, request: ShardRequest) -> ShardReply {
+        match request {
+            ShardRequest::Batch { buf, ops } => {
+                let mut out = Vec::new();
+                let mut ends = Vec::with_capacity(ops.len());
+                let now = unix_now();
+                let mut store = self.store.borrow_mut();
+                let max_item = self.shared.settings.max_item_bytes as usize;
+                for op in ops {
+                    match op {
+                        RemoteOp::Frame { start, end } => {
+                            let frame = &buf[start as usize..end as usize];
+                            if let Decoded::Request {
+                                request,
+                                opcode,
+                                opaque,
+                                ..
+                            } = decode(frame, max_item)
+                            {
+                                execute_keyed(&mut store, &request, opcode, opaque, now, &mut out);
+                            }
+                        }
+                        RemoteOp::TooLarge {
+                            start,
+                            end,
+                            drop_existing,
+                            opcode,
+                            opaque,
+                        } => {
+                            let key = &buf[start as usize..end as usize];
+                            let request = crate::proto::Request::TooLarge { key, drop_existing };
+                            execute_keyed(&mut store, &request, opcode, opaque, now, &mut out);
+                        }
+                    }
+                    ends.push(out.len() as u32);
+                }
+                ShardReply::Batch { out, ends }
+            }
+            ShardRequest::Flush { delay } => {
+                self.store.borrow_mut().flush(delay, unix_now());
+                ShardReply::Done
+            }
+            ShardRequest::Stats => ShardReply::Stats(Box::new(self.snapshot())),
+        }
+    }
+
+    pub fn snapshot(&self) -> ShardSnapshot {
+        let store = self.store.borrow();
+        ShardSnapshot {
+            store: store.stats(),
+            arena: store.arena().stats(),
+            conn: self.counters.borrow().clone(),
+        }
+    }
+
+    fn deliver(&self, token: u64, reply: ShardReply) {
+        if let Some(tx) = self.waiters.borrow_mut().remove(&token) {
+            // The waiter may be gone (its connection closed); then the reply is dropped.
+            let _ = tx.try_send(reply);
+        }
+    }
+}
+
+/// Receives from every peer: runs requests, delivers replies.
+pub fn spawn_receivers(ctx: &Rc<ShardCtx>, mut receivers: Receivers<Message>) {
+    for (_peer, stream) in receivers.streams() {
+        let ctx = Rc::clone(ctx);
+        glommio::spawn_local(async move {
+            while let Some(message) = stream.recv().await {
+                match message {
+                    Message::Request {
+                        from,
+                        token,
+                        request,
+                    } => {
+                        let reply = Message::Reply {
+                            token,
+                            reply: ctx.serve(request),
+                        };
+                        if let Err(reply) = ctx.mesh.try_send_to(from, reply) {
+                            let ctx = Rc::clone(&ctx);
+                            let reply = match reply {
+                                glommio::GlommioError::WouldBlock(
+                                    glommio::ResourceType::Channel(r),
+                                ) => r,
+                                _ => continue, // the peer is gone
+                            };
+                            glommio::spawn_local(async move {
+                                let _ = ctx.mesh.send_to(from, reply).await;
+                            })
+                            .detach();
+                        }
+                    }
+                    Message::Reply { token, reply } => ctx.deliver(token, reply),
+                }
+            }
+        })
+        .detach();
+    }
+}
+
+/// Accepts connections until the stop event fires.
+pub async fn accept_loop(ctx: Rc<ShardCtx>, listener: TcpListener) {
+    loop {
+        let accepted = futures_lite::future::or(async { Some(listener.accept().await) }, async {
+            ctx.stop.wait().await;
+            None
+        })
+        .await;
+        let stream = match accepted {
+            None => break,
+            Some(Ok(stream)) => stream,
+            Some(Err(err)) => {
+                tracing::warn!(shard = ctx.id, %err, "accept failed");
+                glommio::timer::sleep(Duration::from_millis(10)).await;
+                continue;
+            }
+        };
+        let shared = &ctx.shared;
+        let open = shared.curr_connections.fetch_add(1, Ordering::AcqRel) + 1;
+        if open > shared.settings.max_connections {
+            shared.curr_connections.fetch_sub(1, Ordering::AcqRel);
+            shared.rejected_connections.fetch_add(1, Ordering::Relaxed);
+            tracing::debug!(
+                shard = ctx.id,
+                "connection refused: --max-connections reached"
+            );
+            drop(stream);
+            continue;
+        }
+        shared.total_connections.fetch_add(1, Ordering::Relaxed);
+        ctx.live_connections.set(ctx.live_connections.get() + 1);
+        let conn_ctx = Rc::clone(&ctx);
+        glommio::spawn_local(async move {
+            super::conn::serve(Rc::clone(&conn_ctx), stream).await;
+            conn_ctx
+                .live_connections
+                .set(conn_ctx.live_connections.get() - 1);
+            conn_ctx
+                .shared
+                .curr_connections
+                .fetch_sub(1, Ordering::AcqRel);
+        })
+        .detach();
+    }
+}
+
+/// Bounded background sweep of expired items, once a second.
+pub async fn sweep_loop(ctx: Rc<ShardCtx>) {
+    const SWEEP_ITEMS_PER_TICK: usize = 10_000;
+    loop {
+        let stopped = futures_lite::future::or(
+            async {
+                glommio::timer::sleep(Duration::from_secs(1)).await;
+                false
+            },
+            async {
+                ctx.stop.wait().await;
+                true
+            },
+        )
+        .await;
+        if stopped {
+            break;
+        }
+        ctx.store
+            .borrow_mut()
+            .sweep_expired(SWEEP_ITEMS_PER_TICK, unix_now());
+    }
+}

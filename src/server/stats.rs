@@ -1,0 +1,216 @@
+//! STAT: the general counters memcached clients expect, and the `settings` and `arena` groups.
+
+use std::sync::atomic::Ordering;
+
+use crate::proto::{ResponseWriter, Status};
+use crate::store::StoreStats;
+
+use super::shard::{ShardCtx, ShardReply, ShardRequest, ShardSnapshot};
+use super::ConnCounters;
+
+/// Gathers every shard's snapshot (this one's directly, the others over the mesh).
+async fn gather(ctx: &ShardCtx) -> Vec<ShardSnapshot> {
+    let mut snapshots = Vec::with_capacity(ctx.shards);
+    for shard in 0..ctx.shards {
+        if shard == ctx.id {
+            snapshots.push(ctx.snapshot());
+        } else if let ShardReply::Stats(snapshot) = ctx.call(shard, ShardRequest::Stats).await {
+            snapshots.push(*snapshot);
+        }
+    }
+    snapshots
+}
+
+fn rusage_seconds() -> (f64, f64) {
+    match nix::sys::resource::getrusage(nix::sys::resource::UsageWho::RUSAGE_SELF) {
+        Ok(usage) => {
+            let secs = |tv: nix::sys::time::TimeVal| tv.tv_sec() as f64 + tv.tv_usec() as f64 / 1e6;
+            (secs(usage.user_time()), secs(usage.system_time()))
+        }
+        Err(_) => (0.0, 0.0),
+    }
+}
+
+fn general(ctx: &ShardCtx, snapshots: &[ShardSnapshot]) -> Vec<(String, String)> {
+    let shared = &ctx.shared;
+    let mut store = StoreStats::default();
+    let mut conn = ConnCounters::default();
+    for s in snapshots {
+        store.add(&s.store);
+        conn.add(&s.conn);
+    }
+    let arena = shared.arena.stats(
+        &snapshots
+            .iter()
+            .map(|s| s.arena.clone())
+            .collect::<Vec<_>>(),
+    );
+    let (user, system) = rusage_seconds();
+    let pairs: Vec<(&str, String)> = vec![
+        ("pid", std::process::id().to_string()),
+        ("uptime", shared.started.elapsed().as_secs().to_string()),
+        ("time", super::unix_now().to_string()),
+        ("version", shared.version.to_string()),
+        (
+            "pointer_size",
+            (8 * std::mem::size_of::<usize>()).to_string(),
+        ),
+        ("rusage_user", format!("{user:.6}")),
+        ("rusage_system", format!("{system:.6}")),
+        (
+            "max_connections",
+            shared.settings.max_connections.to_string(),
+        ),
+        (
+            "curr_connections",
+            shared.curr_connections.load(Ordering::Relaxed).to_string(),
+        ),
+        (
+            "total_connections",
+            shared.total_connections.load(Ordering::Relaxed).to_string(),
+        ),
+        (
+            "rejected_connections",
+            shared
+                .rejected_connections
+                .load(Ordering::Relaxed)
+                .to_string(),
+        ),
+        ("cmd_get", (store.get_hits + store.get_misses).to_string()),
+        ("cmd_set", store.cmd_set.to_string()),
+        ("cmd_flush", store.cmd_flush.to_string()),
+        (
+            "cmd_touch",
+            (store.touch_hits + store.touch_misses).to_string(),
+        ),
+        ("get_hits", store.get_hits.to_string()),
+        ("get_misses", store.get_misses.to_string()),
+        ("delete_misses", store.delete_misses.to_string()),
+        ("delete_hits", store.delete_hits.to_string()),
+        ("incr_misses", store.incr_misses.to_string()),
+        ("incr_hits", store.incr_hits.to_string()),
+        ("decr_misses", store.decr_misses.to_string()),
+        ("decr_hits", store.decr_hits.to_string()),
+        ("cas_misses", store.cas_misses.to_string()),
+        ("cas_hits", store.cas_hits.to_string()),
+        ("cas_badval", store.cas_badval.to_string()),
+        ("touch_hits", store.touch_hits.to_string()),
+        ("touch_misses", store.touch_misses.to_string()),
+        ("bytes_read", conn.bytes_read.to_string()),
+        ("bytes_written", conn.bytes_written.to_string()),
+        (
+            "limit_maxbytes",
+            shared.arena.plan().total_bytes().to_string(),
+        ),
+        ("threads", ctx.shards.to_string()),
+        ("bytes", store.bytes.to_string()),
+        ("curr_items", store.curr_items.to_string()),
+        ("total_items", store.total_items.to_string()),
+        ("evictions", store.evictions.to_string()),
+        ("reclaimed", store.expired_reclaimed.to_string()),
+        ("expired_reclaimed", store.expired_reclaimed.to_string()),
+        ("index_bytes", store.index_bytes.to_string()),
+        ("too_large", store.too_large.to_string()),
+        ("large_values_refused", store.large_refusals.to_string()),
+        ("out_of_memory", store.out_of_memory.to_string()),
+        ("compactions", arena.totals.compactions.to_string()),
+        (
+            "compaction_bytes_moved",
+            arena.totals.compaction_bytes_moved.to_string(),
+        ),
+        ("commands", conn.commands.to_string()),
+        ("frame_bad_magic", conn.bad_magic.to_string()),
+        ("frame_body_too_short", conn.body_too_short.to_string()),
+        ("frame_key_too_long", conn.key_too_long.to_string()),
+        ("frame_invalid", conn.invalid_frames.to_string()),
+        ("frame_unknown_opcode", conn.unknown_opcodes.to_string()),
+        ("frame_too_large", conn.too_large_frames.to_string()),
+        ("idle_closed", conn.idle_closed.to_string()),
+    ];
+    let mut pairs: Vec<(String, String)> =
+        pairs.into_iter().map(|(n, v)| (n.to_string(), v)).collect();
+    for (shard, s) in snapshots.iter().enumerate() {
+        pairs.push((
+            format!("shard_{shard}_curr_items"),
+            s.store.curr_items.to_string(),
+        ));
+    }
+    pairs
+}
+
+fn settings(ctx: &ShardCtx) -> Vec<(String, String)> {
+    let s = &ctx.shared.settings;
+    let a = &s.arena;
+    let pairs = [
+        (
+            "maxbytes",
+            ctx.shared.arena.plan().total_bytes().to_string(),
+        ),
+        ("maxconns", s.max_connections.to_string()),
+        ("tcpport", s.listen.port().to_string()),
+        ("interface", s.listen.ip().to_string()),
+        ("num_threads", ctx.shards.to_string()),
+        ("item_size_max", s.max_item_bytes.to_string()),
+        ("idle_timeout", s.idle_timeout_seconds.to_string()),
+        ("evictions", "on".to_string()),
+        ("cas_enabled", "yes".to_string()),
+        ("binding_protocol", "binary".to_string()),
+        ("numa", format!("{:?}", a.numa)),
+        (
+            "cpus",
+            s.cpus
+                .iter()
+                .map(|c| c.to_string())
+                .collect::<Vec<_>>()
+                .join(","),
+        ),
+        ("memory", a.memory_bytes.to_string()),
+        ("sub_memory", a.sub_memory_bytes.to_string()),
+        (
+            "small_memory",
+            a.small_memory_bytes
+                .map_or("none".to_string(), |b| b.to_string()),
+        ),
+        ("small_sub_memory", a.small_sub_memory_bytes.to_string()),
+        ("block", a.block_bytes.to_string()),
+        ("ram_head", a.ram_head_bytes.to_string()),
+        ("small_min_alloc", a.small_min_alloc_bytes.to_string()),
+        ("io_chunk", a.io_chunk_bytes.to_string()),
+        (
+            "perverse",
+            if a.perverse { "yes" } else { "no" }.to_string(),
+        ),
+    ];
+    pairs.into_iter().map(|(n, v)| (n.to_string(), v)).collect()
+}
+
+/// Writes the STAT reply for `group` (empty: the general counters): one packet per stat and
+/// an empty terminator, or "not found" for an unknown group, as memcached does.
+pub async fn write_stats(ctx: &ShardCtx, group: &[u8], opcode: u8, opaque: u32, out: &mut Vec<u8>) {
+    let pairs = match group {
+        b"" => general(ctx, &gather(ctx).await),
+        b"settings" => settings(ctx),
+        b"arena" => {
+            let snapshots = gather(ctx).await;
+            let shards: Vec<_> = snapshots.iter().map(|s| s.arena.clone()).collect();
+            ctx.shared.arena.stats(&shards).pairs()
+        }
+        _ => {
+            ResponseWriter::new(out).error(opcode, opaque, Status::NotFound);
+            return;
+        }
+    };
+    let mut w = ResponseWriter::new(out);
+    for (name, value) in pairs {
+        w.reply(
+            opcode,
+            opaque,
+            Status::Ok,
+            0,
+            &[],
+            name.as_bytes(),
+            value.as_bytes(),
+        );
+    }
+    w.reply(opcode, opaque, Status::Ok, 0, &[], &[], &[]);
+}

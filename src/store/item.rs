@@ -1,0 +1,164 @@
+//! The item record: what the store keeps in the arena for every key.
+//!
+//! A record is a packed small object (`arena::bump`) laid out as
+//!
+//! ```text
+//! 0   cas      u64 LE
+//! 8   flags    u32 LE
+//! 12  expiry   u32 LE   absolute Unix seconds, 0 = never
+//! 16  key_len  u8
+//! 17  bits     u8       0x01 referenced (CLOCK), 0x02 value in a fixed head slot
+//! 18  key      key_len bytes
+//! ..  value    inline: the rest of the record
+//!              fixed:  slot block u32 LE, slot offset u32 LE, value_len u32 LE
+//! ```
+//!
+//! So an index entry is only the record's 8-byte `HeadLoc`, and compaction can find the entry of a
+//! moved record from the key inside it.
+
+use crate::arena::{BlockId, HeadLoc};
+
+pub const RECORD_HEADER_BYTES: usize = 18;
+const FIXED_TAIL_BYTES: usize = 12;
+pub const BIT_REFERENCED: u8 = 0x01;
+pub const BIT_FIXED: u8 = 0x02;
+
+/// Metadata of an item, as stored in its record.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct Meta {
+    pub cas: u64,
+    pub flags: u32,
+    pub expiry: u32,
+}
+
+/// Where an item's value lives.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum ValueAt {
+    /// In the record itself.
+    Inline,
+    /// In a fixed head slot, `len` bytes from its start.
+    Fixed { slot: HeadLoc, len: u32 },
+}
+
+/// Bytes of a record for a key and value placement.
+pub fn record_len(key_len: usize, inline_value_len: Option<usize>) -> usize {
+    RECORD_HEADER_BYTES + key_len + inline_value_len.unwrap_or(FIXED_TAIL_BYTES)
+}
+
+/// Writes a record's header and key; returns the offset where the value (or fixed tail) goes.
+pub fn write_header(record: &mut [u8], meta: Meta, key: &[u8], value_at: ValueAt) -> usize {
+    record[0..8].copy_from_slice(&meta.cas.to_le_bytes());
+    record[8..12].copy_from_slice(&meta.flags.to_le_bytes());
+    record[12..16].copy_from_slice(&meta.expiry.to_le_bytes());
+    record[16] = key.len() as u8;
+    let at = RECORD_HEADER_BYTES + key.len();
+    record[RECORD_HEADER_BYTES..at].copy_from_slice(key);
+    match value_at {
+        ValueAt::Inline => record[17] = 0,
+        ValueAt::Fixed { slot, len } => {
+            record[17] = BIT_FIXED;
+            record[at..at + 4].copy_from_slice(&slot.block.0.to_le_bytes());
+            record[at + 4..at + 8].copy_from_slice(&slot.offset.to_le_bytes());
+            record[at + 8..at + 12].copy_from_slice(&len.to_le_bytes());
+        }
+    }
+    at
+}
+
+fn u32_at(record: &[u8], at: usize) -> u32 {
+    u32::from_le_bytes(record[at..at + 4].try_into().expect("4 bytes"))
+}
+
+/// The record's key. Never panics: a record too short for its key length (which a correct
+/// store never writes) gives a truncated key that matches nothing.
+pub fn key(record: &[u8]) -> &[u8] {
+    let Some(&key_len) = record.get(16) else {
+        return &[];
+    };
+    let end = (RECORD_HEADER_BYTES + key_len as usize).min(record.len());
+    record.get(RECORD_HEADER_BYTES..end).unwrap_or(&[])
+}
+
+pub fn meta(record: &[u8]) -> Meta {
+    Meta {
+        cas: u64::from_le_bytes(record[0..8].try_into().expect("8 bytes")),
+        flags: u32_at(record, 8),
+        expiry: u32_at(record, 12),
+    }
+}
+
+pub fn value_at(record: &[u8]) -> ValueAt {
+    if record[17] & BIT_FIXED == 0 {
+        return ValueAt::Inline;
+    }
+    let at = RECORD_HEADER_BYTES + record[16] as usize;
+    ValueAt::Fixed {
+        slot: HeadLoc {
+            block: BlockId(u32_at(record, at)),
+            offset: u32_at(record, at + 4),
+        },
+        len: u32_at(record, at + 8),
+    }
+}
+
+/// The inline value (empty for a fixed-slot record).
+pub fn inline_value(record: &[u8]) -> &[u8] {
+    match value_at(record) {
+        ValueAt::Inline => &record[RECORD_HEADER_BYTES + record[16] as usize..],
+        ValueAt::Fixed { .. } => &[],
+    }
+}
+
+pub fn set_expiry(record: &mut [u8], expiry: u32) {
+    record[12..16].copy_from_slice(&expiry.to_le_bytes());
+}
+
+pub fn referenced(record: &[u8]) -> bool {
+    record[17] & BIT_REFERENCED != 0
+}
+
+pub fn set_referenced(record: &mut [u8], on: bool) {
+    if on {
+        record[17] |= BIT_REFERENCED;
+    } else {
+        record[17] &= !BIT_REFERENCED;
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn round_trips_both_placements() {
+        let meta = Meta {
+            cas: 0x0102_0304_0506_0708,
+            flags: 7,
+            expiry: 99,
+        };
+        let mut record = vec![0u8; record_len(3, Some(5))];
+        let at = write_header(&mut record, meta, b"key", ValueAt::Inline);
+        record[at..].copy_from_slice(b"hello");
+        assert_eq!(
+            (key(&record), super::meta(&record), inline_value(&record)),
+            (&b"key"[..], meta, &b"hello"[..])
+        );
+        let slot = HeadLoc {
+            block: BlockId(4),
+            offset: 1 << 18,
+        };
+        let mut fixed = vec![0u8; record_len(3, None)];
+        write_header(
+            &mut fixed,
+            meta,
+            b"abc",
+            ValueAt::Fixed { slot, len: 12345 },
+        );
+        assert_eq!(value_at(&fixed), ValueAt::Fixed { slot, len: 12345 });
+        set_referenced(&mut fixed, true);
+        assert!(referenced(&fixed));
+        assert_eq!(value_at(&fixed), ValueAt::Fixed { slot, len: 12345 });
+        set_expiry(&mut fixed, 5);
+        assert_eq!(super::meta(&fixed).expiry, 5);
+    }
+}

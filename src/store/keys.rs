@@ -1,0 +1,230 @@
+//! The index (key -> record locator) and the CLOCK eviction hand over the records.
+
+use hashbrown::HashTable;
+
+use crate::arena::{AdmissionHost, BlockId, HeadLoc, Relocation, ShardArena};
+
+use super::item::{self, ValueAt};
+use super::stats::StoreStats;
+
+/// The key hash every shard shares: it picks the owning shard and the index bucket.
+#[derive(Clone, Debug)]
+pub struct KeyHasher(foldhash::fast::FixedState);
+
+impl KeyHasher {
+    pub fn with_seed(seed: u64) -> KeyHasher {
+        KeyHasher(foldhash::fast::FixedState::with_seed(seed))
+    }
+
+    pub fn hash(&self, key: &[u8]) -> u64 {
+        use std::hash::BuildHasher;
+        self.0.hash_one(key)
+    }
+
+    /// The shard owning a key hash: the high half scaled to `shards` (independent of the low
+    /// bits the index uses for buckets).
+    pub fn shard_of(hash: u64, shards: usize) -> usize {
+        (((hash >> 32) * shards as u64) >> 32) as usize
+    }
+}
+
+/// A cursor over the live small objects of one core, block by block, in address order.
+#[derive(Debug, Default)]
+pub(super) struct Hand {
+    blocks: Vec<BlockId>,
+    at: usize,
+    offset: u32,
+    generation: u64,
+}
+
+impl Hand {
+    /// The next live small object, wrapping around; `None` when a fresh pass finds none.
+    pub fn next(&mut self, arena: &ShardArena) -> Option<HeadLoc> {
+        let mut refreshed = false;
+        loop {
+            if self.generation != arena.small_layout_generation() {
+                // Compaction moved objects: the saved offset may sit inside one. Move on.
+                self.generation = arena.small_layout_generation();
+                self.at += 1;
+                self.offset = 0;
+            }
+            if self.at >= self.blocks.len() {
+                if refreshed {
+                    return None;
+                }
+                self.blocks = arena.small_blocks();
+                self.at = 0;
+                self.offset = 0;
+                refreshed = true;
+                if self.blocks.is_empty() {
+                    return None;
+                }
+            }
+            match arena.next_small_object(self.blocks[self.at], self.offset) {
+                Some((loc, next)) => {
+                    self.offset = next;
+                    return Some(loc);
+                }
+                None => {
+                    self.at += 1;
+                    self.offset = 0;
+                }
+            }
+        }
+    }
+}
+
+/// The index and everything eviction needs. Separate from the arena so admission can borrow
+/// both (`ShardArena::admit_*` calls back into this as its `AdmissionHost`).
+pub(super) struct Keys {
+    table: HashTable<HeadLoc>,
+    pub hasher: KeyHasher,
+    clock: Hand,
+    pub sweep_hand: Hand,
+    pub stats: StoreStats,
+}
+
+impl Keys {
+    pub fn new(hasher: KeyHasher) -> Keys {
+        Keys {
+            table: HashTable::new(),
+            hasher,
+            clock: Hand::default(),
+            sweep_hand: Hand::default(),
+            stats: StoreStats::default(),
+        }
+    }
+
+    pub fn len(&self) -> usize {
+        self.table.len()
+    }
+
+    pub fn allocation_bytes(&self) -> usize {
+        self.table.allocation_size()
+    }
+
+    pub fn find(&self, arena: &ShardArena, key: &[u8]) -> Option<HeadLoc> {
+        let hash = self.hasher.hash(key);
+        self.table
+            .find(hash, |loc| item::key(arena.bytes(*loc)) == key)
+            .copied()
+    }
+
+    /// Removes `key`'s entry, returning its record (still allocated).
+    pub fn unlink(&mut self, arena: &ShardArena, key: &[u8]) -> Option<HeadLoc> {
+        let hash = self.hasher.hash(key);
+        let entry = self
+            .table
+            .find_entry(hash, |loc| item::key(arena.bytes(*loc)) == key)
+            .ok()?;
+        Some(entry.remove().0)
+    }
+
+    /// Points `key` at `new`; returns the record it pointed at before, if any.
+    pub fn replace(&mut self, arena: &mut ShardArena, key: &[u8], new: HeadLoc) -> Option<HeadLoc> {
+        let hash = self.hasher.hash(key);
+        if let Some(slot) = self.table.find_mut(hash, |loc| {
+            *loc != new && item::key(arena.bytes(*loc)) == key
+        }) {
+            return Some(std::mem::replace(slot, new));
+        }
+        let hasher = &self.hasher;
+        let arena = &*arena;
+        self.table
+            .insert_unique(hash, new, |loc| hasher.hash(item::key(arena.bytes(*loc))));
+        None
+    }
+
+    /// Bytes an item holds in the arena: its record, plus its fixed slot.
+    pub fn item_bytes(&self, arena: &ShardArena, loc: HeadLoc) -> u64 {
+        let record = arena.bytes(loc);
+        let slot = match item::value_at(record) {
+            ValueAt::Inline => 0,
+            ValueAt::Fixed { .. } => arena.ram_head_bytes(),
+        };
+        u64::from(arena.small_footprint(record.len() as u32)) + slot
+    }
+
+    /// Frees an unlinked item's record and fixed slot (deferred while pinned).
+    pub fn free_item(&mut self, arena: &mut ShardArena, loc: HeadLoc) {
+        self.stats.bytes = self.stats.bytes.saturating_sub(self.item_bytes(arena, loc));
+        if let ValueAt::Fixed { slot, .. } = item::value_at(arena.bytes(loc)) {
+            arena.free(slot);
+        }
+        arena.free(loc);
+    }
+
+    /// Empties the index, returning every record.
+    pub fn drain(&mut self) -> Vec<HeadLoc> {
+        self.table.drain().collect()
+    }
+
+    /// Every entry resolves to a record holding a key that finds that same entry.
+    pub fn check(&self, arena: &ShardArena) {
+        for &loc in &self.table {
+            let key = item::key(arena.bytes(loc));
+            assert_eq!(
+                self.find(arena, key),
+                Some(loc),
+                "index entry {loc} is not found by its own key"
+            );
+            if let ValueAt::Fixed { slot, len } = item::value_at(arena.bytes(loc)) {
+                assert!(u64::from(len) <= arena.ram_head_bytes());
+                assert_eq!(arena.bytes(slot).len() as u64, arena.ram_head_bytes());
+            }
+        }
+    }
+}
+
+impl AdmissionHost for Keys {
+    fn relocate(&mut self, moved: Relocation<'_>) {
+        let hash = self.hasher.hash(item::key(moved.payload));
+        match self.table.find_mut(hash, |loc| *loc == moved.from) {
+            Some(loc) => *loc = moved.to,
+            None => {
+                debug_assert!(
+                    false,
+                    "compaction moved {} which the index does not hold",
+                    moved.from
+                );
+                tracing::error!(from = %moved.from, "compaction moved a record the index does not hold");
+            }
+        }
+    }
+
+    /// CLOCK: a referenced record loses its bit and is passed over; the first unreferenced,
+    /// unpinned, indexed record is evicted. Each step clears a bit or evicts, so the cost is
+    /// O(1) amortised; two full turns without a victim mean nothing can be evicted.
+    fn evict_one(&mut self, arena: &mut ShardArena) -> bool {
+        let turns = 2 * self.table.len() + 64;
+        for _ in 0..turns {
+            let Some(loc) = self.clock.next(arena) else {
+                return false;
+            };
+            if arena.is_pinned(loc) {
+                continue;
+            }
+            let record = arena.bytes(loc);
+            let hash = self.hasher.hash(item::key(record));
+            if self.table.find(hash, |l| *l == loc).is_none() {
+                continue; // not (or no longer) an indexed record
+            }
+            if let ValueAt::Fixed { slot, .. } = item::value_at(record) {
+                if arena.is_pinned(slot) {
+                    continue;
+                }
+            }
+            if item::referenced(record) {
+                item::set_referenced(arena.bytes_mut(loc), false);
+                continue;
+            }
+            if let Ok(entry) = self.table.find_entry(hash, |l| *l == loc) {
+                entry.remove();
+            }
+            self.free_item(arena, loc);
+            self.stats.evictions += 1;
+            return true;
+        }
+        false
+    }
+}

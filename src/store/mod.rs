@@ -1,0 +1,595 @@
+//! One shard's store: the index, the item records in the arena, admission and eviction,
+//! expiry. The one place that combines the arena with keys (see `docs/store.md`).
+//!
+//! Every operation is synchronous and runs on the shard's own core; the server calls it with
+//! the current Unix time so expiry is testable.
+
+pub mod item;
+mod keys;
+mod stats;
+
+use crate::arena::{AllocError, HeadClass, HeadLoc, Reserved, ShardArena};
+use crate::proto::StoreMode;
+
+use item::{Meta, ValueAt};
+pub use keys::KeyHasher;
+use keys::Keys;
+pub use stats::StoreStats;
+
+/// Relative expiry times above this are absolute Unix times (memcached's rule: 30 days).
+pub const RELATIVE_EXPIRY_MAX_SECONDS: u32 = 30 * 24 * 3600;
+
+/// Settings a store needs.
+#[derive(Clone, Debug)]
+pub struct StoreConfig {
+    /// Values longer than this are refused as too large.
+    pub max_item_bytes: u64,
+    /// Shard number, mixed into CAS values so they are unique across shards.
+    pub shard: usize,
+}
+
+/// A GET hit, borrowed from the store until the next mutation.
+#[derive(Debug, PartialEq, Eq)]
+pub struct Hit<'a> {
+    pub flags: u32,
+    pub cas: u64,
+    pub value: &'a [u8],
+}
+
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum StoreOutcome {
+    Stored {
+        cas: u64,
+    },
+    /// ADD of a live key, or a CAS mismatch.
+    Exists,
+    /// REPLACE of a missing key, or CAS of a missing key.
+    NotFound,
+    /// APPEND/PREPEND of a missing key, or a result over the size limit.
+    NotStored,
+    TooLarge,
+    OutOfMemory,
+}
+
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum DeleteOutcome {
+    Deleted,
+    NotFound,
+    Exists,
+}
+
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum ArithOutcome {
+    Value { value: u64, cas: u64 },
+    NotFound,
+    Exists,
+    NonNumeric,
+    OutOfMemory,
+}
+
+/// memcached's expiry rule: 0 never; up to 30 days relative; beyond, an absolute Unix time
+/// (one in the past expires at once).
+pub fn absolute_expiry(exptime: u32, now: u32) -> u32 {
+    match exptime {
+        0 => 0,
+        t if t <= RELATIVE_EXPIRY_MAX_SECONDS => now.saturating_add(t).max(1),
+        t => t,
+    }
+}
+
+pub fn is_expired(expiry: u32, now: u32) -> bool {
+    expiry != 0 && expiry <= now
+}
+
+/// The most digits a u64 has in decimal.
+const ARITH_MAX_DIGITS: usize = 20;
+
+fn parse_counter(value: &[u8]) -> Option<u64> {
+    if value.is_empty() || value.len() > ARITH_MAX_DIGITS || !value.iter().all(u8::is_ascii_digit) {
+        return None;
+    }
+    std::str::from_utf8(value).ok()?.parse().ok()
+}
+
+/// Where a new value will live.
+enum Placement {
+    Inline,
+    Fixed,
+}
+
+/// One shard's store.
+pub struct Store {
+    arena: ShardArena,
+    keys: Keys,
+    config: StoreConfig,
+    next_cas: u64,
+    /// A pending `flush_all` with a delay: every item stored before it dies at this time.
+    flush_at: Option<u32>,
+    large_refusal_logged: bool,
+}
+
+impl Store {
+    pub fn new(arena: ShardArena, hasher: KeyHasher, config: StoreConfig) -> Store {
+        Store {
+            arena,
+            keys: Keys::new(hasher),
+            next_cas: 1,
+            flush_at: None,
+            large_refusal_logged: false,
+            config,
+        }
+    }
+
+    pub fn arena(&self) -> &ShardArena {
+        &self.arena
+    }
+
+    pub fn arena_mut(&mut self) -> &mut ShardArena {
+        &mut self.arena
+    }
+
+    pub fn len(&self) -> usize {
+        self.keys.len()
+    }
+
+    pub fn is_empty(&self) -> bool {
+        self.keys.len() == 0
+    }
+
+    pub fn stats(&self) -> StoreStats {
+        let mut stats = self.keys.stats.clone();
+        stats.curr_items = self.keys.len() as u64;
+        stats.index_bytes = self.keys.allocation_bytes() as u64;
+        stats
+    }
+
+    pub fn hash(&self, key: &[u8]) -> u64 {
+        self.keys.hasher.hash(key)
+    }
+
+    fn new_cas(&mut self) -> u64 {
+        // Unique across shards: the shard number in the top byte, a counter below.
+        let cas = ((self.config.shard as u64 & 0xff) << 56) | (self.next_cas & ((1 << 56) - 1));
+        self.next_cas += 1;
+        cas
+    }
+
+    /// Applies a delayed flush whose time has come.
+    fn settle_clock(&mut self, now: u32) {
+        if self.flush_at.is_some_and(|at| at <= now) {
+            self.flush_at = None;
+            self.flush_now();
+        }
+    }
+
+    /// The live record of `key`, dropping it first if it has expired.
+    fn live(&mut self, key: &[u8], now: u32) -> Option<HeadLoc> {
+        self.settle_clock(now);
+        let loc = self.keys.find(&self.arena, key)?;
+        if is_expired(item::meta(self.arena.bytes(loc)).expiry, now) {
+            self.keys.stats.expired_reclaimed += 1;
+            self.remove(key);
+            return None;
+        }
+        Some(loc)
+    }
+
+    /// Unlinks and frees `key`'s item.
+    fn remove(&mut self, key: &[u8]) -> bool {
+        match self.keys.unlink(&self.arena, key) {
+            Some(loc) => {
+                self.keys.free_item(&mut self.arena, loc);
+                true
+            }
+            None => false,
+        }
+    }
+
+    /// GET / GAT / TOUCH: marks the item referenced; `touch` sets a new expiry first.
+    pub fn get(&mut self, key: &[u8], touch: Option<u32>, now: u32) -> Option<Hit<'_>> {
+        let Some(loc) = self.live(key, now) else {
+            if touch.is_some() {
+                self.keys.stats.touch_misses += 1;
+            } else {
+                self.keys.stats.get_misses += 1;
+            }
+            return None;
+        };
+        let record = self.arena.bytes_mut(loc);
+        if let Some(exptime) = touch {
+            item::set_expiry(record, absolute_expiry(exptime, now));
+            self.keys.stats.touch_hits += 1;
+        } else {
+            self.keys.stats.get_hits += 1;
+        }
+        item::set_referenced(record, true);
+        let record = self.arena.bytes(loc);
+        let meta = item::meta(record);
+        let value = match item::value_at(record) {
+            ValueAt::Inline => item::inline_value(record),
+            ValueAt::Fixed { slot, len } => &self.arena.bytes(slot)[..len as usize],
+        };
+        Some(Hit {
+            flags: meta.flags,
+            cas: meta.cas,
+            value,
+        })
+    }
+
+    fn placement(&self, key_len: usize, value_len: u64) -> Result<Placement, StoreOutcome> {
+        let ram_head = self.arena.ram_head_bytes();
+        if value_len > self.config.max_item_bytes {
+            return Err(StoreOutcome::TooLarge);
+        }
+        if value_len > ram_head {
+            return Err(StoreOutcome::TooLarge);
+        }
+        let inline = item::record_len(key_len, Some(value_len as usize));
+        if value_len < ram_head && inline <= self.arena.small_max_payload() as usize {
+            Ok(Placement::Inline)
+        } else {
+            Ok(Placement::Fixed)
+        }
+    }
+
+    /// Notes a value refused for being over `ram_head` (segments come with the placement
+    /// issue), logging the reason once.
+    fn refuse_large(&mut self, value_len: u64) {
+        if value_len <= self.arena.ram_head_bytes() || value_len > self.config.max_item_bytes {
+            return;
+        }
+        self.keys.stats.large_refusals += 1;
+        if !self.large_refusal_logged {
+            self.large_refusal_logged = true;
+            tracing::warn!(
+                value_len,
+                ram_head = self.arena.ram_head_bytes(),
+                "refusing values larger than --ram-head with 'too large': they live whole in \
+                 segments, which this build does not have yet (logged once per shard)"
+            );
+        }
+    }
+
+    /// Reserves room and writes a new item; the caller links it. `value` is written by
+    /// `fill` into the value bytes (so APPEND can assemble it in place).
+    fn write_item(
+        &mut self,
+        key: &[u8],
+        meta: Meta,
+        value_len: usize,
+        fill: impl FnOnce(&mut [u8]),
+    ) -> Result<HeadLoc, StoreOutcome> {
+        let placement = self.placement(key.len(), value_len as u64)?;
+        let slot = match placement {
+            Placement::Inline => None,
+            Placement::Fixed => Some(self.admit(None)?),
+        };
+        let record_len = item::record_len(key.len(), slot.is_none().then_some(value_len));
+        let record = match self.admit(Some(record_len as u32)) {
+            Ok(record) => record,
+            Err(outcome) => {
+                if let Some(slot) = slot {
+                    self.arena.abort(slot);
+                }
+                return Err(outcome);
+            }
+        };
+        let value_at = match &slot {
+            None => ValueAt::Inline,
+            Some(slot) => ValueAt::Fixed {
+                slot: slot.loc(),
+                len: value_len as u32,
+            },
+        };
+        let bytes = self.arena.reserved_mut(&record);
+        let at = item::write_header(bytes, meta, key, value_at);
+        match &slot {
+            None => fill(&mut bytes[at..at + value_len]),
+            Some(slot) => fill(&mut self.arena.reserved_mut(slot)[..value_len]),
+        }
+        if let Some(slot) = slot {
+            self.arena.publish(slot);
+        }
+        Ok(self.arena.publish(record))
+    }
+
+    /// Admission of a record (`Some(len)`) or a fixed slot (`None`): compaction first, then
+    /// eviction of CLOCK victims.
+    fn admit(&mut self, record_len: Option<u32>) -> Result<Reserved, StoreOutcome> {
+        let result = match record_len {
+            Some(len) => self.arena.admit_small(len, &mut self.keys),
+            None => self.arena.admit_fixed(&mut self.keys),
+        };
+        result.map_err(|err| match err {
+            AllocError::TooLarge { .. } => StoreOutcome::TooLarge,
+            AllocError::OutOfMemory { class } => {
+                self.keys.stats.out_of_memory += 1;
+                tracing::debug!(?class, "admission failed: nothing left to evict");
+                StoreOutcome::OutOfMemory
+            }
+        })
+    }
+
+    /// Links a freshly written item under `key`, replacing (and freeing) any old one.
+    fn link(&mut self, key: &[u8], loc: HeadLoc) {
+        self.keys.stats.bytes += self.keys.item_bytes(&self.arena, loc);
+        if let Some(old) = self.keys.replace(&mut self.arena, key, loc) {
+            self.keys.free_item(&mut self.arena, old);
+        } else {
+            self.keys.stats.total_items += 1;
+        }
+    }
+
+    /// SET, ADD, REPLACE, APPEND, PREPEND, with memcached's CAS and existence rules.
+    #[allow(clippy::too_many_arguments)]
+    pub fn store(
+        &mut self,
+        mode: StoreMode,
+        key: &[u8],
+        value: &[u8],
+        flags: u32,
+        exptime: u32,
+        cas: u64,
+        now: u32,
+    ) -> StoreOutcome {
+        self.keys.stats.cmd_set += 1;
+        let existing = self
+            .live(key, now)
+            .map(|loc| item::meta(self.arena.bytes(loc)));
+        // memcached: any SET/ADD/REPLACE carrying a CAS is a compare-and-swap.
+        let concat = matches!(mode, StoreMode::Append | StoreMode::Prepend);
+        if cas != 0 {
+            match existing {
+                None => {
+                    self.keys.stats.cas_misses += 1;
+                    return if concat {
+                        StoreOutcome::NotStored
+                    } else {
+                        StoreOutcome::NotFound
+                    };
+                }
+                Some(old) if old.cas != cas => {
+                    self.keys.stats.cas_badval += 1;
+                    return StoreOutcome::Exists;
+                }
+                Some(_) => self.keys.stats.cas_hits += 1,
+            }
+        } else {
+            match (mode, existing) {
+                (StoreMode::Add, Some(_)) => return StoreOutcome::Exists,
+                (StoreMode::Replace, None) => return StoreOutcome::NotFound,
+                (StoreMode::Append | StoreMode::Prepend, None) => return StoreOutcome::NotStored,
+                _ => {}
+            }
+        }
+        let new_cas = self.new_cas();
+        let outcome = if concat {
+            self.concat(mode, key, value, new_cas)
+        } else {
+            let meta = Meta {
+                cas: new_cas,
+                flags,
+                expiry: absolute_expiry(exptime, now),
+            };
+            self.write_item(key, meta, value.len(), |dst| dst.copy_from_slice(value))
+        };
+        match outcome {
+            Ok(loc) => {
+                // Admission may have evicted the item a REPLACE or CAS was aimed at.
+                let still_there = self.keys.find(&self.arena, key).is_some();
+                if !still_there && (cas != 0 || matches!(mode, StoreMode::Replace)) {
+                    self.keys.free_item(&mut self.arena, loc);
+                    return StoreOutcome::NotFound;
+                }
+                self.link(key, loc);
+                StoreOutcome::Stored { cas: new_cas }
+            }
+            Err(outcome) => {
+                if matches!(outcome, StoreOutcome::TooLarge) {
+                    self.keys.stats.too_large += 1;
+                    self.refuse_large(value.len() as u64);
+                }
+                // A failed SET must not leave a stale value behind (memcached does the same).
+                if matches!(mode, StoreMode::Set) && !matches!(outcome, StoreOutcome::NotStored) {
+                    self.remove(key);
+                }
+                if concat && matches!(outcome, StoreOutcome::TooLarge | StoreOutcome::OutOfMemory) {
+                    return StoreOutcome::NotStored;
+                }
+                outcome
+            }
+        }
+    }
+
+    /// APPEND/PREPEND: a new item holding old and new bytes, keeping flags and expiry.
+    fn concat(
+        &mut self,
+        mode: StoreMode,
+        key: &[u8],
+        data: &[u8],
+        cas: u64,
+    ) -> Result<HeadLoc, StoreOutcome> {
+        let loc = self
+            .keys
+            .find(&self.arena, key)
+            .ok_or(StoreOutcome::NotStored)?;
+        let old = self.value_of(loc).to_vec();
+        let meta = item::meta(self.arena.bytes(loc));
+        let len = old.len() + data.len();
+        let (first, second) = match mode {
+            StoreMode::Append => (&old[..], data),
+            _ => (data, &old[..]),
+        };
+        self.write_item(key, Meta { cas, ..meta }, len, |dst| {
+            dst[..first.len()].copy_from_slice(first);
+            dst[first.len()..].copy_from_slice(second);
+        })
+    }
+
+    fn value_of(&self, loc: HeadLoc) -> &[u8] {
+        let record = self.arena.bytes(loc);
+        match item::value_at(record) {
+            ValueAt::Inline => item::inline_value(record),
+            ValueAt::Fixed { slot, len } => &self.arena.bytes(slot)[..len as usize],
+        }
+    }
+
+    /// A value over `--max-item-size`: refused before its bytes are read; a SET also drops the
+    /// old value.
+    pub fn refuse_too_large(&mut self, key: &[u8], drop_existing: bool) {
+        self.keys.stats.cmd_set += 1;
+        self.keys.stats.too_large += 1;
+        if drop_existing {
+            self.remove(key);
+        }
+    }
+
+    pub fn delete(&mut self, key: &[u8], cas: u64, now: u32) -> DeleteOutcome {
+        let Some(loc) = self.live(key, now) else {
+            self.keys.stats.delete_misses += 1;
+            return DeleteOutcome::NotFound;
+        };
+        if cas != 0 && item::meta(self.arena.bytes(loc)).cas != cas {
+            return DeleteOutcome::Exists;
+        }
+        self.remove(key);
+        self.keys.stats.delete_hits += 1;
+        DeleteOutcome::Deleted
+    }
+
+    /// INCR/DECR: a decimal counter; incr wraps at 2^64, decr stops at 0. A missing key is
+    /// created with `initial` unless `exptime` is 0xffffffff.
+    #[allow(clippy::too_many_arguments)]
+    pub fn arith(
+        &mut self,
+        incr: bool,
+        key: &[u8],
+        delta: u64,
+        initial: u64,
+        exptime: u32,
+        cas: u64,
+        now: u32,
+    ) -> ArithOutcome {
+        let Some(loc) = self.live(key, now) else {
+            if incr {
+                self.keys.stats.incr_misses += 1;
+            } else {
+                self.keys.stats.decr_misses += 1;
+            }
+            if exptime == crate::proto::ARITH_NO_CREATE {
+                return ArithOutcome::NotFound;
+            }
+            let new_cas = self.new_cas();
+            let text = initial.to_string();
+            let meta = Meta {
+                cas: new_cas,
+                flags: 0,
+                expiry: absolute_expiry(exptime, now),
+            };
+            return match self.write_item(key, meta, text.len(), |dst| {
+                dst.copy_from_slice(text.as_bytes())
+            }) {
+                Ok(loc) => {
+                    self.link(key, loc);
+                    ArithOutcome::Value {
+                        value: initial,
+                        cas: new_cas,
+                    }
+                }
+                Err(_) => ArithOutcome::OutOfMemory,
+            };
+        };
+        let meta = item::meta(self.arena.bytes(loc));
+        if cas != 0 && cas != meta.cas {
+            return ArithOutcome::Exists;
+        }
+        let Some(current) = parse_counter(self.value_of(loc)) else {
+            return ArithOutcome::NonNumeric;
+        };
+        let value = if incr {
+            current.wrapping_add(delta)
+        } else {
+            current.saturating_sub(delta)
+        };
+        if incr {
+            self.keys.stats.incr_hits += 1;
+        } else {
+            self.keys.stats.decr_hits += 1;
+        }
+        let new_cas = self.new_cas();
+        let text = value.to_string();
+        match self.write_item(
+            key,
+            Meta {
+                cas: new_cas,
+                ..meta
+            },
+            text.len(),
+            |dst| dst.copy_from_slice(text.as_bytes()),
+        ) {
+            Ok(loc) => {
+                self.link(key, loc);
+                ArithOutcome::Value {
+                    value,
+                    cas: new_cas,
+                }
+            }
+            Err(_) => ArithOutcome::OutOfMemory,
+        }
+    }
+
+    /// `flush_all`: now, or every item stored before `now + delay` dies at that time.
+    pub fn flush(&mut self, delay: u32, now: u32) {
+        self.keys.stats.cmd_flush += 1;
+        if delay == 0 {
+            self.flush_at = None;
+            self.flush_now();
+        } else {
+            self.flush_at = Some(absolute_expiry(delay, now));
+        }
+    }
+
+    fn flush_now(&mut self) {
+        for loc in self.keys.drain() {
+            self.keys.free_item(&mut self.arena, loc);
+        }
+    }
+
+    /// Reclaims up to `budget` expired items with a hand that walks the records; returns how
+    /// many were reclaimed.
+    pub fn sweep_expired(&mut self, budget: usize, now: u32) -> usize {
+        self.settle_clock(now);
+        let mut reclaimed = 0;
+        for _ in 0..budget {
+            let Some(loc) = self.keys.sweep_hand.next(&self.arena) else {
+                break;
+            };
+            let record = self.arena.bytes(loc);
+            if !is_expired(item::meta(record).expiry, now) {
+                continue;
+            }
+            let key = item::key(record).to_vec();
+            if self.keys.find(&self.arena, &key) == Some(loc) {
+                self.remove(&key);
+                self.keys.stats.expired_reclaimed += 1;
+                reclaimed += 1;
+            }
+        }
+        reclaimed
+    }
+
+    /// Checks that every index entry resolves to a record holding its own key (tests).
+    pub fn check_invariants(&self) {
+        self.arena.check_invariants();
+        self.keys.check(&self.arena);
+    }
+
+    /// The class a live key's value uses (tests and stats).
+    pub fn value_class(&self, key: &[u8]) -> Option<HeadClass> {
+        let loc = self.keys.find(&self.arena, key)?;
+        Some(match item::value_at(self.arena.bytes(loc)) {
+            ValueAt::Inline => HeadClass::Small,
+            ValueAt::Fixed { .. } => HeadClass::Fixed,
+        })
+    }
+}
