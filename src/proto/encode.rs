@@ -43,6 +43,7 @@ impl<'a> ResponseWriter<'a> {
     }
 
     /// A whole response.
+    #[allow(clippy::too_many_arguments)]
     pub fn reply(
         &mut self,
         opcode: u8,
