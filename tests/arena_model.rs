@@ -129,7 +129,8 @@ fn topology(nodes: usize) -> Topology {
 
 fn random_config(rng: &mut Rng, nodes: usize) -> ArenaConfig {
     let block = HUGE << rng.below(2);
-    let ram_head = block >> (1 + rng.below(4));
+    // Includes ram_head == block, where the small class reaches almost a whole block.
+    let ram_head = block >> rng.below(5);
     let blocks = |rng: &mut Rng, max: u64| (1 + rng.below(max)) * block;
     let split = rng.chance(40);
     let node = rng.below(nodes as u64) as u32;

@@ -169,6 +169,51 @@ fn every_invalid_combination_has_its_own_error_and_exit_2() {
             &["--log-level", "loud=="],
             "--log-level loud==: not a log filter",
         ),
+        (
+            TWO,
+            &[
+                "--numa",
+                "0",
+                "--memory",
+                "16000000T",
+                "--sub-memory",
+                "16000000T",
+            ],
+            "add up to 16777216000000 blocks",
+        ),
+        (
+            TWO,
+            &[
+                "--numa",
+                "0",
+                "--memory",
+                "8796093022208M",
+                "--sub-memory",
+                "8796093022208M",
+            ],
+            "add up to 8796093022208 blocks",
+        ),
+        (ONE, &["--threads", "0"], "--threads must be at least 1"),
+        (
+            ONE,
+            &["--threads", "3"],
+            "--threads 3 exceeds the 2 CPUs of the serving node",
+        ),
+        (
+            ONE,
+            &["--max-connections", "0"],
+            "--max-connections must be at least 1",
+        ),
+        (
+            ONE,
+            &["--max-item-size", "512"],
+            "--max-item-size 512 B must be from 1 KiB",
+        ),
+        (
+            ONE,
+            &["--max-item-size", "4G"],
+            "--max-item-size 4 GiB must be from 1 KiB",
+        ),
     ];
     let mut messages = std::collections::HashSet::new();
     for (topology, args, expected) in table {

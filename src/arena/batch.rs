@@ -24,6 +24,8 @@ pub trait BlockSource {
     fn refill(&self, kind: ReservationKind, rank: usize, max: usize, out: &mut Vec<BlockId>);
     /// Returns blocks to their regions.
     fn give_back(&self, blocks: &[BlockId]);
+    /// Free blocks left in region `rank` of a reservation.
+    fn free_in(&self, kind: ReservationKind, rank: usize) -> usize;
 }
 
 /// The global pool behind one mutex, shared by `shards` cores.
@@ -61,6 +63,10 @@ impl BlockSource for SharedPool {
 
     fn give_back(&self, blocks: &[BlockId]) {
         self.with(|pool| blocks.iter().for_each(|&block| pool.give(block)));
+    }
+
+    fn free_in(&self, kind: ReservationKind, rank: usize) -> usize {
+        self.with(|pool| pool.free_in(kind, rank))
     }
 }
 
@@ -121,12 +127,18 @@ impl BlockBatch {
         rank: usize,
         block: BlockId,
     ) {
+        // When the region has nothing left in the pool, another core may be starving for
+        // exactly this block: give every idle block of the region back at once.
+        let scarce = source.free_in(kind, rank) == 0;
         let slot = self.slot(kind, rank);
         slot.push(block);
-        if slot.len() > BATCH_HIGH_WATER_BLOCKS {
-            let excess: Vec<BlockId> = slot
-                .drain(..slot.len() - BATCH_REFILL_MAX_BLOCKS / 2)
-                .collect();
+        if scarce || slot.len() > BATCH_HIGH_WATER_BLOCKS {
+            let keep = if scarce {
+                0
+            } else {
+                BATCH_REFILL_MAX_BLOCKS / 2
+            };
+            let excess: Vec<BlockId> = slot.drain(..slot.len() - keep).collect();
             source.give_back(&excess);
             self.returns += 1;
         }

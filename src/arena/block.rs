@@ -51,7 +51,7 @@ pub struct BlockTable {
 
 impl BlockTable {
     /// Builds the table over mapped regions, given in plan order.
-    pub fn new(block_bytes: u64, regions: Vec<Region>) -> BlockTable {
+    pub(crate) fn new(block_bytes: u64, regions: Vec<Region>) -> BlockTable {
         let mut entries = Vec::new();
         for (index, region) in regions.iter().enumerate() {
             assert_eq!(region.plan.index, index, "regions arrive in plan order");
@@ -98,16 +98,16 @@ impl BlockTable {
 
 /// Byte access to blocks through the table, for the allocator that owns them.
 ///
-/// Sound because the block pools hand each block to exactly one owner at a time and the
-/// owner's allocators only ask for blocks they hold; the table owns the regions, so the
-/// memory stays mapped while this accessor lives.
+/// Sound because only a `ShardArena` makes one (it is crate-private), the block pools hand
+/// each block to exactly one `ShardArena` at a time, and its allocators only ask for blocks
+/// they hold; the table owns the regions, so the memory stays mapped while this accessor lives.
 #[derive(Debug)]
-pub struct TableMemory {
+pub(crate) struct TableMemory {
     table: Arc<BlockTable>,
 }
 
 impl TableMemory {
-    pub fn new(table: Arc<BlockTable>) -> TableMemory {
+    pub(crate) fn new(table: Arc<BlockTable>) -> TableMemory {
         TableMemory { table }
     }
 }

@@ -97,7 +97,11 @@ impl Bump {
 
     /// Bytes an object of `payload_len` occupies: header plus payload, rounded to the granule.
     pub fn footprint(&self, payload_len: u32) -> u32 {
-        (SMALL_HEADER_BYTES + payload_len).next_multiple_of(self.granule)
+        // Saturates for impossible lengths (over a block), which then fit nowhere.
+        SMALL_HEADER_BYTES
+            .saturating_add(payload_len)
+            .checked_next_multiple_of(self.granule)
+            .unwrap_or(u32::MAX)
     }
 
     /// The largest payload a block can take.
@@ -305,9 +309,10 @@ impl Bump {
         })
     }
 
-    /// Compacts movable blocks, most dead bytes first, until one of them has room for
-    /// `payload_len` (or every candidate is done). Each moved object is reported to
-    /// `relocate` before the next one moves.
+    /// Compacts movable blocks until one of them has room for `payload_len` (or every
+    /// candidate is done): region rank by rank, so local blocks get room before foreign ones,
+    /// and most dead bytes first within a rank. Each moved object is reported to `relocate`
+    /// before the next one moves.
     pub fn compact_for(
         &mut self,
         payload_len: u32,
@@ -315,15 +320,15 @@ impl Bump {
         relocate: &mut dyn FnMut(Relocation<'_>),
     ) -> CompactionReport {
         let footprint = self.footprint(payload_len);
-        let mut candidates: Vec<(u32, BlockId)> = self
+        let mut candidates: Vec<(usize, std::cmp::Reverse<u32>, BlockId)> = self
             .blocks
             .iter()
             .filter(|(_, b)| b.movable() && b.dead_bytes > 0)
-            .map(|(&id, b)| (b.dead_bytes, id))
+            .map(|(&id, b)| (b.rank, std::cmp::Reverse(b.dead_bytes), id))
             .collect();
-        candidates.sort_unstable_by(|a, b| b.cmp(a));
+        candidates.sort_unstable();
         let mut report = CompactionReport::default();
-        for (_, block) in candidates {
+        for (_, _, block) in candidates {
             self.compact_block(block, mem, relocate, &mut report);
             if self.block_bytes - self.blocks[&block].frontier >= footprint {
                 break;

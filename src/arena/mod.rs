@@ -89,7 +89,7 @@ impl Arena {
         shards: usize,
     ) -> Result<Arc<Arena>, MapError> {
         check_memlock(plan.total_bytes())?;
-        Arena::map(plan, &NumaMapper { topology }, shards)
+        Arena::map(plan, &NumaMapper::new(topology), shards)
     }
 
     pub fn plan(&self) -> &MemoryPlan {

@@ -53,9 +53,9 @@ impl fmt::Display for Backing {
 pub enum MapError {
     /// RLIMIT_MEMLOCK is below what the plan locks and CAP_IPC_LOCK is missing.
     MemLockLimit { needed_bytes: u64, limit_bytes: u64 },
-    /// The node reports less free memory than the region needs.
+    /// The node (or, unbound, the machine) has less free memory than its regions need.
     NodeMemory {
-        node: NodeId,
+        node: Option<NodeId>,
         needed_bytes: u64,
         free_bytes: u64,
     },
@@ -95,8 +95,9 @@ impl fmt::Display for MapError {
                 free_bytes,
             } => write!(
                 f,
-                "node {node} has {} free but its region needs {}; lower --memory/--sub-memory \
-                 or free memory on that node",
+                "{} has {} free but its regions need {}; lower --memory and the other budgets \
+                 or free memory there",
+                node.map_or("the machine".to_string(), |n| format!("node {n}")),
                 ByteSize(*free_bytes),
                 ByteSize(*needed_bytes)
             ),
@@ -157,7 +158,27 @@ pub trait RegionMapper {
 
 /// The production mapper: node-local hugetlb first, then bound, locked ordinary pages.
 pub struct NumaMapper<'a> {
-    pub topology: &'a Topology,
+    topology: &'a Topology,
+    /// Ordinary-page bytes already mapped per node (`None`: unbound), so the free-memory
+    /// check counts every region on a node, not each one alone.
+    claimed: std::cell::RefCell<std::collections::HashMap<Option<NodeId>, u64>>,
+}
+
+impl<'a> NumaMapper<'a> {
+    pub fn new(topology: &'a Topology) -> NumaMapper<'a> {
+        NumaMapper {
+            topology,
+            claimed: Default::default(),
+        }
+    }
+}
+
+/// MemAvailable of the whole machine, from /proc/meminfo.
+fn machine_mem_available_bytes() -> Option<u64> {
+    let meminfo = std::fs::read_to_string("/proc/meminfo").ok()?;
+    let line = meminfo.lines().find(|l| l.starts_with("MemAvailable:"))?;
+    let kib: u64 = line.split_whitespace().nth(1)?.parse().ok()?;
+    Some(kib * 1024)
 }
 
 /// Ordinary unlocked memory without any binding: for tests and benchmarks of the allocator
@@ -248,16 +269,19 @@ impl NumaMapper<'_> {
     }
 
     fn map_fallback(&self, plan: &RegionPlan, page_bytes: u64) -> Result<Mapping, MapError> {
-        if let Some(node) = plan.node {
-            let free = self.topology.node(node).and_then(|n| n.mem_free_bytes);
-            if let Some(free_bytes) = free.filter(|&free| free < plan.bytes) {
-                return Err(MapError::NodeMemory {
-                    node,
-                    needed_bytes: plan.bytes,
-                    free_bytes,
-                });
-            }
+        let free = match plan.node {
+            Some(node) => self.topology.node(node).and_then(|n| n.mem_free_bytes),
+            None => machine_mem_available_bytes(),
+        };
+        let claimed = self.claimed.borrow().get(&plan.node).copied().unwrap_or(0);
+        if let Some(free_bytes) = free.filter(|&free| free.saturating_sub(claimed) < plan.bytes) {
+            return Err(MapError::NodeMemory {
+                node: plan.node,
+                needed_bytes: claimed + plan.bytes,
+                free_bytes,
+            });
         }
+        *self.claimed.borrow_mut().entry(plan.node).or_default() += plan.bytes;
         let mapping = Mapping::anonymous(plan.bytes as usize, page_bytes as usize, None)
             .map_err(|err| syscall_error(plan, "mmap", err))?;
         if let Some(node) = plan.node {

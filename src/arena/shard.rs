@@ -3,7 +3,10 @@
 
 use std::sync::Arc;
 
-use hashbrown::HashMap;
+use std::marker::PhantomData;
+use std::sync::atomic::{AtomicU64, Ordering};
+
+use hashbrown::{HashMap, HashSet};
 
 use super::batch::BlockBatch;
 use super::block::{BlockId, HeadLoc, TableMemory};
@@ -29,6 +32,8 @@ pub enum HeadClass {
 pub struct Reserved {
     loc: HeadLoc,
     class: HeadClass,
+    /// The `ShardArena` instance that made it: only that one may fill, publish or abort it.
+    owner: u64,
 }
 
 impl Reserved {
@@ -91,9 +96,17 @@ struct Counters {
     evictions_requested: u64,
 }
 
-/// One core's allocator over the shared arena. Not `Sync`: it lives on its core.
+/// Numbers every `ShardArena`, so a reservation can name the one that made it.
+static NEXT_INSTANCE: AtomicU64 = AtomicU64::new(0);
+
+/// One core's allocator over the shared arena. Neither `Send` nor `Sync`: it is made on its
+/// core and stays there, and the blocks it holds are touched by nobody else.
 pub struct ShardArena {
     shard: usize,
+    instance: u64,
+    /// Reservations handed out and not yet published or aborted.
+    reserved: HashSet<HeadLoc>,
+    _on_one_core: PhantomData<*const ()>,
     arena: Arc<Arena>,
     mem: TableMemory,
     batch: BlockBatch,
@@ -110,6 +123,9 @@ impl ShardArena {
         let config = &arena.plan().config;
         ShardArena {
             shard,
+            instance: NEXT_INSTANCE.fetch_add(1, Ordering::Relaxed),
+            reserved: HashSet::new(),
+            _on_one_core: PhantomData,
             mem: TableMemory::new(arena.table_arc()),
             batch: BlockBatch::new(),
             buddy: Buddy::new(config.block_bytes, config.ram_head_bytes),
@@ -171,9 +187,11 @@ impl ShardArena {
         let kind = self.small_reservation;
         for rank in 0..self.ranks(kind) {
             if let Some(loc) = self.bump.alloc(rank, payload_len, &mut self.mem) {
+                self.reserved.insert(loc);
                 return Ok(Reserved {
                     loc,
                     class: HeadClass::Small,
+                    owner: self.instance,
                 });
             }
             if let Some(block) = self.acquire_block(kind, rank) {
@@ -182,9 +200,11 @@ impl ShardArena {
                     .bump
                     .alloc(rank, payload_len, &mut self.mem)
                     .expect("a fresh block fits any small payload");
+                self.reserved.insert(loc);
                 return Ok(Reserved {
                     loc,
                     class: HeadClass::Small,
+                    owner: self.instance,
                 });
             }
         }
@@ -209,9 +229,11 @@ impl ShardArena {
             };
             *self.buddy.counters_mut(block).1 += 1;
             let loc = HeadLoc { block, offset };
+            self.reserved.insert(loc);
             return Ok(Reserved {
                 loc,
                 class: HeadClass::Fixed,
+                owner: self.instance,
             });
         }
         Err(AllocError::OutOfMemory {
@@ -219,10 +241,17 @@ impl ShardArena {
         })
     }
 
-    /// Whether compaction may run for a small payload now: at least one `ram_head` of dead
-    /// space is reclaimable (ADR-0008) and compacting some block would fit the payload.
+    /// Dead bytes that must be reclaimable before admission compacts: one `ram_head`
+    /// (ADR-0008), but at most half a block, so the gate can open when `ram_head == block`.
+    pub fn compaction_gate_bytes(&self) -> u64 {
+        self.ram_head_bytes()
+            .min(self.arena.plan().config.block_bytes / 2)
+    }
+
+    /// Whether compaction may run for a small payload now: enough dead space is reclaimable
+    /// (see [`ShardArena::compaction_gate_bytes`]) and compacting some block would fit it.
     pub fn compaction_would_help(&self, payload_len: u32) -> bool {
-        self.bump.reclaimable_dead_bytes() >= self.ram_head_bytes()
+        self.bump.reclaimable_dead_bytes() >= self.compaction_gate_bytes()
             && self.bump.compaction_would_fit(payload_len)
     }
 
@@ -297,14 +326,30 @@ impl ShardArena {
         }
     }
 
+    fn check_owner(&self, reserved: &Reserved) {
+        assert_eq!(
+            reserved.owner, self.instance,
+            "{} was reserved by another ShardArena",
+            reserved.loc
+        );
+        assert!(
+            self.reserved.contains(&reserved.loc),
+            "{} is not an outstanding reservation",
+            reserved.loc
+        );
+    }
+
     /// The bytes of a reservation, to fill before publishing.
     pub fn reserved_mut(&mut self, reserved: &Reserved) -> &mut [u8] {
+        self.check_owner(reserved);
         let range = self.range(reserved.loc, reserved.class);
         &mut self.mem.bytes_mut(reserved.loc.block)[range]
     }
 
     /// Makes a reservation a live head: from now on compaction may move it.
     pub fn publish(&mut self, reserved: Reserved) -> HeadLoc {
+        self.check_owner(&reserved);
+        self.reserved.remove(&reserved.loc);
         match reserved.class {
             HeadClass::Small => self.bump.publish(reserved.loc),
             HeadClass::Fixed => {
@@ -382,6 +427,11 @@ impl ShardArena {
     /// Pins a head for a reader (ADR-0017): until the last unpin it never moves, and a free
     /// of it only takes effect at the last unpin.
     pub fn pin(&mut self, loc: HeadLoc) {
+        assert!(
+            !self.reserved.contains(&loc),
+            "{loc} is an unpublished reservation: nothing can read it yet"
+        );
+        let _ = self.range(loc, self.class_of(loc)); // asserts the head is live
         let state = self.pins.entry(loc).or_default();
         assert!(!state.free_pending, "{loc} pinned after it was freed");
         state.readers += 1;
@@ -427,6 +477,10 @@ impl ShardArena {
 
     /// Frees a live head (deferred to the last unpin when pinned).
     pub fn free(&mut self, loc: HeadLoc) {
+        assert!(
+            !self.reserved.contains(&loc),
+            "{loc} is a reservation: abort it instead of freeing it"
+        );
         if let Some(state) = self.pins.get_mut(&loc) {
             assert!(!state.free_pending, "{loc} freed twice");
             state.free_pending = true;

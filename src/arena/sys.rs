@@ -24,6 +24,9 @@ const CAP_IPC_LOCK: u32 = 14;
 pub struct Mapping {
     base: NonNull<u8>,
     len: usize,
+    /// Backed by hugetlb pages (which must never be faulted by a plain touch: a short node
+    /// pool would SIGBUS).
+    huge: bool,
 }
 
 // SAFETY: the mapping is plain memory owned by this value; which thread touches which bytes is
@@ -72,7 +75,11 @@ impl Mapping {
         if huge_page_bytes.is_some() {
             debug_assert_eq!(raw % align.min(huge_page_bytes.unwrap_or(0) as usize), 0);
             let base = NonNull::new(raw as *mut u8).expect("mmap never returns null on success");
-            return Ok(Mapping { base, len });
+            return Ok(Mapping {
+                base,
+                len,
+                huge: true,
+            });
         }
         let start = (raw + align - 1) & !(align - 1);
         let head = start - raw;
@@ -87,7 +94,11 @@ impl Mapping {
             }
         }
         let base = NonNull::new(start as *mut u8).expect("aligned start inside a mapping");
-        Ok(Mapping { base, len })
+        Ok(Mapping {
+            base,
+            len,
+            huge: false,
+        })
     }
 
     pub fn base(&self) -> NonNull<u8> {
@@ -123,7 +134,8 @@ impl Mapping {
                 self.len,
                 MPOL_BIND | MPOL_F_STATIC_NODES,
                 mask.as_ptr(),
-                NODE_MASK_BITS as libc::c_ulong,
+                // The kernel reads maxnode - 1 bits.
+                (NODE_MASK_BITS + 1) as libc::c_ulong,
                 MPOL_MF_STRICT,
             )
         };
@@ -146,10 +158,19 @@ impl Mapping {
             )
         };
         if rc == 0 {
-            Ok(())
-        } else {
-            Err(io::Error::last_os_error())
+            return Ok(());
         }
+        let err = io::Error::last_os_error();
+        if err.raw_os_error() != Some(libc::EINVAL) || self.huge {
+            return Err(err);
+        }
+        // A kernel before 5.14 lacks the advice: fault ordinary pages in by writing to each.
+        let page = base_page_bytes();
+        for offset in (0..self.len).step_by(page) {
+            // SAFETY: `offset` is inside our own writable mapping, which nothing else uses yet.
+            unsafe { self.base.as_ptr().add(offset).write_volatile(0) };
+        }
+        Ok(())
     }
 
     /// Locks the mapping resident so the head is never paged out to the disk it avoids.

@@ -373,7 +373,8 @@ impl fmt::Display for ConfigError {
             ),
             TooManyBlocks { blocks } => write!(
                 f,
-                "--memory and the other budgets add up to {blocks} blocks, more than 2^32; use a larger --block"
+                "--memory and the other budgets add up to {} blocks, more than 2^32; use a larger --block",
+                if *blocks == u64::MAX { "over 2^64".to_string() } else { blocks.to_string() }
             ),
             SubMemoryNeedsExplicitNuma => write!(
                 f,
@@ -636,12 +637,23 @@ pub fn resolve_with_file(
             bytes: max_item_bytes,
         });
     }
+    // Every budget is whole blocks (checked above), so count blocks; overflow is just "too many".
     let others = topology.online_count().saturating_sub(1) as u64;
-    let blocks =
-        (memory + sub_memory * others + small_memory.unwrap_or(0) + small_sub_memory * others)
-            / block;
-    if blocks > u64::from(u32::MAX) {
-        return Err(ConfigError::TooManyBlocks { blocks });
+    let blocks = [
+        Some(memory / block),
+        (sub_memory / block).checked_mul(others),
+        Some(small_memory.unwrap_or(0) / block),
+        (small_sub_memory / block).checked_mul(others),
+    ]
+    .into_iter()
+    .try_fold(0u64, |sum, part| part.and_then(|p| sum.checked_add(p)));
+    match blocks {
+        Some(blocks) if blocks <= u64::from(u32::MAX) => {}
+        _ => {
+            return Err(ConfigError::TooManyBlocks {
+                blocks: blocks.unwrap_or(u64::MAX),
+            })
+        }
     }
     Ok(Settings {
         arena: ArenaConfig {

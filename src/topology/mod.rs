@@ -339,6 +339,9 @@ impl Topology {
     }
 }
 
+/// The most CPUs a list may name (Linux's own limit is 8192; this is a sanity bound).
+const MAX_CPUS: usize = 1 << 16;
+
 /// Parses a kernel CPU list such as `0-3,8,10-11`.
 pub fn parse_cpu_list(text: &str) -> Result<Vec<usize>, String> {
     let mut cpus = Vec::new();
@@ -348,12 +351,18 @@ pub fn parse_cpu_list(text: &str) -> Result<Vec<usize>, String> {
             Some((first, last)) => {
                 let first: usize = first.trim().parse().map_err(|_| bad())?;
                 let last: usize = last.trim().parse().map_err(|_| bad())?;
-                if last < first {
+                if last < first || last >= MAX_CPUS {
                     return Err(bad());
                 }
                 cpus.extend(first..=last);
             }
-            None => cpus.push(part.trim().parse().map_err(|_| bad())?),
+            None => {
+                let cpu: usize = part.trim().parse().map_err(|_| bad())?;
+                if cpu >= MAX_CPUS {
+                    return Err(bad());
+                }
+                cpus.push(cpu);
+            }
         }
     }
     cpus.sort_unstable();
