@@ -1,5 +1,7 @@
-//! Shared helpers for the model-based tests: a seeded generator that prints its seed.
+//! Shared test helpers: a seeded generator that prints its seed; a real server and client.
 #![allow(dead_code)]
+
+pub mod server;
 
 use std::time::{SystemTime, UNIX_EPOCH};
 

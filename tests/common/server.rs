@@ -1,0 +1,219 @@
+//! Starting the real `headroom` binary for a test, and a plain binary-protocol client.
+#![allow(dead_code)]
+
+use std::io::{BufRead, BufReader, Read, Write};
+use std::net::{SocketAddr, TcpStream};
+use std::process::{Child, Command, Stdio};
+use std::time::Duration;
+
+/// A running server, stopped (SIGTERM, then waited for) on drop.
+pub struct Server {
+    pub addr: SocketAddr,
+    child: Option<Child>,
+    pub log: std::sync::Arc<std::sync::Mutex<Vec<String>>>,
+}
+
+impl Server {
+    /// Starts `headroom --listen 127.0.0.1:0 ARGS...` and waits until it listens.
+    pub fn start(args: &[&str]) -> Server {
+        let mut child = Command::new(env!("CARGO_BIN_EXE_headroom"))
+            .args(["--listen", "127.0.0.1:0", "--log-level", "info"])
+            .args(args)
+            .stdin(Stdio::null())
+            .stdout(Stdio::null())
+            .stderr(Stdio::piped())
+            .spawn()
+            .expect("start headroom");
+        let stderr = child.stderr.take().unwrap();
+        let log = std::sync::Arc::new(std::sync::Mutex::new(Vec::new()));
+        let (tx, rx) = std::sync::mpsc::channel();
+        let log_writer = log.clone();
+        std::thread::spawn(move || {
+            for line in BufReader::new(stderr).lines().map_while(Result::ok) {
+                if let Some(at) = line.find("listening on ") {
+                    let addr = line[at + 13..].split_whitespace().next().unwrap().to_string();
+                    let _ = tx.send(addr);
+                }
+                log_writer.lock().unwrap().push(line);
+            }
+        });
+        let addr = match rx.recv_timeout(Duration::from_secs(30)) {
+            Ok(addr) => addr.parse().expect("an address"),
+            Err(_) => {
+                let _ = child.kill();
+                panic!("headroom did not start: {:?}", log.lock().unwrap());
+            }
+        };
+        Server { addr, child: Some(child), log }
+    }
+
+    pub fn client(&self) -> Client {
+        Client::connect(self.addr)
+    }
+
+    /// Sends SIGTERM and returns the exit status.
+    pub fn stop(mut self) -> std::process::ExitStatus {
+        let mut child = self.child.take().unwrap();
+        nix::sys::signal::kill(nix::unistd::Pid::from_raw(child.id() as i32), nix::sys::signal::SIGTERM).unwrap();
+        child.wait().unwrap()
+    }
+
+    pub fn pid(&self) -> u32 {
+        self.child.as_ref().unwrap().id()
+    }
+
+    pub fn log_text(&self) -> String {
+        self.log.lock().unwrap().join("\n")
+    }
+}
+
+impl Drop for Server {
+    fn drop(&mut self) {
+        if let Some(mut child) = self.child.take() {
+            let _ = nix::sys::signal::kill(nix::unistd::Pid::from_raw(child.id() as i32), nix::sys::signal::SIGTERM);
+            let _ = child.wait();
+        }
+    }
+}
+
+/// One response frame.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct Response {
+    pub opcode: u8,
+    pub status: u16,
+    pub opaque: u32,
+    pub cas: u64,
+    pub extras: Vec<u8>,
+    pub key: Vec<u8>,
+    pub value: Vec<u8>,
+}
+
+impl Response {
+    pub fn flags(&self) -> u32 {
+        u32::from_be_bytes(self.extras[..4].try_into().unwrap())
+    }
+
+    pub fn counter(&self) -> u64 {
+        u64::from_be_bytes(self.value[..8].try_into().unwrap())
+    }
+}
+
+/// Encodes a request frame.
+pub fn frame(opcode: u8, extras: &[u8], key: &[u8], value: &[u8], cas: u64, opaque: u32) -> Vec<u8> {
+    let mut out = vec![0x80, opcode];
+    out.extend_from_slice(&(key.len() as u16).to_be_bytes());
+    out.push(extras.len() as u8);
+    out.extend_from_slice(&[0, 0, 0]);
+    out.extend_from_slice(&((extras.len() + key.len() + value.len()) as u32).to_be_bytes());
+    out.extend_from_slice(&opaque.to_be_bytes());
+    out.extend_from_slice(&cas.to_be_bytes());
+    out.extend_from_slice(extras);
+    out.extend_from_slice(key);
+    out.extend_from_slice(value);
+    out
+}
+
+pub fn set_extras(flags: u32, expiry: u32) -> Vec<u8> {
+    let mut extras = flags.to_be_bytes().to_vec();
+    extras.extend_from_slice(&expiry.to_be_bytes());
+    extras
+}
+
+pub fn arith_extras(delta: u64, initial: u64, expiry: u32) -> Vec<u8> {
+    let mut extras = delta.to_be_bytes().to_vec();
+    extras.extend_from_slice(&initial.to_be_bytes());
+    extras.extend_from_slice(&expiry.to_be_bytes());
+    extras
+}
+
+pub struct Client {
+    pub stream: TcpStream,
+}
+
+impl Client {
+    pub fn connect(addr: SocketAddr) -> Client {
+        let stream = TcpStream::connect(addr).expect("connect");
+        stream.set_read_timeout(Some(Duration::from_secs(20))).unwrap();
+        stream.set_nodelay(true).unwrap();
+        Client { stream }
+    }
+
+    pub fn send(&mut self, bytes: &[u8]) {
+        self.stream.write_all(bytes).unwrap();
+    }
+
+    /// Reads one response; `None` when the server closed the connection.
+    pub fn recv(&mut self) -> Option<Response> {
+        let mut header = [0u8; 24];
+        if let Err(err) = self.stream.read_exact(&mut header) {
+            assert!(
+                matches!(err.kind(), std::io::ErrorKind::UnexpectedEof | std::io::ErrorKind::ConnectionReset),
+                "read failed: {err}"
+            );
+            return None;
+        }
+        assert_eq!(header[0], 0x81, "response magic");
+        let key_len = u16::from_be_bytes([header[2], header[3]]) as usize;
+        let extras_len = header[4] as usize;
+        let body_len = u32::from_be_bytes(header[8..12].try_into().unwrap()) as usize;
+        let mut body = vec![0u8; body_len];
+        self.stream.read_exact(&mut body).unwrap();
+        Some(Response {
+            opcode: header[1],
+            status: u16::from_be_bytes([header[6], header[7]]),
+            opaque: u32::from_be_bytes(header[12..16].try_into().unwrap()),
+            cas: u64::from_be_bytes(header[16..24].try_into().unwrap()),
+            extras: body[..extras_len].to_vec(),
+            key: body[extras_len..extras_len + key_len].to_vec(),
+            value: body[extras_len + key_len..].to_vec(),
+        })
+    }
+
+    pub fn call(&mut self, bytes: &[u8]) -> Response {
+        self.send(bytes);
+        self.recv().expect("a response")
+    }
+
+    /// True when the server closed the connection (EOF or reset) within the read timeout;
+    /// false when it sent a byte or stayed silent.
+    pub fn closed(&mut self) -> bool {
+        let mut byte = [0u8; 1];
+        match self.stream.read(&mut byte) {
+            Ok(0) => true,
+            Ok(_) => false,
+            Err(err) => matches!(err.kind(), std::io::ErrorKind::ConnectionReset | std::io::ErrorKind::ConnectionAborted),
+        }
+    }
+
+    pub fn set(&mut self, key: &[u8], value: &[u8], flags: u32, expiry: u32) -> Response {
+        self.call(&frame(0x01, &set_extras(flags, expiry), key, value, 0, 0))
+    }
+
+    pub fn get(&mut self, key: &[u8]) -> Response {
+        self.call(&frame(0x00, &[], key, &[], 0, 0))
+    }
+
+    /// STAT with no key: every counter as (name, value).
+    pub fn stats(&mut self, group: &str) -> Vec<(String, String)> {
+        self.send(&frame(0x10, &[], group.as_bytes(), &[], 0, 0));
+        let mut out = Vec::new();
+        loop {
+            let r = self.recv().expect("stat reply");
+            if r.key.is_empty() {
+                return out;
+            }
+            out.push((String::from_utf8(r.key).unwrap(), String::from_utf8(r.value).unwrap()));
+        }
+    }
+
+    pub fn stat(&mut self, group: &str, name: &str) -> u64 {
+        let stats = self.stats(group);
+        stats
+            .iter()
+            .find(|(n, _)| n == name)
+            .unwrap_or_else(|| panic!("no stat {name}"))
+            .1
+            .parse()
+            .unwrap()
+    }
+}
