@@ -45,7 +45,11 @@ const NON_NUMERIC: u16 = 0x0006;
 const UNKNOWN: u16 = 0x0081;
 
 fn expect(r: &Response, opcode: u8, status: u16, opaque: u32) {
-    assert_eq!((r.opcode, r.status, r.opaque), (opcode, status, opaque), "{r:?}");
+    assert_eq!(
+        (r.opcode, r.status, r.opaque),
+        (opcode, status, opaque),
+        "{r:?}"
+    );
 }
 
 fn error_text(status: u16) -> &'static [u8] {
@@ -63,11 +67,24 @@ fn error_text(status: u16) -> &'static [u8] {
 
 fn expect_error(r: &Response, opcode: u8, status: u16, opaque: u32) {
     expect(r, opcode, status, opaque);
-    assert_eq!((r.extras.as_slice(), r.key.as_slice(), r.value.as_slice()), (&[][..], &[][..], error_text(status)), "{r:?}");
+    assert_eq!(
+        (r.extras.as_slice(), r.key.as_slice(), r.value.as_slice()),
+        (&[][..], &[][..], error_text(status)),
+        "{r:?}"
+    );
 }
 
 fn conformance(threads: &str) {
-    let server = Server::start(&["--threads", threads, "--memory", "16M", "--ram-head", "8K", "--max-item-size", "64K"]);
+    let server = Server::start(&[
+        "--threads",
+        threads,
+        "--memory",
+        "16M",
+        "--ram-head",
+        "8K",
+        "--max-item-size",
+        "64K",
+    ]);
     let mut c = server.client();
 
     // NOOP, VERSION, VERBOSITY.
@@ -76,23 +93,54 @@ fn conformance(threads: &str) {
     assert!(r.value.is_empty() && r.cas == 0);
     let r = c.call(&frame(VERSION, &[], &[], &[], 0, 8));
     expect(&r, VERSION, OK, 8);
-    assert!(r.value.starts_with(b"1.6."), "{:?}", String::from_utf8_lossy(&r.value));
-    expect(&c.call(&frame(VERBOSITY, &1u32.to_be_bytes(), &[], &[], 0, 9)), VERBOSITY, OK, 9);
+    assert!(
+        r.value.starts_with(b"1.6."),
+        "{:?}",
+        String::from_utf8_lossy(&r.value)
+    );
+    expect(
+        &c.call(&frame(VERBOSITY, &1u32.to_be_bytes(), &[], &[], 0, 9)),
+        VERBOSITY,
+        OK,
+        9,
+    );
 
     // SET and the GET family.
-    let r = c.call(&frame(SET, &set_extras(0xdead_beef, 0), b"alpha", b"one", 0, 10));
+    let r = c.call(&frame(
+        SET,
+        &set_extras(0xdead_beef, 0),
+        b"alpha",
+        b"one",
+        0,
+        10,
+    ));
     expect(&r, SET, OK, 10);
     assert!(r.cas != 0 && r.value.is_empty());
     let cas = r.cas;
     let r = c.call(&frame(GET, &[], b"alpha", &[], 0, 11));
     expect(&r, GET, OK, 11);
-    assert_eq!((r.flags(), r.key.as_slice(), r.value.as_slice(), r.cas), (0xdead_beef, &b""[..], &b"one"[..], cas));
+    assert_eq!(
+        (r.flags(), r.key.as_slice(), r.value.as_slice(), r.cas),
+        (0xdead_beef, &b""[..], &b"one"[..], cas)
+    );
     let r = c.call(&frame(GETK, &[], b"alpha", &[], 0, 12));
-    assert_eq!((r.key.as_slice(), r.value.as_slice()), (&b"alpha"[..], &b"one"[..]));
-    expect_error(&c.call(&frame(GET, &[], b"missing", &[], 0, 13)), GET, NOT_FOUND, 13);
+    assert_eq!(
+        (r.key.as_slice(), r.value.as_slice()),
+        (&b"alpha"[..], &b"one"[..])
+    );
+    expect_error(
+        &c.call(&frame(GET, &[], b"missing", &[], 0, 13)),
+        GET,
+        NOT_FOUND,
+        13,
+    );
     let r = c.call(&frame(GETK, &[], b"missing", &[], 0, 14));
     expect(&r, GETK, NOT_FOUND, 14);
-    assert_eq!((r.key.as_slice(), r.value.as_slice()), (&b"missing"[..], &b""[..]), "GETK miss carries the key, no text");
+    assert_eq!(
+        (r.key.as_slice(), r.value.as_slice()),
+        (&b"missing"[..], &b""[..]),
+        "GETK miss carries the key, no text"
+    );
     // Quiet gets: silent on a miss, answer on a hit.
     c.send(&frame(GETQ, &[], b"missing", &[], 0, 15));
     c.send(&frame(GETKQ, &[], b"alpha", &[], 0, 16));
@@ -103,15 +151,52 @@ fn conformance(threads: &str) {
     expect(&c.recv().unwrap(), NOOP, OK, 17);
 
     // ADD / REPLACE / CAS.
-    expect_error(&c.call(&frame(ADD, &set_extras(0, 0), b"alpha", b"x", 0, 20)), ADD, EXISTS, 20);
-    expect(&c.call(&frame(ADD, &set_extras(0, 0), b"beta", b"b", 0, 21)), ADD, OK, 21);
-    expect_error(&c.call(&frame(REPLACE, &set_extras(0, 0), b"gamma", b"g", 0, 22)), REPLACE, NOT_FOUND, 22);
-    expect(&c.call(&frame(REPLACE, &set_extras(0, 0), b"beta", b"B", 0, 23)), REPLACE, OK, 23);
-    expect_error(&c.call(&frame(SET, &set_extras(0, 0), b"alpha", b"two", cas + 1, 24)), SET, EXISTS, 24);
+    expect_error(
+        &c.call(&frame(ADD, &set_extras(0, 0), b"alpha", b"x", 0, 20)),
+        ADD,
+        EXISTS,
+        20,
+    );
+    expect(
+        &c.call(&frame(ADD, &set_extras(0, 0), b"beta", b"b", 0, 21)),
+        ADD,
+        OK,
+        21,
+    );
+    expect_error(
+        &c.call(&frame(REPLACE, &set_extras(0, 0), b"gamma", b"g", 0, 22)),
+        REPLACE,
+        NOT_FOUND,
+        22,
+    );
+    expect(
+        &c.call(&frame(REPLACE, &set_extras(0, 0), b"beta", b"B", 0, 23)),
+        REPLACE,
+        OK,
+        23,
+    );
+    expect_error(
+        &c.call(&frame(
+            SET,
+            &set_extras(0, 0),
+            b"alpha",
+            b"two",
+            cas + 1,
+            24,
+        )),
+        SET,
+        EXISTS,
+        24,
+    );
     let r = c.call(&frame(SET, &set_extras(0, 0), b"alpha", b"two", cas, 25));
     expect(&r, SET, OK, 25);
     assert!(r.cas != cas);
-    expect_error(&c.call(&frame(SET, &set_extras(0, 0), b"nope", b"x", 99, 26)), SET, NOT_FOUND, 26);
+    expect_error(
+        &c.call(&frame(SET, &set_extras(0, 0), b"nope", b"x", 99, 26)),
+        SET,
+        NOT_FOUND,
+        26,
+    );
     c.send(&frame(ADDQ, &set_extras(0, 0), b"delta", b"d", 0, 27));
     c.send(&frame(ADDQ, &set_extras(0, 0), b"delta", b"d", 0, 28));
     c.send(&frame(NOOP, &[], &[], &[], 0, 29));
@@ -119,48 +204,129 @@ fn conformance(threads: &str) {
     expect(&c.recv().unwrap(), NOOP, OK, 29);
 
     // DELETE.
-    expect_error(&c.call(&frame(DELETE, &[], b"gone", &[], 0, 30)), DELETE, NOT_FOUND, 30);
-    expect_error(&c.call(&frame(DELETE, &[], b"beta", &[], 12345, 31)), DELETE, EXISTS, 31);
-    expect(&c.call(&frame(DELETE, &[], b"beta", &[], 0, 32)), DELETE, OK, 32);
+    expect_error(
+        &c.call(&frame(DELETE, &[], b"gone", &[], 0, 30)),
+        DELETE,
+        NOT_FOUND,
+        30,
+    );
+    expect_error(
+        &c.call(&frame(DELETE, &[], b"beta", &[], 12345, 31)),
+        DELETE,
+        EXISTS,
+        31,
+    );
+    expect(
+        &c.call(&frame(DELETE, &[], b"beta", &[], 0, 32)),
+        DELETE,
+        OK,
+        32,
+    );
     c.send(&frame(DELETEQ, &[], b"delta", &[], 0, 33));
     c.send(&frame(NOOP, &[], &[], &[], 0, 34));
     expect(&c.recv().unwrap(), NOOP, OK, 34);
 
     // INCR / DECR.
-    expect_error(&c.call(&frame(INCR, &arith_extras(1, 0, 0xffff_ffff), b"n", &[], 0, 40)), INCR, NOT_FOUND, 40);
+    expect_error(
+        &c.call(&frame(
+            INCR,
+            &arith_extras(1, 0, 0xffff_ffff),
+            b"n",
+            &[],
+            0,
+            40,
+        )),
+        INCR,
+        NOT_FOUND,
+        40,
+    );
     let r = c.call(&frame(INCR, &arith_extras(1, 10, 0), b"n", &[], 0, 41));
     expect(&r, INCR, OK, 41);
     assert_eq!(r.counter(), 10, "created with the initial value");
-    assert_eq!(c.call(&frame(INCR, &arith_extras(5, 0, 0), b"n", &[], 0, 42)).counter(), 15);
-    assert_eq!(c.call(&frame(DECR, &arith_extras(100, 0, 0), b"n", &[], 0, 43)).counter(), 0, "decr stops at 0");
+    assert_eq!(
+        c.call(&frame(INCR, &arith_extras(5, 0, 0), b"n", &[], 0, 42))
+            .counter(),
+        15
+    );
+    assert_eq!(
+        c.call(&frame(DECR, &arith_extras(100, 0, 0), b"n", &[], 0, 43))
+            .counter(),
+        0,
+        "decr stops at 0"
+    );
     c.set(b"big", b"18446744073709551615", 0, 0);
-    assert_eq!(c.call(&frame(INCR, &arith_extras(2, 0, 0), b"big", &[], 0, 44)).counter(), 1, "incr wraps");
+    assert_eq!(
+        c.call(&frame(INCR, &arith_extras(2, 0, 0), b"big", &[], 0, 44))
+            .counter(),
+        1,
+        "incr wraps"
+    );
     assert_eq!(c.get(b"big").value, b"1", "stored as decimal text");
-    expect_error(&c.call(&frame(INCR, &arith_extras(1, 0, 0), b"alpha", &[], 0, 45)), INCR, NON_NUMERIC, 45);
-    expect_error(&c.call(&frame(INCR, &arith_extras(1, 0, 0), b"big", &[], 777, 46)), INCR, EXISTS, 46);
+    expect_error(
+        &c.call(&frame(INCR, &arith_extras(1, 0, 0), b"alpha", &[], 0, 45)),
+        INCR,
+        NON_NUMERIC,
+        45,
+    );
+    expect_error(
+        &c.call(&frame(INCR, &arith_extras(1, 0, 0), b"big", &[], 777, 46)),
+        INCR,
+        EXISTS,
+        46,
+    );
     c.send(&frame(INCRQ, &arith_extras(1, 0, 0), b"big", &[], 0, 47));
     c.send(&frame(NOOP, &[], &[], &[], 0, 48));
     expect(&c.recv().unwrap(), NOOP, OK, 48);
     assert_eq!(c.get(b"big").value, b"2");
 
     // APPEND / PREPEND keep flags.
-    expect_error(&c.call(&frame(APPEND, &[], b"none", b"x", 0, 50)), APPEND, NOT_STORED, 50);
+    expect_error(
+        &c.call(&frame(APPEND, &[], b"none", b"x", 0, 50)),
+        APPEND,
+        NOT_STORED,
+        50,
+    );
     c.set(b"text", b"mid", 42, 0);
-    expect(&c.call(&frame(APPEND, &[], b"text", b"-end", 0, 51)), APPEND, OK, 51);
-    expect(&c.call(&frame(PREPEND, &[], b"text", b"start-", 0, 52)), PREPEND, OK, 52);
+    expect(
+        &c.call(&frame(APPEND, &[], b"text", b"-end", 0, 51)),
+        APPEND,
+        OK,
+        51,
+    );
+    expect(
+        &c.call(&frame(PREPEND, &[], b"text", b"start-", 0, 52)),
+        PREPEND,
+        OK,
+        52,
+    );
     c.send(&frame(APPENDQ, &[], b"text", b"!", 0, 53));
     let r = c.get(b"text");
-    assert_eq!((r.value.as_slice(), r.flags()), (&b"start-mid-end!"[..], 42));
+    assert_eq!(
+        (r.value.as_slice(), r.flags()),
+        (&b"start-mid-end!"[..], 42)
+    );
 
     // TOUCH / GAT family.
     let r = c.call(&frame(TOUCH, &100u32.to_be_bytes(), b"text", &[], 0, 60));
     expect(&r, TOUCH, OK, 60);
-    assert_eq!((r.flags(), r.value.len()), (42, 0), "touch returns flags, no value");
-    expect_error(&c.call(&frame(TOUCH, &100u32.to_be_bytes(), b"none", &[], 0, 61)), TOUCH, NOT_FOUND, 61);
+    assert_eq!(
+        (r.flags(), r.value.len()),
+        (42, 0),
+        "touch returns flags, no value"
+    );
+    expect_error(
+        &c.call(&frame(TOUCH, &100u32.to_be_bytes(), b"none", &[], 0, 61)),
+        TOUCH,
+        NOT_FOUND,
+        61,
+    );
     let r = c.call(&frame(GAT, &100u32.to_be_bytes(), b"text", &[], 0, 62));
     assert_eq!((r.status, r.value.as_slice()), (OK, &b"start-mid-end!"[..]));
     let r = c.call(&frame(GATK, &100u32.to_be_bytes(), b"text", &[], 0, 63));
-    assert_eq!((r.key.as_slice(), r.value.as_slice()), (&b"text"[..], &b"start-mid-end!"[..]));
+    assert_eq!(
+        (r.key.as_slice(), r.value.as_slice()),
+        (&b"text"[..], &b"start-mid-end!"[..])
+    );
     c.send(&frame(GATQ, &100u32.to_be_bytes(), b"none", &[], 0, 64));
     c.send(&frame(NOOP, &[], &[], &[], 0, 65));
     expect(&c.recv().unwrap(), NOOP, OK, 65);
@@ -168,31 +334,90 @@ fn conformance(threads: &str) {
     // Sizes: a value of exactly ram_head takes a fixed slot; over it, and over the item limit,
     // "too large" (and a failed SET drops the old value).
     let head = vec![7u8; 8192];
-    expect(&c.call(&frame(SET, &set_extras(1, 0), b"head", &head, 0, 70)), SET, OK, 70);
+    expect(
+        &c.call(&frame(SET, &set_extras(1, 0), b"head", &head, 0, 70)),
+        SET,
+        OK,
+        70,
+    );
     assert_eq!(c.get(b"head").value, head);
-    expect_error(&c.call(&frame(SET, &set_extras(1, 0), b"head", &vec![1u8; 8193], 0, 71)), SET, TOO_LARGE, 71);
+    expect_error(
+        &c.call(&frame(
+            SET,
+            &set_extras(1, 0),
+            b"head",
+            &vec![1u8; 8193],
+            0,
+            71,
+        )),
+        SET,
+        TOO_LARGE,
+        71,
+    );
     expect_error(&c.get(b"head"), GET, NOT_FOUND, 0);
     c.set(b"keep", b"v", 0, 0);
-    c.send(&frame(SETQ, &set_extras(0, 0), b"keep", &vec![0u8; 70 * 1024], 0, 72));
+    c.send(&frame(
+        SETQ,
+        &set_extras(0, 0),
+        b"keep",
+        &vec![0u8; 70 * 1024],
+        0,
+        72,
+    ));
     expect_error(&c.recv().unwrap(), SETQ, TOO_LARGE, 72);
     expect_error(&c.get(b"keep"), GET, NOT_FOUND, 0);
-    assert!(server.log_text().contains("refusing values larger than --ram-head"));
+    assert!(server
+        .log_text()
+        .contains("refusing values larger than --ram-head"));
 
     // Keys: 250 bytes fine.
     let key = vec![b'k'; 250];
-    expect(&c.call(&frame(SET, &set_extras(0, 0), &key, b"v", 0, 80)), SET, OK, 80);
+    expect(
+        &c.call(&frame(SET, &set_extras(0, 0), &key, b"v", 0, 80)),
+        SET,
+        OK,
+        80,
+    );
     assert_eq!(c.get(&key).value, b"v");
 
     // STAT.
     let stats = c.stats("");
     let names: Vec<&str> = stats.iter().map(|(n, _)| n.as_str()).collect();
-    for name in ["pid", "uptime", "time", "version", "curr_connections", "total_connections", "curr_items", "total_items", "bytes", "limit_maxbytes", "cmd_get", "cmd_set", "get_hits", "get_misses", "evictions", "threads"] {
+    for name in [
+        "pid",
+        "uptime",
+        "time",
+        "version",
+        "curr_connections",
+        "total_connections",
+        "curr_items",
+        "total_items",
+        "bytes",
+        "limit_maxbytes",
+        "cmd_get",
+        "cmd_set",
+        "get_hits",
+        "get_misses",
+        "evictions",
+        "threads",
+    ] {
         assert!(names.contains(&name), "STAT lacks {name}");
     }
     assert_eq!(c.stat("", "threads").to_string(), threads);
-    assert!(c.stats("settings").iter().any(|(n, v)| n == "item_size_max" && v == "65536"));
-    assert!(c.stats("arena").iter().any(|(n, _)| n == "region_0_backing"));
-    expect_error(&c.call(&frame(STAT, &[], b"bogus", &[], 0, 90)), STAT, NOT_FOUND, 90);
+    assert!(c
+        .stats("settings")
+        .iter()
+        .any(|(n, v)| n == "item_size_max" && v == "65536"));
+    assert!(c
+        .stats("arena")
+        .iter()
+        .any(|(n, _)| n == "region_0_backing"));
+    expect_error(
+        &c.call(&frame(STAT, &[], b"bogus", &[], 0, 90)),
+        STAT,
+        NOT_FOUND,
+        90,
+    );
 
     // FLUSH.
     expect(&c.call(&frame(FLUSH, &[], &[], &[], 0, 91)), FLUSH, OK, 91);
@@ -204,7 +429,12 @@ fn conformance(threads: &str) {
     expect_error(&c.get(b"alpha"), GET, NOT_FOUND, 0);
 
     // Unknown opcode: answered, connection kept.
-    expect_error(&c.call(&frame(0x7f, &[], b"", b"abc", 0, 94)), 0x7f, UNKNOWN, 94);
+    expect_error(
+        &c.call(&frame(0x7f, &[], b"", b"abc", 0, 94)),
+        0x7f,
+        UNKNOWN,
+        94,
+    );
     expect(&c.call(&frame(NOOP, &[], &[], &[], 0, 95)), NOOP, OK, 95);
 
     // QUIT answers then closes; QUITQ closes silently.
@@ -213,7 +443,11 @@ fn conformance(threads: &str) {
     let mut q = server.client();
     q.send(&frame(QUITQ, &[], &[], &[], 0, 97));
     assert!(q.recv().is_none());
-    assert_eq!(server.stop().code(), Some(0), "SIGTERM stops the server cleanly");
+    assert_eq!(
+        server.stop().code(),
+        Some(0),
+        "SIGTERM stops the server cleanly"
+    );
 }
 
 #[test]
@@ -230,14 +464,21 @@ fn conformance_two_shards() {
 fn expiry_relative_absolute_and_past() {
     let server = Server::start(&["--threads", "2"]);
     let mut c = server.client();
-    let now = std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).unwrap().as_secs() as u32;
+    let now = std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .unwrap()
+        .as_secs() as u32;
     c.set(b"short", b"v", 0, 1);
     c.set(b"absolute", b"v", 0, now + 1);
     c.set(b"past", b"v", 0, now - 100);
     c.set(b"forever", b"v", 0, 0);
     c.set(b"touched", b"v", 0, 1);
     assert_eq!(c.get(b"short").status, OK);
-    assert_eq!(c.get(b"past").status, NOT_FOUND, "an absolute time in the past expires at once");
+    assert_eq!(
+        c.get(b"past").status,
+        NOT_FOUND,
+        "an absolute time in the past expires at once"
+    );
     c.call(&frame(TOUCH, &100u32.to_be_bytes(), b"touched", &[], 0, 1));
     std::thread::sleep(std::time::Duration::from_millis(2100));
     assert_eq!(c.get(b"short").status, NOT_FOUND);
@@ -269,13 +510,27 @@ fn pipelines_come_back_complete_and_in_order() {
                 pipeline.extend(frame(GETK, &[], &key, &[], 0, i));
                 expected.push((GETK, i, u16::MAX, None)); // hit or miss, checked below by model
             }
-            3 => pipeline.extend(frame(GETQ, &[], format!("absent-{i}").as_bytes(), &[], 0, i)),
+            3 => pipeline.extend(frame(
+                GETQ,
+                &[],
+                format!("absent-{i}").as_bytes(),
+                &[],
+                0,
+                i,
+            )),
             4 => {
                 pipeline.extend(frame(NOOP, &[], &[], &[], 0, i));
                 expected.push((NOOP, i, OK, None));
             }
             _ => {
-                pipeline.extend(frame(DELETEQ, &[], format!("absent-{i}").as_bytes(), &[], 0, i));
+                pipeline.extend(frame(
+                    DELETEQ,
+                    &[],
+                    format!("absent-{i}").as_bytes(),
+                    &[],
+                    0,
+                    i,
+                ));
                 expected.push((DELETEQ, i, NOT_FOUND, None)); // quiet, but errors still answer
             }
         }
@@ -298,7 +553,11 @@ fn pipelines_come_back_complete_and_in_order() {
     c.send(&pipeline);
     for (opcode, opaque, status, _) in expected {
         let r = c.recv().expect("a reply");
-        assert_eq!((r.opcode, r.opaque), (opcode, opaque), "replies out of order");
+        assert_eq!(
+            (r.opcode, r.opaque),
+            (opcode, opaque),
+            "replies out of order"
+        );
         if opcode == GETK {
             match &model_gets[&opaque] {
                 Some(value) => assert_eq!((r.status, &r.value), (OK, value)),
@@ -308,7 +567,12 @@ fn pipelines_come_back_complete_and_in_order() {
             assert_eq!(r.status, status);
         }
     }
-    expect(&c.call(&frame(NOOP, &[], &[], &[], 0, 9999)), NOOP, OK, 9999);
+    expect(
+        &c.call(&frame(NOOP, &[], &[], &[], 0, 9999)),
+        NOOP,
+        OK,
+        9999,
+    );
 }
 
 #[test]
@@ -325,7 +589,10 @@ fn cas_race_between_two_connections_has_one_winner() {
         let ra = a.recv().unwrap();
         let rb = b.recv().unwrap();
         let wins = [ra.status, rb.status].iter().filter(|s| **s == OK).count();
-        let losses = [ra.status, rb.status].iter().filter(|s| **s == EXISTS).count();
+        let losses = [ra.status, rb.status]
+            .iter()
+            .filter(|s| **s == EXISTS)
+            .count();
         assert_eq!((wins, losses), (1, 1), "round {round}: {ra:?} {rb:?}");
         let winner: &[u8] = if ra.status == OK { b"a" } else { b"b" };
         assert_eq!(a.get(&key).value, winner);
@@ -376,7 +643,9 @@ fn bad_input_gets_memcached_treatment_and_hurts_nobody_else() {
     // A client that never reads its replies only stalls itself.
     let mut stuck = server.client();
     stuck.set(b"bulk", &vec![b'b'; 4000], 0, 0);
-    let gets: Vec<u8> = (0..20_000).flat_map(|i| frame(GET, &[], b"bulk", &[], 0, i)).collect();
+    let gets: Vec<u8> = (0..20_000)
+        .flat_map(|i| frame(GET, &[], b"bulk", &[], 0, i))
+        .collect();
     stuck.stream.set_nonblocking(true).unwrap();
     let _ = std::io::Write::write(&mut stuck.stream, &gets);
     assert_other_clients_unaffected(&server);
@@ -384,7 +653,15 @@ fn bad_input_gets_memcached_treatment_and_hurts_nobody_else() {
     assert_other_clients_unaffected(&server);
     let mut c = server.client();
     let stats = c.stats("");
-    let get = |name: &str| stats.iter().find(|(n, _)| n == name).unwrap().1.parse::<u64>().unwrap();
+    let get = |name: &str| {
+        stats
+            .iter()
+            .find(|(n, _)| n == name)
+            .unwrap()
+            .1
+            .parse::<u64>()
+            .unwrap()
+    };
     assert_eq!(get("frame_bad_magic"), 1);
     assert_eq!(get("frame_body_too_short"), 1);
     assert_eq!(get("frame_key_too_long"), 1);

@@ -124,7 +124,10 @@ impl Segment {
 /// What the connection does after writing its replies.
 #[derive(Clone, Copy, PartialEq, Eq)]
 enum After {
-    Continue,
+    /// Every whole frame is done: read more.
+    Read,
+    /// Stopped at the output cap with whole frames still buffered: write, then process again.
+    Process,
     Close,
 }
 
@@ -156,7 +159,7 @@ impl Conn {
         let max_item = ctx.shared.settings.max_item_bytes as usize;
         let mut segment = Segment::new(ctx.shards);
         let now = unix_now();
-        let mut after = After::Continue;
+        let mut after = After::Read;
         loop {
             if self.skip > 0 {
                 let drop = (self.skip as usize).min(self.filled - self.consumed);
@@ -433,13 +436,7 @@ pub async fn serve(ctx: Rc<ShardCtx>, mut stream: TcpStream) {
                 return;
             }
             // More whole frames may wait behind the output cap; otherwise read more.
-            let more = conn.consumed < conn.filled
-                && conn.skip == 0
-                && !matches!(
-                    decode(&conn.buf[conn.consumed..conn.filled], 0),
-                    Decoded::Incomplete { .. }
-                )
-                && conn.out.is_empty();
+            let more = after == After::Process;
             conn.settle();
             if !more {
                 break;

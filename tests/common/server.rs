@@ -31,7 +31,11 @@ impl Server {
         std::thread::spawn(move || {
             for line in BufReader::new(stderr).lines().map_while(Result::ok) {
                 if let Some(at) = line.find("listening on ") {
-                    let addr = line[at + 13..].split_whitespace().next().unwrap().to_string();
+                    let addr = line[at + 13..]
+                        .split_whitespace()
+                        .next()
+                        .unwrap()
+                        .to_string();
                     let _ = tx.send(addr);
                 }
                 log_writer.lock().unwrap().push(line);
@@ -44,7 +48,11 @@ impl Server {
                 panic!("headroom did not start: {:?}", log.lock().unwrap());
             }
         };
-        Server { addr, child: Some(child), log }
+        Server {
+            addr,
+            child: Some(child),
+            log,
+        }
     }
 
     pub fn client(&self) -> Client {
@@ -54,7 +62,11 @@ impl Server {
     /// Sends SIGTERM and returns the exit status.
     pub fn stop(mut self) -> std::process::ExitStatus {
         let mut child = self.child.take().unwrap();
-        nix::sys::signal::kill(nix::unistd::Pid::from_raw(child.id() as i32), nix::sys::signal::SIGTERM).unwrap();
+        nix::sys::signal::kill(
+            nix::unistd::Pid::from_raw(child.id() as i32),
+            nix::sys::signal::SIGTERM,
+        )
+        .unwrap();
         child.wait().unwrap()
     }
 
@@ -70,7 +82,10 @@ impl Server {
 impl Drop for Server {
     fn drop(&mut self) {
         if let Some(mut child) = self.child.take() {
-            let _ = nix::sys::signal::kill(nix::unistd::Pid::from_raw(child.id() as i32), nix::sys::signal::SIGTERM);
+            let _ = nix::sys::signal::kill(
+                nix::unistd::Pid::from_raw(child.id() as i32),
+                nix::sys::signal::SIGTERM,
+            );
             let _ = child.wait();
         }
     }
@@ -99,7 +114,14 @@ impl Response {
 }
 
 /// Encodes a request frame.
-pub fn frame(opcode: u8, extras: &[u8], key: &[u8], value: &[u8], cas: u64, opaque: u32) -> Vec<u8> {
+pub fn frame(
+    opcode: u8,
+    extras: &[u8],
+    key: &[u8],
+    value: &[u8],
+    cas: u64,
+    opaque: u32,
+) -> Vec<u8> {
     let mut out = vec![0x80, opcode];
     out.extend_from_slice(&(key.len() as u16).to_be_bytes());
     out.push(extras.len() as u8);
@@ -133,7 +155,9 @@ pub struct Client {
 impl Client {
     pub fn connect(addr: SocketAddr) -> Client {
         let stream = TcpStream::connect(addr).expect("connect");
-        stream.set_read_timeout(Some(Duration::from_secs(20))).unwrap();
+        stream
+            .set_read_timeout(Some(Duration::from_secs(20)))
+            .unwrap();
         stream.set_nodelay(true).unwrap();
         Client { stream }
     }
@@ -147,7 +171,10 @@ impl Client {
         let mut header = [0u8; 24];
         if let Err(err) = self.stream.read_exact(&mut header) {
             assert!(
-                matches!(err.kind(), std::io::ErrorKind::UnexpectedEof | std::io::ErrorKind::ConnectionReset),
+                matches!(
+                    err.kind(),
+                    std::io::ErrorKind::UnexpectedEof | std::io::ErrorKind::ConnectionReset
+                ),
                 "read failed: {err}"
             );
             return None;
@@ -181,7 +208,10 @@ impl Client {
         match self.stream.read(&mut byte) {
             Ok(0) => true,
             Ok(_) => false,
-            Err(err) => matches!(err.kind(), std::io::ErrorKind::ConnectionReset | std::io::ErrorKind::ConnectionAborted),
+            Err(err) => matches!(
+                err.kind(),
+                std::io::ErrorKind::ConnectionReset | std::io::ErrorKind::ConnectionAborted
+            ),
         }
     }
 
@@ -202,7 +232,10 @@ impl Client {
             if r.key.is_empty() {
                 return out;
             }
-            out.push((String::from_utf8(r.key).unwrap(), String::from_utf8(r.value).unwrap()));
+            out.push((
+                String::from_utf8(r.key).unwrap(),
+                String::from_utf8(r.value).unwrap(),
+            ));
         }
     }
 
