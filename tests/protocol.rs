@@ -3,7 +3,7 @@
 
 mod common;
 
-use common::server::{arith_extras, frame, set_extras, Client, Response, Server};
+use common::server::{arith_extras, frame, set_extras, Response, Server};
 
 const GET: u8 = 0x00;
 const SET: u8 = 0x01;
