@@ -49,9 +49,18 @@ fn drive(stream: &[u8], chunk_sizes: &[usize]) -> usize {
             buffered.drain(..drop);
             skip -= drop as u64;
         }
-        let outcome = if skip > 0 { None } else { Some(decode(&buffered, MAX_VALUE)) };
+        let outcome = if skip > 0 {
+            None
+        } else {
+            Some(decode(&buffered, MAX_VALUE))
+        };
         match outcome {
-            Some(Decoded::Request { consumed, skip_after, request, .. }) => {
+            Some(Decoded::Request {
+                consumed,
+                skip_after,
+                request,
+                ..
+            }) => {
                 assert!(consumed <= buffered.len() && consumed >= 24);
                 if let Some(key) = request.key() {
                     assert!(key.len() <= KEY_MAX_BYTES);
@@ -64,19 +73,32 @@ fn drive(stream: &[u8], chunk_sizes: &[usize]) -> usize {
                 frames += 1;
                 continue;
             }
-            Some(Decoded::Reject { skip: frame_skip, close, .. }) => {
+            Some(Decoded::Reject {
+                skip: frame_skip,
+                close,
+                ..
+            }) => {
                 frames += 1;
                 if close {
                     return frames;
                 }
-                assert!(frame_skip >= 24, "a kept connection always moves past the frame");
+                assert!(
+                    frame_skip >= 24,
+                    "a kept connection always moves past the frame"
+                );
                 skip = frame_skip;
                 continue;
             }
             Some(Decoded::Close { .. }) => return frames,
             Some(Decoded::Incomplete { needed }) => {
-                assert!(needed > buffered.len(), "incomplete must ask for more than it has");
-                assert!(needed <= 24 + 255 + KEY_MAX_BYTES + MAX_VALUE, "never buffers an oversized frame");
+                assert!(
+                    needed > buffered.len(),
+                    "incomplete must ask for more than it has"
+                );
+                assert!(
+                    needed <= 24 + 255 + KEY_MAX_BYTES + MAX_VALUE,
+                    "never buffers an oversized frame"
+                );
             }
             None => {}
         }

@@ -14,21 +14,43 @@ fn random_stream(rng: &mut Rng) -> Vec<u8> {
     for _ in 0..(1 + rng.below(12)) {
         let opcode = match rng.below(4) {
             0 => rng.below(256) as u8,
-            _ => [0x00u8, 0x01, 0x02, 0x04, 0x05, 0x0e, 0x10, 0x1c, 0x1d, 0x11, 0x09][rng.below(11) as usize],
+            _ => [
+                0x00u8, 0x01, 0x02, 0x04, 0x05, 0x0e, 0x10, 0x1c, 0x1d, 0x11, 0x09,
+            ][rng.below(11) as usize],
         };
         // FLUSH would (rightly) delete the canary: keep it out of the garbage.
-        let opcode = if matches!(opcode, 0x08 | 0x18) { 0x0a } else { opcode };
-        let extras = vec![rng.below(256) as u8; [0usize, 4, 8, 20, rng.below(40) as usize][rng.below(5) as usize]];
-        let key: Vec<u8> = (0..rng.below(300)).map(|_| b'a' + rng.below(4) as u8).collect();
+        let opcode = if matches!(opcode, 0x08 | 0x18) {
+            0x0a
+        } else {
+            opcode
+        };
+        let extras = vec![
+            rng.below(256) as u8;
+            [0usize, 4, 8, 20, rng.below(40) as usize][rng.below(5) as usize]
+        ];
+        let key: Vec<u8> = (0..rng.below(300))
+            .map(|_| b'a' + rng.below(4) as u8)
+            .collect();
         let value: Vec<u8> = (0..rng.below(5000)).map(|_| rng.below(256) as u8).collect();
-        stream.extend(frame(opcode, &extras, &key, &value, rng.below(3), rng.below(1000) as u32));
+        stream.extend(frame(
+            opcode,
+            &extras,
+            &key,
+            &value,
+            rng.below(3),
+            rng.below(1000) as u32,
+        ));
     }
     for _ in 0..rng.below(5) {
         if !stream.is_empty() {
             let at = rng.below(stream.len() as u64) as usize;
             let byte = rng.below(256) as u8;
             // A mutated opcode byte must not become FLUSH either.
-            stream[at] = if matches!(byte, 0x08 | 0x18) { 0x0a } else { byte };
+            stream[at] = if matches!(byte, 0x08 | 0x18) {
+                0x0a
+            } else {
+                byte
+            };
         }
     }
     let cut = rng.below(stream.len() as u64 + 1) as usize;
@@ -41,19 +63,32 @@ fn garbage_connections_never_hurt_the_server_or_other_clients() {
     let server = Server::start(&["--threads", "2", "--max-item-size", "4K"]);
     let mut canary = server.client();
     let value = b"the canary's value".to_vec();
-    assert_eq!(canary.call(&frame(0x01, &set_extras(5, 0), b"canary", &value, 0, 0)).status, 0);
+    assert_eq!(
+        canary
+            .call(&frame(0x01, &set_extras(5, 0), b"canary", &value, 0, 0))
+            .status,
+        0
+    );
     for_each_seed("server_fuzz", 150, |seed| {
         let mut rng = Rng::new(seed);
         let mut stream = std::net::TcpStream::connect(server.addr).unwrap();
-        stream.set_read_timeout(Some(Duration::from_millis(50))).unwrap();
+        stream
+            .set_read_timeout(Some(Duration::from_millis(50)))
+            .unwrap();
         let _ = stream.write_all(&random_stream(&mut rng));
         let mut sink = [0u8; 65536];
         let _ = stream.read(&mut sink);
         drop(stream);
         let r = canary.get(b"canary");
-        assert_eq!((r.status, r.value.as_slice()), (0, value.as_slice()), "seed {seed}");
+        assert_eq!(
+            (r.status, r.value.as_slice()),
+            (0, value.as_slice()),
+            "seed {seed}"
+        );
     });
     let stats = canary.stats("");
-    assert!(stats.iter().any(|(n, v)| n == "frame_unknown_opcode" && v != "0"));
+    assert!(stats
+        .iter()
+        .any(|(n, v)| n == "frame_unknown_opcode" && v != "0"));
     assert_eq!(server.stop().code(), Some(0));
 }
