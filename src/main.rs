@@ -34,7 +34,21 @@ fn block_stop_signals() -> Result<nix::sys::signal::SigSet, nix::Error> {
     Ok(set)
 }
 
+/// A panic is a bug; a shard that died would leave its peers waiting for it forever. Report it
+/// and stop the whole process instead of serving half-alive.
+fn abort_on_panic() {
+    let report = std::panic::take_hook();
+    std::panic::set_hook(Box::new(move |info| {
+        report(info);
+        eprintln!(
+            "headroom: internal error (a bug): aborting rather than serving with a dead shard"
+        );
+        std::process::abort();
+    }));
+}
+
 fn main() -> ExitCode {
+    abort_on_panic();
     let cli = Cli::parse();
     let topology = match Topology::load() {
         Ok(topology) => topology,

@@ -366,9 +366,7 @@ fn conformance(threads: &str) {
     ));
     expect_error(&c.recv().unwrap(), SETQ, TOO_LARGE, 72);
     expect_error(&c.get(b"keep"), GET, NOT_FOUND, 0);
-    assert!(server
-        .log_text()
-        .contains("refusing values larger than --ram-head"));
+    assert!(server.logs("refusing values larger than --ram-head"));
 
     // Keys: 250 bytes fine.
     let key = vec![b'k'; 250];
@@ -485,6 +483,21 @@ fn expiry_relative_absolute_and_past() {
     assert_eq!(c.get(b"absolute").status, NOT_FOUND);
     assert_eq!(c.get(b"forever").status, OK);
     assert_eq!(c.get(b"touched").status, OK, "touch moved the expiry out");
+}
+
+#[test]
+fn expired_items_nobody_asks_for_are_swept() {
+    let server = Server::start(&["--threads", "2"]);
+    let mut c = server.client();
+    for i in 0..300 {
+        c.set(format!("ephemeral-{i}").as_bytes(), b"v", 0, 1);
+    }
+    c.set(b"stays", b"v", 0, 0);
+    assert_eq!(c.stat("", "curr_items"), 301);
+    std::thread::sleep(std::time::Duration::from_millis(3500));
+    // No GET touched them: only the background sweep can have reclaimed them.
+    assert_eq!(c.stat("", "curr_items"), 1);
+    assert!(c.stat("", "reclaimed") >= 300);
 }
 
 /// Pipelines of hundreds of mixed quiet and loud commands on keys of every shard come back

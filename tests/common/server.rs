@@ -77,6 +77,18 @@ impl Server {
     pub fn log_text(&self) -> String {
         self.log.lock().unwrap().join("\n")
     }
+
+    /// Whether the server logs a line containing `pattern` within five seconds (its log is read
+    /// by another thread, so a line just written may not be here yet).
+    pub fn logs(&self, pattern: &str) -> bool {
+        for _ in 0..100 {
+            if self.log_text().contains(pattern) {
+                return true;
+            }
+            std::thread::sleep(Duration::from_millis(50));
+        }
+        false
+    }
 }
 
 impl Drop for Server {
