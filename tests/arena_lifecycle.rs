@@ -44,6 +44,8 @@ struct Host {
     live: Vec<HeadLoc>,
     moves: usize,
     evictions: usize,
+    /// Report the block of the next victim as the one being evicted from (as a CLOCK hand does).
+    report_evicting_block: bool,
 }
 
 impl AdmissionHost for Host {
@@ -64,6 +66,12 @@ impl AdmissionHost for Host {
         arena.free(self.live.remove(0));
         self.evictions += 1;
         true
+    }
+
+    fn evicting_block(&self) -> Option<headroom::arena::BlockId> {
+        self.report_evicting_block
+            .then(|| self.live.first().map(|l| l.block))
+            .flatten()
     }
 }
 
@@ -177,6 +185,31 @@ fn below_the_gate_admission_evicts_until_the_gate_opens_then_compacts() {
         "evicted more than needed to open the gate"
     );
     assert_eq!(shard.stats().compactions, 1);
+}
+
+#[test]
+fn steady_eviction_empties_blocks_instead_of_compacting_them() {
+    // Live data exceeds RAM and the host evicts block by block: compacting the block it is
+    // emptying would move bytes for nothing.
+    let arena = arena(1, 4, 0, 4096, 1);
+    let mut shard = arena.shard(0);
+    let mut host = Host {
+        report_evicting_block: true,
+        ..Host::default()
+    };
+    fill_small(&mut shard, &mut host, 100);
+    let full = host.live.len();
+    for _ in 0..(3 * full) {
+        let reserved = shard.admit_small(100, &mut host).unwrap();
+        host.live.push(shard.publish(reserved));
+    }
+    assert!(host.evictions >= 2 * full);
+    assert_eq!(
+        shard.stats().compaction_bytes_moved,
+        0,
+        "compacted the block under eviction"
+    );
+    shard.check_invariants();
 }
 
 #[test]

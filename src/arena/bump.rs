@@ -287,12 +287,13 @@ impl Bump {
         self.release_if_empty(loc.block)
     }
 
-    /// Dead bytes that compaction could reclaim now (blocks without pins or reservations).
-    pub fn reclaimable_dead_bytes(&self) -> u64 {
+    /// Dead bytes that compaction could reclaim now (blocks without pins or reservations),
+    /// leaving out `exempt`.
+    pub fn reclaimable_dead_bytes(&self, exempt: Option<BlockId>) -> u64 {
         self.blocks
-            .values()
-            .filter(|b| b.movable())
-            .map(|b| u64::from(b.dead_bytes))
+            .iter()
+            .filter(|(id, b)| b.movable() && Some(**id) != exempt)
+            .map(|(_, b)| u64::from(b.dead_bytes))
             .sum()
     }
 
@@ -302,20 +303,24 @@ impl Bump {
     }
 
     /// Whether compacting some block of a region would make room for `payload_len`.
-    pub fn compaction_would_fit(&self, payload_len: u32) -> bool {
+    pub fn compaction_would_fit(&self, payload_len: u32, exempt: Option<BlockId>) -> bool {
         let footprint = self.footprint(payload_len);
-        self.blocks.values().any(|b| {
-            b.movable() && b.dead_bytes > 0 && self.block_bytes - b.live_bytes >= footprint
+        self.blocks.iter().any(|(id, b)| {
+            b.movable()
+                && Some(*id) != exempt
+                && b.dead_bytes > 0
+                && self.block_bytes - b.live_bytes >= footprint
         })
     }
 
-    /// Compacts movable blocks until one of them has room for `payload_len` (or every
-    /// candidate is done): region rank by rank, so local blocks get room before foreign ones,
+    /// Compacts movable blocks other than `exempt` until one of them has room for
+    /// `payload_len` (or every candidate is done): region rank by rank, so local blocks get room before foreign ones,
     /// and most dead bytes first within a rank. Each moved object is reported to `relocate`
     /// before the next one moves.
     pub fn compact_for(
         &mut self,
         payload_len: u32,
+        exempt: Option<BlockId>,
         mem: &mut dyn BlockMemory,
         relocate: &mut dyn FnMut(Relocation<'_>),
     ) -> CompactionReport {
@@ -323,7 +328,7 @@ impl Bump {
         let mut candidates: Vec<(usize, std::cmp::Reverse<u32>, BlockId)> = self
             .blocks
             .iter()
-            .filter(|(_, b)| b.movable() && b.dead_bytes > 0)
+            .filter(|(id, b)| b.movable() && b.dead_bytes > 0 && Some(**id) != exempt)
             .map(|(&id, b)| (b.rank, std::cmp::Reverse(b.dead_bytes), id))
             .collect();
         candidates.sort_unstable();

@@ -78,6 +78,12 @@ pub trait AdmissionHost {
     fn relocate(&mut self, moved: Relocation<'_>);
     /// Evicts one victim, freeing it through `arena`. `false` when nothing can be evicted.
     fn evict_one(&mut self, arena: &mut ShardArena) -> bool;
+    /// The block the host is evicting from, if any. Compaction leaves it alone: the host is
+    /// about to empty it, and sliding its survivors down would only be undone (without this,
+    /// steady eviction pressure turns every eviction into a compaction of the same block).
+    fn evicting_block(&self) -> Option<BlockId> {
+        None
+    }
 }
 
 #[derive(Clone, Copy, Debug, Default)]
@@ -251,8 +257,12 @@ impl ShardArena {
     /// Whether compaction may run for a small payload now: enough dead space is reclaimable
     /// (see [`ShardArena::compaction_gate_bytes`]) and compacting some block would fit it.
     pub fn compaction_would_help(&self, payload_len: u32) -> bool {
-        self.bump.reclaimable_dead_bytes() >= self.compaction_gate_bytes()
-            && self.bump.compaction_would_fit(payload_len)
+        self.compaction_would_help_except(payload_len, None)
+    }
+
+    fn compaction_would_help_except(&self, payload_len: u32, exempt: Option<BlockId>) -> bool {
+        self.bump.reclaimable_dead_bytes(exempt) >= self.compaction_gate_bytes()
+            && self.bump.compaction_would_fit(payload_len, exempt)
     }
 
     /// Compacts until a block has room for `payload_len`, reporting every move.
@@ -261,7 +271,9 @@ impl ShardArena {
         payload_len: u32,
         relocate: &mut dyn FnMut(Relocation<'_>),
     ) -> CompactionReport {
-        let report = self.bump.compact_for(payload_len, &mut self.mem, relocate);
+        let report = self
+            .bump
+            .compact_for(payload_len, None, &mut self.mem, relocate);
         self.count_compaction(report);
         report
     }
@@ -296,8 +308,14 @@ impl ShardArena {
                 Err(AllocError::OutOfMemory { .. }) => {}
                 Err(too_large) => return Err(too_large),
             }
-            if self.compaction_would_help(payload_len) {
-                self.compact_for(payload_len, &mut |moved| host.relocate(moved));
+            let exempt = host.evicting_block();
+            if self.compaction_would_help_except(payload_len, exempt) {
+                let report =
+                    self.bump
+                        .compact_for(payload_len, exempt, &mut self.mem, &mut |moved| {
+                            host.relocate(moved)
+                        });
+                self.count_compaction(report);
                 continue;
             }
             self.counters.evictions_requested += 1;
@@ -507,7 +525,7 @@ impl ShardArena {
 
     /// Dead small-object bytes compaction could reclaim now.
     pub fn reclaimable_dead_bytes(&self) -> u64 {
-        self.bump.reclaimable_dead_bytes()
+        self.bump.reclaimable_dead_bytes(None)
     }
 
     /// Blocks this core holds: (in use by fixed heads, in use by small objects, idle).

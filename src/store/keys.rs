@@ -38,6 +38,11 @@ pub(super) struct Hand {
 }
 
 impl Hand {
+    /// The block the hand is in, if it is in one.
+    pub fn block(&self) -> Option<BlockId> {
+        self.blocks.get(self.at).copied()
+    }
+
     /// The next live small object, wrapping around; `None` when a fresh pass finds none.
     pub fn next(&mut self, arena: &ShardArena) -> Option<HeadLoc> {
         let mut refreshed = false;
@@ -177,6 +182,10 @@ impl Keys {
 }
 
 impl AdmissionHost for Keys {
+    fn evicting_block(&self) -> Option<BlockId> {
+        self.clock.block()
+    }
+
     fn relocate(&mut self, moved: Relocation<'_>) {
         let hash = self.hasher.hash(item::key(moved.payload));
         match self.table.find_mut(hash, |loc| *loc == moved.from) {
