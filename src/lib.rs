@@ -6,6 +6,7 @@
 pub mod arena;
 pub mod config;
 pub mod proto;
+pub mod segment;
 pub mod server;
 pub mod store;
 pub mod topology;

@@ -1,0 +1,6 @@
+//! Segments: store targets holding large objects whole, each with its own extent allocator.
+//! This layer stores opaque extents and never sees keys.
+
+pub mod extent;
+
+pub use extent::{Extent, ExtentAllocator, NoSpace};
