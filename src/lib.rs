@@ -5,6 +5,7 @@
 
 pub mod arena;
 pub mod config;
+pub mod placement;
 pub mod proto;
 pub mod segment;
 pub mod server;
