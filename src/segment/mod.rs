@@ -2,5 +2,7 @@
 //! This layer stores opaque extents and never sees keys.
 
 pub mod extent;
+pub mod spec;
 
 pub use extent::{Extent, ExtentAllocator, NoSpace};
+pub use spec::{FileLocality, SegmentSpec};
