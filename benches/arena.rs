@@ -17,9 +17,6 @@ use headroom::arena::{
 use headroom::config::ByteSize;
 use headroom::topology::Topology;
 
-/// Item metadata the store keeps in front of a small object's key and value: CAS (8), flags
-/// (4), expiry (4), key length (1). The arena adds its own 4-byte header and granule rounding.
-const ITEM_META_BYTES: u32 = 17;
 const KEY_BYTES: u32 = 14;
 
 fn median(mut values: Vec<f64>) -> f64 {
@@ -151,24 +148,23 @@ fn bench_compaction(rounds: usize) -> (f64, f64, u64) {
     (median(moved_gbps), median(scanned_gbps), moved_bytes)
 }
 
-/// Arena bytes per item when items of this value size fill blocks (granule `granule`).
-fn headroom_bytes_per_item(value: u32, granule: u64) -> (f64, u32) {
-    let arena = arena(64 << 20, granule);
-    let mut shard = arena.shard(0);
-    let payload = ITEM_META_BYTES + KEY_BYTES + value;
-    let mut items = 0u64;
-    while let Ok(reserved) = shard.try_reserve_small(payload) {
-        let _ = shard.publish(reserved);
-        items += 1;
+/// Headroom's RAM per item with the real store: (arena bytes of the blocks the items fill,
+/// index bytes) per item, after storing `count` items with 14-byte keys.
+fn headroom_bytes_per_item(value: u32, granule: u64, count: u64) -> (f64, f64) {
+    let arena = arena(256 << 20, granule);
+    let hasher = headroom::store::KeyHasher::with_seed(1);
+    let config = headroom::store::StoreConfig { max_item_bytes: 1 << 20, shard: 0 };
+    let mut store = headroom::store::Store::new(arena.shard(0), hasher, config);
+    let body = vec![b'v'; value as usize];
+    for i in 0..count {
+        let key = format!("k{value:03}{i:010}");
+        assert_eq!(key.len(), KEY_BYTES as usize);
+        let outcome = store.store(headroom::proto::StoreMode::Set, key.as_bytes(), &body, 0, 0, 0, 0);
+        assert!(matches!(outcome, headroom::store::StoreOutcome::Stored { .. }));
     }
-    let used = shard
-        .stats()
-        .per_region
-        .iter()
-        .map(|r| r.blocks_small)
-        .sum::<u64>()
-        * (2 << 20);
-    (used as f64 / items as f64, shard.small_footprint(payload))
+    let stats = store.stats();
+    assert_eq!(stats.evictions, 0, "the arena must hold every item");
+    (stats.bytes as f64 / count as f64, stats.index_bytes as f64 / count as f64)
 }
 
 struct Memcached {
@@ -314,28 +310,25 @@ fn main() {
         ByteSize(bytes / (1 << 20) * (1 << 20))
     );
 
-    println!("\nRAM per item, 14-byte key (headroom: arena bytes; the index entry comes with the server)");
+    println!("\nRAM per item, 14-byte key, 200,000 items (headroom: arena record + index entry)");
     let memcached = start_memcached();
     if memcached.is_none() {
-        println!(
-            "  memcached not found on PATH: install it (scripts/install-deps) for the side-by-side"
-        );
+        println!("  memcached not found on PATH: install it (scripts/install-deps) for the side-by-side");
     }
     for value in [32u32, 100] {
-        let (per_item_16, footprint_16) = headroom_bytes_per_item(value, 16);
-        let (per_item_8, footprint_8) = headroom_bytes_per_item(value, 8);
+        let (arena16, index16) = headroom_bytes_per_item(value, 16, 200_000);
+        let (arena8, index8) = headroom_bytes_per_item(value, 8, 200_000);
         let peer = memcached
             .as_ref()
             .map(|m| memcached_bytes_per_item(m, value, 200_000))
-            .map_or(
-                "memcached: not measured".to_string(),
-                |(chunk, per_item)| {
-                    format!("memcached: {chunk} B chunk, {per_item:.1} B/item of slab pages")
-                },
-            );
+            .map_or("memcached: not measured".to_string(), |(chunk, per_item)| {
+                format!("memcached: {chunk} B chunk, {per_item:.1} B/item of slab pages (+ its hash table)")
+            });
         println!(
-            "  {value:3} B value: headroom {footprint_16} B/item (granule 16; {per_item_16:.1} B/item of blocks), \
-             {footprint_8} B/item (granule 8; {per_item_8:.1})   {peer}"
+            "  {value:3} B value: headroom {:.1} B/item (granule 16: {arena16:.1} arena + {index16:.1} index), \
+             {:.1} B/item (granule 8)   {peer}",
+            arena16 + index16,
+            arena8 + index8
         );
     }
 }
