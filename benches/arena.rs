@@ -153,18 +153,35 @@ fn bench_compaction(rounds: usize) -> (f64, f64, u64) {
 fn headroom_bytes_per_item(value: u32, granule: u64, count: u64) -> (f64, f64) {
     let arena = arena(256 << 20, granule);
     let hasher = headroom::store::KeyHasher::with_seed(1);
-    let config = headroom::store::StoreConfig { max_item_bytes: 1 << 20, shard: 0 };
+    let config = headroom::store::StoreConfig {
+        max_item_bytes: 1 << 20,
+        shard: 0,
+    };
     let mut store = headroom::store::Store::new(arena.shard(0), hasher, config);
     let body = vec![b'v'; value as usize];
     for i in 0..count {
         let key = format!("k{value:03}{i:010}");
         assert_eq!(key.len(), KEY_BYTES as usize);
-        let outcome = store.store(headroom::proto::StoreMode::Set, key.as_bytes(), &body, 0, 0, 0, 0);
-        assert!(matches!(outcome, headroom::store::StoreOutcome::Stored { .. }));
+        let outcome = store.store(
+            headroom::proto::StoreMode::Set,
+            key.as_bytes(),
+            &body,
+            0,
+            0,
+            0,
+            0,
+        );
+        assert!(matches!(
+            outcome,
+            headroom::store::StoreOutcome::Stored { .. }
+        ));
     }
     let stats = store.stats();
     assert_eq!(stats.evictions, 0, "the arena must hold every item");
-    (stats.bytes as f64 / count as f64, stats.index_bytes as f64 / count as f64)
+    (
+        stats.bytes as f64 / count as f64,
+        stats.index_bytes as f64 / count as f64,
+    )
 }
 
 struct Memcached {
@@ -313,7 +330,9 @@ fn main() {
     println!("\nRAM per item, 14-byte key, 200,000 items (headroom: arena record + index entry)");
     let memcached = start_memcached();
     if memcached.is_none() {
-        println!("  memcached not found on PATH: install it (scripts/install-deps) for the side-by-side");
+        println!(
+            "  memcached not found on PATH: install it (scripts/install-deps) for the side-by-side"
+        );
     }
     for value in [32u32, 100] {
         let (arena16, index16) = headroom_bytes_per_item(value, 16, 200_000);
