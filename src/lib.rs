@@ -1,7 +1,10 @@
 //! Headroom: a thread-per-core io_uring cache server for objects of any size.
 //!
-//! Modules, lowest first: [`topology`] (the machine), [`config`] (flags and rules),
-//! [`arena`] (the RAM arena of ADR-0008). Each depends only on those before it.
+//! Modules, lowest first: [`topology`] (the machine), `sys` (memory system calls), [`config`]
+//! (flags and rules), [`arena`] (the RAM arena of ADR-0008), [`segment`] (store targets and
+//! their extents, no keys), [`placement`] (pure placement decisions), [`proto`] (the wire
+//! format, no store), [`store`] (one shard's keys and items), [`server`] (shards, connections,
+//! the mesh). Each depends only on those before it; `docs/architecture.md` has the table.
 
 pub mod arena;
 pub mod config;
@@ -10,4 +13,5 @@ pub mod proto;
 pub mod segment;
 pub mod server;
 pub mod store;
+mod sys;
 pub mod topology;

@@ -15,7 +15,6 @@ pub mod pool;
 pub mod region;
 pub mod shard;
 pub mod stats;
-mod sys;
 
 use std::sync::Arc;
 

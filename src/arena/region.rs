@@ -13,7 +13,7 @@ use crate::config::ByteSize;
 use crate::topology::{NodeId, Topology};
 
 use super::plan::RegionPlan;
-use super::sys::{self, Mapping};
+use crate::sys::{self, Mapping};
 
 /// What a region's bytes are made of.
 #[derive(Clone, Debug, PartialEq, Eq)]

@@ -1,5 +1,6 @@
-//! The few system calls the arena needs to map, bind, populate, lock and inspect memory.
-//! This is one of the modules that may hold `unsafe`: each call says why it is sound.
+//! The few system calls Headroom needs to map, bind, populate, lock and inspect memory (the
+//! arena's regions and memory segments). One of the modules that may hold `unsafe`: each call
+//! says why it is sound.
 
 use std::io;
 use std::ptr::{self, NonNull};
