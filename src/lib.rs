@@ -1,6 +1,6 @@
 //! Headroom: a thread-per-core io_uring cache server for objects of any size.
 //!
-//! Modules, lowest first: [`topology`] (the machine), `sys` (memory system calls), [`config`]
+//! Modules, lowest first: [`units`] (byte sizes), [`topology`] (the machine), `sys` (memory system calls), [`config`]
 //! (flags and rules), [`arena`] (the RAM arena of ADR-0008), [`segment`] (store targets and
 //! their extents, no keys), [`placement`] (pure placement decisions), [`proto`] (the wire
 //! format, no store), [`store`] (one shard's keys and items), [`server`] (shards, connections,
@@ -15,3 +15,4 @@ pub mod server;
 pub mod store;
 mod sys;
 pub mod topology;
+pub mod units;

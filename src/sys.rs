@@ -259,3 +259,38 @@ pub fn base_page_bytes() -> usize {
         .flatten()
         .map_or(4096, |size| size as usize)
 }
+
+/// The O_DIRECT file-offset alignment the kernel reports for a path (statx `STATX_DIOALIGN`,
+/// Linux 6.1); `None` when it cannot tell.
+pub fn statx_dio_offset_align(path: &std::ffi::CStr) -> Option<u32> {
+    // SAFETY: an all-zero statx is a valid value to pass for the kernel to fill.
+    let mut stx: libc::statx = unsafe { std::mem::zeroed() };
+    // SAFETY: `path` is NUL-terminated and `stx` is a valid, writable statx.
+    let rc = unsafe {
+        libc::statx(
+            libc::AT_FDCWD,
+            path.as_ptr(),
+            0,
+            libc::STATX_DIOALIGN,
+            &mut stx,
+        )
+    };
+    if rc != 0 || stx.stx_mask & libc::STATX_DIOALIGN == 0 || stx.stx_dio_offset_align == 0 {
+        return None;
+    }
+    Some(stx.stx_dio_offset_align)
+}
+
+/// The size of a block device, in bytes.
+pub fn block_device_bytes(file: &std::fs::File) -> io::Result<u64> {
+    use std::os::fd::AsRawFd;
+    const BLKGETSIZE64: libc::c_ulong = 0x8008_1272;
+    let mut bytes: u64 = 0;
+    // SAFETY: BLKGETSIZE64 writes one u64 into the pointer we pass, which is valid and ours.
+    let rc = unsafe { libc::ioctl(file.as_raw_fd(), BLKGETSIZE64, &mut bytes as *mut u64) };
+    if rc == 0 {
+        Ok(bytes)
+    } else {
+        Err(io::Error::last_os_error())
+    }
+}

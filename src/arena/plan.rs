@@ -5,8 +5,8 @@
 
 use std::fmt::{self, Write as _};
 
-use crate::config::ByteSize;
 use crate::topology::{NodeId, Topology};
+use crate::units::ByteSize;
 
 use super::block::BlockId;
 

@@ -9,8 +9,8 @@ use std::fmt;
 use std::io;
 use std::time::{Duration, Instant};
 
-use crate::config::ByteSize;
 use crate::topology::{NodeId, Topology};
+use crate::units::ByteSize;
 
 use super::plan::RegionPlan;
 use crate::sys::{self, Mapping};

@@ -2,8 +2,8 @@
 
 use std::fmt::Write as _;
 
-use crate::config::ByteSize;
 use crate::topology::NodeId;
+use crate::units::ByteSize;
 
 use super::plan::{Locality, ReservationKind};
 

@@ -4,8 +4,6 @@
 //! The command line wins over the file. Every rule has its own [`ConfigError`], whose message
 //! is one sentence naming the flag and the rule; the binary exits with status 2 on any of them.
 
-mod size;
-
 use std::fmt;
 use std::net::{IpAddr, SocketAddr, ToSocketAddrs};
 use std::path::{Path, PathBuf};
@@ -14,9 +12,11 @@ use std::str::FromStr;
 use clap::Parser;
 use serde::Deserialize;
 
-pub use size::{ByteSize, SizeParseError};
+pub use crate::units::{ByteSize, SizeParseError};
 
 use crate::arena::{ArenaConfig, NumaMode};
+use crate::placement::Policy;
+use crate::segment::{FileLocality, SegmentSpec};
 use crate::topology::{NodeId, Topology};
 
 /// Exit status for every configuration error (as clap uses for usage errors).
@@ -32,7 +32,14 @@ pub const DEFAULT_IO_CHUNK: ByteSize = ByteSize(1 << 20);
 pub const DEFAULT_SMALL_MIN_ALLOC: u64 = 16;
 pub const DEFAULT_LISTEN: &str = "127.0.0.1:11211";
 pub const DEFAULT_MAX_CONNECTIONS: usize = 1024;
-pub const DEFAULT_MAX_ITEM_SIZE: ByteSize = ByteSize(1 << 20);
+/// Just under the protocol's 4 GiB body limit: large values are streamed, so a high limit
+/// costs no buffer memory.
+pub const DEFAULT_MAX_ITEM_SIZE: ByteSize = ByteSize(4095 << 20);
+pub const DEFAULT_DATA_DIR: &str = "./data";
+/// The default file segment's size (a sparse file: disk is used as values are written).
+pub const DEFAULT_SEGMENT_BYTES: u64 = 1 << 30;
+/// Segment sizes are whole device blocks.
+pub const SEGMENT_GRANULE_BYTES: u64 = 4096;
 
 /// `--block` default: the platform huge page order (ADR-0008).
 pub const fn default_block() -> ByteSize {
@@ -167,9 +174,25 @@ pub struct Cli {
     #[arg(long, value_name = "SECONDS")]
     pub idle_timeout: Option<u64>,
 
-    /// Largest value accepted; larger ones get "too large" [default: 1M].
+    /// Largest value accepted; larger ones get "too large". Values above --ram-head are
+    /// streamed to segments, never buffered whole [default: 4095M].
     #[arg(long, value_name = "SIZE")]
     pub max_item_size: Option<ByteSize>,
+
+    /// A store target for values larger than --ram-head, repeatable:
+    /// `file:PATH,size=64G[,numa=N|auto]` or `mem:size=8G,numa=0[+1...]`
+    /// [default: file:DATA_DIR/segment-0,size=1G].
+    #[arg(long = "segment", value_name = "SPEC")]
+    pub segments: Vec<SegmentSpec>,
+
+    /// Where the default file segment lives [default: ./data].
+    #[arg(long, value_name = "DIR")]
+    pub data_dir: Option<PathBuf>,
+
+    /// How the placement master ranks targets within a locality tier: best_fit,
+    /// free_ratio_first or random [default: best_fit].
+    #[arg(long, value_name = "POLICY")]
+    pub placement_policy: Option<String>,
 }
 
 /// The `--config` file: the same settings, spelled as the flags without `--`.
@@ -195,6 +218,10 @@ pub struct FileConfig {
     pub max_connections: Option<usize>,
     pub idle_timeout: Option<u64>,
     pub max_item_size: Option<ByteSize>,
+    #[serde(default, rename = "segment")]
+    pub segments: Vec<SegmentSpec>,
+    pub data_dir: Option<PathBuf>,
+    pub placement_policy: Option<String>,
 }
 
 impl FileConfig {
@@ -292,6 +319,16 @@ pub enum ConfigError {
     MaxConnectionsZero,
     MaxItemSize {
         bytes: u64,
+    },
+    SegmentSize {
+        segment: String,
+    },
+    SegmentNode {
+        segment: String,
+        node: NodeId,
+    },
+    PlacementPolicy {
+        text: String,
     },
 }
 
@@ -404,6 +441,17 @@ impl fmt::Display for ConfigError {
                 "--max-item-size {} must be from 1 KiB up to (not including) 4 GiB",
                 b(bytes)
             ),
+            SegmentSize { segment } => write!(
+                f,
+                "--segment {segment}: the size must be a nonzero whole multiple of 4 KiB (and, for memory, of 4 KiB per node)"
+            ),
+            SegmentNode { segment, node } => {
+                write!(f, "--segment {segment}: node {node} is not online")
+            }
+            PlacementPolicy { text } => write!(
+                f,
+                "--placement-policy {text}: must be best_fit, free_ratio_first or random"
+            ),
         }
     }
 }
@@ -421,6 +469,9 @@ pub struct Settings {
     /// 0: never.
     pub idle_timeout_seconds: u64,
     pub max_item_bytes: u64,
+    /// Store targets for large values (never empty: a default file segment otherwise).
+    pub segments: Vec<SegmentSpec>,
+    pub placement_policy: Policy,
     pub dry_run: bool,
     pub log_level: String,
     /// Why the serving node is what it is (logged at start-up).
@@ -637,6 +688,61 @@ pub fn resolve_with_file(
             bytes: max_item_bytes,
         });
     }
+    let data_dir = cli
+        .data_dir
+        .clone()
+        .or_else(|| file.data_dir.clone())
+        .unwrap_or_else(|| PathBuf::from(DEFAULT_DATA_DIR));
+    let mut segments = if cli.segments.is_empty() {
+        file.segments.clone()
+    } else {
+        cli.segments.clone()
+    };
+    if segments.is_empty() {
+        segments.push(SegmentSpec::File {
+            path: data_dir.join("segment-0"),
+            size: DEFAULT_SEGMENT_BYTES,
+            locality: FileLocality::Unknown,
+        });
+    }
+    for segment in &segments {
+        let nodes: Vec<NodeId> = match segment {
+            SegmentSpec::Mem { nodes, .. } => nodes.clone(),
+            SegmentSpec::File {
+                locality: FileLocality::Node(n),
+                ..
+            } => vec![*n],
+            SegmentSpec::File { .. } => Vec::new(),
+        };
+        let parts = nodes.len().max(1) as u64;
+        let size = segment.size();
+        if size == 0
+            || size % (SEGMENT_GRANULE_BYTES * parts) != 0
+                && matches!(segment, SegmentSpec::Mem { .. })
+            || size % SEGMENT_GRANULE_BYTES != 0
+        {
+            return Err(ConfigError::SegmentSize {
+                segment: segment.to_string(),
+            });
+        }
+        if let Some(&node) = nodes.iter().find(|n| !topology.is_online(**n)) {
+            return Err(ConfigError::SegmentNode {
+                segment: segment.to_string(),
+                node,
+            });
+        }
+    }
+    let policy_text = cli
+        .placement_policy
+        .clone()
+        .or_else(|| file.placement_policy.clone())
+        .unwrap_or_else(|| "best_fit".to_string());
+    let placement_policy = match Policy::parse(&policy_text) {
+        Some(Policy::LargestHoleFirst) | None => {
+            return Err(ConfigError::PlacementPolicy { text: policy_text })
+        }
+        Some(policy) => policy,
+    };
     // Every budget is whole blocks (checked above), so count blocks; overflow is just "too many".
     let others = topology.online_count().saturating_sub(1) as u64;
     let blocks = [
@@ -673,6 +779,8 @@ pub fn resolve_with_file(
         max_connections,
         idle_timeout_seconds: cli.idle_timeout.or(file.idle_timeout).unwrap_or(0),
         max_item_bytes,
+        segments,
+        placement_policy,
         dry_run: cli.dry_run,
         log_level: cli
             .log_level

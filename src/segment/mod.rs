@@ -3,6 +3,8 @@
 
 pub mod extent;
 pub mod spec;
+pub mod storage;
 
 pub use extent::{Extent, ExtentAllocator, NoSpace};
 pub use spec::{FileLocality, SegmentSpec};
+pub use storage::{FileStorage, MemStorage};

@@ -5,8 +5,8 @@ use std::fmt;
 use std::path::PathBuf;
 use std::str::FromStr;
 
-use crate::config::ByteSize;
 use crate::topology::NodeId;
+use crate::units::ByteSize;
 
 /// Where a file segment's node comes from.
 #[derive(Clone, Debug, PartialEq, Eq)]

@@ -10,7 +10,7 @@ use super::{
     parse_cpu_list, platform_huge_page_bytes, BlockDevice, Nic, Node, NodeId, Topology,
     TopologySource,
 };
-use crate::config::ByteSize;
+use crate::units::ByteSize;
 
 #[derive(Debug)]
 pub struct TopologyFileError {

@@ -1,0 +1,167 @@
+//! The bytes behind store targets: anonymous memory bound to a node, or a file (or block
+//! device) used with O_DIRECT. This layer prepares them at mount; the shards do the I/O.
+
+use std::fs::{self, OpenOptions};
+use std::io;
+use std::os::unix::fs::{FileTypeExt, MetadataExt, OpenOptionsExt};
+use std::path::{Path, PathBuf};
+
+use crate::sys::{self, Mapping};
+use crate::topology::{NodeId, Topology};
+
+/// Alignment assumed when the kernel cannot tell (the common device block).
+pub const DEFAULT_DIO_ALIGN_BYTES: u64 = 4096;
+
+/// Memory segment bytes: one mapping bound to its node, faulted in as it is written.
+#[derive(Debug)]
+pub struct MemStorage {
+    mapping: Mapping,
+}
+
+impl MemStorage {
+    pub fn map(size: u64, node: Option<NodeId>) -> io::Result<MemStorage> {
+        let mapping = Mapping::anonymous(size as usize, DEFAULT_DIO_ALIGN_BYTES as usize, None)?;
+        if let Some(node) = node {
+            mapping.bind_to_node(node)?;
+        }
+        Ok(MemStorage { mapping })
+    }
+
+    pub fn len(&self) -> u64 {
+        self.mapping.len() as u64
+    }
+
+    pub fn is_empty(&self) -> bool {
+        self.mapping.is_empty()
+    }
+
+    fn check(&self, offset: u64, len: usize) {
+        assert!(
+            offset + len as u64 <= self.len(),
+            "access beyond the memory segment"
+        );
+    }
+
+    /// Copies `data` into the segment at `offset`.
+    ///
+    /// The caller must own `offset..offset + data.len()` exclusively (an extent placed for it
+    /// and not yet published): that is what keeps two writers, or a writer and a reader, apart.
+    pub fn write(&self, offset: u64, data: &[u8]) {
+        self.check(offset, data.len());
+        // SAFETY: in bounds (checked above) of a mapping this value owns; the caller owns the
+        // extent exclusively, so nothing else reads or writes these bytes meanwhile.
+        unsafe {
+            std::ptr::copy_nonoverlapping(
+                data.as_ptr(),
+                self.mapping.base().as_ptr().add(offset as usize),
+                data.len(),
+            );
+        }
+    }
+
+    /// Copies bytes out of the segment.
+    ///
+    /// The caller must hold the extent against being freed (a lease) while it reads.
+    pub fn read(&self, offset: u64, out: &mut [u8]) {
+        self.check(offset, out.len());
+        // SAFETY: in bounds of our mapping; the extent is published and leased, so no writer
+        // touches it until the reader lets go.
+        unsafe {
+            std::ptr::copy_nonoverlapping(
+                self.mapping.base().as_ptr().add(offset as usize),
+                out.as_mut_ptr(),
+                out.len(),
+            );
+        }
+    }
+}
+
+/// A file or block device segment, checked at mount: it exists with at least `size` bytes and
+/// accepts O_DIRECT.
+#[derive(Clone, Debug)]
+pub struct FileStorage {
+    pub path: PathBuf,
+    pub size: u64,
+    /// The O_DIRECT offset and length alignment the device wants.
+    pub dio_align: u64,
+    pub block_device: bool,
+}
+
+fn dio_alignment(path: &Path) -> u64 {
+    let c_path = match std::ffi::CString::new(path.as_os_str().as_encoded_bytes()) {
+        Ok(p) => p,
+        Err(_) => return DEFAULT_DIO_ALIGN_BYTES,
+    };
+    match sys::statx_dio_offset_align(&c_path) {
+        Some(align) if align.is_power_of_two() => u64::from(align).max(512),
+        _ => DEFAULT_DIO_ALIGN_BYTES,
+    }
+}
+
+impl FileStorage {
+    /// Creates (and sizes) a missing file, or checks an existing file or block device.
+    pub fn prepare(path: &Path, size: u64) -> io::Result<FileStorage> {
+        if let Some(dir) = path.parent().filter(|d| !d.as_os_str().is_empty()) {
+            fs::create_dir_all(dir)?;
+        }
+        let file = OpenOptions::new()
+            .read(true)
+            .write(true)
+            .create(true)
+            .truncate(false)
+            .open(path)?;
+        let meta = file.metadata()?;
+        let block_device = meta.file_type().is_block_device();
+        if block_device {
+            let device_bytes = sys::block_device_bytes(&file)?;
+            if device_bytes < size {
+                return Err(io::Error::new(
+                    io::ErrorKind::InvalidInput,
+                    format!(
+                        "{} holds {device_bytes} bytes, fewer than the segment's {size}",
+                        path.display()
+                    ),
+                ));
+            }
+        } else if meta.len() < size {
+            file.set_len(size)?;
+        }
+        drop(file);
+        // O_DIRECT must work here: tmpfs and some network filesystems refuse it.
+        OpenOptions::new()
+            .read(true)
+            .write(true)
+            .custom_flags(libc::O_DIRECT)
+            .open(path)
+            .map_err(|err| {
+                io::Error::new(
+                    err.kind(),
+                    format!("{} cannot be opened with O_DIRECT: {err}", path.display()),
+                )
+            })?;
+        Ok(FileStorage {
+            path: path.to_path_buf(),
+            size,
+            dio_align: dio_alignment(path),
+            block_device,
+        })
+    }
+
+    /// The node of the block device holding the file, from sysfs.
+    pub fn device_node(&self, topology: &Topology) -> Option<NodeId> {
+        let meta = fs::metadata(&self.path).ok()?;
+        let dev = if self.block_device {
+            meta.rdev()
+        } else {
+            meta.dev()
+        };
+        let (major, minor) = (libc::major(dev), libc::minor(dev));
+        let link = fs::canonicalize(format!("/sys/dev/block/{major}:{minor}")).ok()?;
+        // A partition's directory sits inside its disk's: try it, then the parent.
+        let name = link.file_name()?.to_str()?.to_string();
+        let parent = link.parent()?.file_name()?.to_str()?.to_string();
+        topology
+            .node_of_block_device(&name)
+            .or_else(|| topology.node_of_block_device(&parent))
+    }
+}
