@@ -14,13 +14,11 @@ mod stats;
 use std::collections::{BTreeSet, HashMap, HashSet};
 use std::fmt;
 
+pub use crate::segment::target::{HostId, TargetKind, TargetSpec};
 use crate::segment::{Extent, ExtentAllocator};
 use crate::topology::NodeId;
 
 pub use stats::PlacementStats;
-
-/// A failure domain: this machine, or a peer.
-pub type HostId = u32;
 
 /// A target's number in the placer (dense, never reused).
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, PartialOrd, Ord)]
@@ -32,36 +30,11 @@ impl fmt::Display for TargetId {
     }
 }
 
-#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
-pub enum TargetKind {
-    /// Anonymous memory bound to a node.
-    Mem,
-    /// A file or block device, read and written with O_DIRECT.
-    File,
-}
-
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum TargetStatus {
     Active,
     /// Unmount prepared: no new placements, reads still served.
     Draining,
-}
-
-/// A target's identity, fixed for the life of a mount.
-#[derive(Clone, Debug, PartialEq, Eq)]
-pub struct TargetSpec {
-    pub uuid: u128,
-    /// The segment's name (its placement group).
-    pub name: String,
-    pub host: HostId,
-    pub kind: TargetKind,
-    /// Where the target starts (an address or a file offset) and its size.
-    pub base: u64,
-    pub size: u64,
-    /// `None`: the node is unknown.
-    pub locality: Option<NodeId>,
-    /// Allocation granule (the device block).
-    pub granule: u64,
 }
 
 /// How targets within one tier are ranked.
