@@ -294,3 +294,42 @@ pub fn block_device_bytes(file: &std::fs::File) -> io::Result<u64> {
         Err(io::Error::last_os_error())
     }
 }
+
+/// A heap buffer aligned for O_DIRECT (the kernel wants the memory aligned, not only the
+/// file offset), zero-filled, sent to the blocking pool and back.
+pub struct AlignedBuf {
+    ptr: NonNull<u8>,
+    len: usize,
+    layout: std::alloc::Layout,
+}
+
+// SAFETY: the buffer is plain owned memory; whoever holds the value owns the bytes.
+unsafe impl Send for AlignedBuf {}
+
+impl AlignedBuf {
+    pub fn zeroed(len: usize, align: usize) -> AlignedBuf {
+        let layout =
+            std::alloc::Layout::from_size_align(len.max(align), align).expect("a valid layout");
+        // SAFETY: the layout has a nonzero size (at least `align`, a power of two).
+        let raw = unsafe { std::alloc::alloc_zeroed(layout) };
+        let ptr = NonNull::new(raw).unwrap_or_else(|| std::alloc::handle_alloc_error(layout));
+        AlignedBuf { ptr, len, layout }
+    }
+
+    pub fn as_slice(&self) -> &[u8] {
+        // SAFETY: `ptr` holds `len` (<= layout size) initialised bytes owned by this value.
+        unsafe { std::slice::from_raw_parts(self.ptr.as_ptr(), self.len) }
+    }
+
+    pub fn as_mut_slice(&mut self) -> &mut [u8] {
+        // SAFETY: as above, and `&mut self` makes this the only view.
+        unsafe { std::slice::from_raw_parts_mut(self.ptr.as_ptr(), self.len) }
+    }
+}
+
+impl Drop for AlignedBuf {
+    fn drop(&mut self) {
+        // SAFETY: allocated in `zeroed` with this very layout, freed once.
+        unsafe { std::alloc::dealloc(self.ptr.as_ptr(), self.layout) };
+    }
+}

@@ -60,6 +60,17 @@ pub enum Request<'a> {
         key: &'a [u8],
         drop_existing: bool,
     },
+    /// A SET, ADD or REPLACE whose value the caller streams (it follows the consumed bytes):
+    /// `value_len` bytes, stored whole in a segment.
+    LargeStore {
+        mode: StoreMode,
+        key: &'a [u8],
+        flags: u32,
+        expiry: u32,
+        cas: u64,
+        quiet: bool,
+        value_len: u64,
+    },
     Quit {
         quiet: bool,
     },
@@ -85,7 +96,8 @@ impl Request<'_> {
             | Request::Store { key, .. }
             | Request::Delete { key, .. }
             | Request::Arith { key, .. }
-            | Request::TooLarge { key, .. } => Some(key),
+            | Request::TooLarge { key, .. }
+            | Request::LargeStore { key, .. } => Some(key),
             _ => None,
         }
     }
@@ -151,6 +163,18 @@ fn be64(b: &[u8]) -> u64 {
 /// Decodes the first frame of `buf`. Values longer than `max_value_bytes` are never buffered:
 /// they come back as [`Request::TooLarge`] or a [`Decoded::Reject`] with the bytes to skip.
 pub fn decode(buf: &[u8], max_value_bytes: usize) -> Decoded<'_> {
+    decode_streaming(buf, max_value_bytes, usize::MAX)
+}
+
+/// [`decode`], except that SET, ADD and REPLACE values longer than `stream_from_bytes` (and
+/// within `max_value_bytes`) come back as [`Request::LargeStore`] once the header, extras and
+/// key are buffered: the caller streams the value itself. APPEND and PREPEND of such a value
+/// are refused as too large.
+pub fn decode_streaming(
+    buf: &[u8],
+    max_value_bytes: usize,
+    stream_from_bytes: usize,
+) -> Decoded<'_> {
     if buf.is_empty() {
         return Decoded::Incomplete {
             needed: HEADER_BYTES,
@@ -241,6 +265,39 @@ pub fn decode(buf: &[u8], max_value_bytes: usize) -> Decoded<'_> {
     // A STAT body beyond its key is ignored; never buffer more of it than a key's worth.
     if !carries_value && value_len > KEY_MAX_BYTES {
         return reject(Status::InvalidArguments, 0, true, FrameError::BadShape);
+    }
+    let concat = matches!(
+        opcode,
+        op::APPEND | op::APPENDQ | op::PREPEND | op::PREPENDQ
+    );
+    if carries_value && value_len > stream_from_bytes && value_len <= max_value_bytes {
+        if concat {
+            return reject(Status::TooLarge, frame_len, false, FrameError::TooLarge);
+        }
+        let head = HEADER_BYTES + extras_len + key_len;
+        if buf.len() < head {
+            return Decoded::Incomplete { needed: head };
+        }
+        let extras = &buf[HEADER_BYTES..HEADER_BYTES + extras_len];
+        return Decoded::Request {
+            request: Request::LargeStore {
+                mode: match opcode {
+                    op::SET | op::SETQ => StoreMode::Set,
+                    op::ADD | op::ADDQ => StoreMode::Add,
+                    _ => StoreMode::Replace,
+                },
+                key: &buf[HEADER_BYTES + extras_len..head],
+                flags: be32(extras),
+                expiry: be32(&extras[4..]),
+                cas,
+                quiet: matches!(opcode, op::SETQ | op::ADDQ | op::REPLACEQ),
+                value_len: value_len as u64,
+            },
+            opcode,
+            opaque,
+            consumed: head,
+            skip_after: 0,
+        };
     }
     if carries_value && value_len > max_value_bytes {
         let head = HEADER_BYTES + extras_len + key_len;

@@ -9,7 +9,7 @@
 mod decode;
 mod encode;
 
-pub use decode::{decode, Decoded, FrameError, Request, StoreMode};
+pub use decode::{decode, decode_streaming, Decoded, FrameError, Request, StoreMode};
 pub use encode::{ResponseWriter, HEADER_BYTES};
 
 /// Request magic byte.

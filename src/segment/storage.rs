@@ -6,6 +6,7 @@ use std::io;
 use std::os::unix::fs::{FileTypeExt, MetadataExt, OpenOptionsExt};
 use std::path::{Path, PathBuf};
 
+pub use crate::sys::AlignedBuf;
 use crate::sys::{self, Mapping};
 use crate::topology::{NodeId, Topology};
 
@@ -77,14 +78,15 @@ impl MemStorage {
 }
 
 /// A file or block device segment, checked at mount: it exists with at least `size` bytes and
-/// accepts O_DIRECT.
-#[derive(Clone, Debug)]
+/// is open with O_DIRECT (shared by every shard: positioned reads and writes need no lock).
+#[derive(Debug)]
 pub struct FileStorage {
     pub path: PathBuf,
     pub size: u64,
     /// The O_DIRECT offset and length alignment the device wants.
     pub dio_align: u64,
     pub block_device: bool,
+    file: fs::File,
 }
 
 fn dio_alignment(path: &Path) -> u64 {
@@ -128,7 +130,7 @@ impl FileStorage {
         }
         drop(file);
         // O_DIRECT must work here: tmpfs and some network filesystems refuse it.
-        OpenOptions::new()
+        let direct = OpenOptions::new()
             .read(true)
             .write(true)
             .custom_flags(libc::O_DIRECT)
@@ -144,7 +146,22 @@ impl FileStorage {
             size,
             dio_align: dio_alignment(path),
             block_device,
+            file: direct,
         })
+    }
+
+    /// Writes a whole aligned buffer at an aligned offset (O_DIRECT). Blocking: run it off the
+    /// executor.
+    pub fn write_at(&self, buf: &sys::AlignedBuf, offset: u64) -> io::Result<()> {
+        use std::os::unix::fs::FileExt;
+        self.file.write_all_at(buf.as_slice(), offset)
+    }
+
+    /// Fills an aligned buffer from an aligned offset (O_DIRECT). Blocking: run it off the
+    /// executor.
+    pub fn read_at(&self, buf: &mut sys::AlignedBuf, offset: u64) -> io::Result<()> {
+        use std::os::unix::fs::FileExt;
+        self.file.read_exact_at(buf.as_mut_slice(), offset)
     }
 
     /// The node of the block device holding the file, from sysfs.

@@ -12,10 +12,11 @@ use std::time::Duration;
 use futures_lite::{AsyncReadExt, AsyncWriteExt};
 use glommio::net::TcpStream;
 
-use crate::proto::{decode, Decoded, FrameError, Request, ResponseWriter, Status};
+use crate::proto::{decode_streaming, Decoded, FrameError, Request, ResponseWriter, Status};
 use crate::store::KeyHasher;
 
-use super::execute::execute_keyed;
+use super::execute::{execute_keyed, LargeGet};
+use super::large::{self, LargeSet};
 use super::shard::{RemoteOp, ShardCtx, ShardReply, ShardRequest};
 use super::stats::write_stats;
 use super::unix_now;
@@ -33,7 +34,12 @@ enum Piece {
     Local { start: usize, end: usize },
     /// Op `index` of the batch sent to `shard`.
     Remote { shard: usize, index: usize },
+    /// A hit on a large value, run here: streamed in its place.
+    Large(LargeGet),
 }
+
+/// A batch's replies: bytes, op ends, and the ops that hit large values.
+type BatchReply = (Vec<u8>, Vec<u32>, Vec<(u32, LargeGet)>);
 
 /// A segment being assembled.
 #[derive(Default)]
@@ -76,8 +82,14 @@ impl Segment {
         });
     }
 
-    /// Sends the batches, waits for every reply, and appends all replies in order to `out`.
-    async fn finish(&mut self, ctx: &ShardCtx, out: &mut Vec<u8>) {
+    /// Sends the batches, waits for every reply, and appends all replies in order to `out`;
+    /// large values are noted in `larges` at the output offset where they are to be streamed.
+    async fn finish(
+        &mut self,
+        ctx: &ShardCtx,
+        out: &mut Vec<u8>,
+        larges: &mut Vec<(usize, LargeGet)>,
+    ) {
         let calls: Vec<_> = self
             .batches
             .iter_mut()
@@ -91,23 +103,29 @@ impl Segment {
                 (shard, request)
             })
             .collect();
-        let mut replies: Vec<Option<(Vec<u8>, Vec<u32>)>> =
-            (0..self.batches.len()).map(|_| None).collect();
+        let mut replies: Vec<Option<BatchReply>> = (0..self.batches.len()).map(|_| None).collect();
         // Every batch is in flight before the first reply is awaited.
         let pending: Vec<_> = calls
             .into_iter()
             .map(|(shard, request)| (shard, Box::pin(ctx.call(shard, request))))
             .collect();
         for (shard, call) in pending {
-            if let ShardReply::Batch { out, ends } = call.await {
-                replies[shard] = Some((out, ends));
+            if let ShardReply::Batch { out, ends, larges } = call.await {
+                replies[shard] = Some((out, ends, larges));
             }
         }
         for piece in self.pieces.drain(..) {
             match piece {
                 Piece::Local { start, end } => out.extend_from_slice(&self.local[start..end]),
+                Piece::Large(get) => larges.push((out.len(), get)),
                 Piece::Remote { shard, index } => {
-                    let (bytes, ends) = replies[shard].as_ref().expect("a reply per batch");
+                    let (bytes, ends, remote_larges) =
+                        replies[shard].as_mut().expect("a reply per batch");
+                    if let Some(at) = remote_larges.iter().position(|(i, _)| *i as usize == index) {
+                        let (_, get) = remote_larges.swap_remove(at);
+                        larges.push((out.len(), get));
+                        continue;
+                    }
                     let start = if index == 0 {
                         0
                     } else {
@@ -122,12 +140,13 @@ impl Segment {
 }
 
 /// What the connection does after writing its replies.
-#[derive(Clone, Copy, PartialEq, Eq)]
 enum After {
     /// Every whole frame is done: read more.
     Read,
     /// Stopped at the output cap with whole frames still buffered: write, then process again.
     Process,
+    /// A large value follows in the stream: receive it, then process again.
+    LargeSet(LargeSet),
     Close,
 }
 
@@ -139,6 +158,8 @@ struct Conn {
     /// Stream bytes still to discard (the rest of a rejected or too-large frame).
     skip: u64,
     out: Vec<u8>,
+    /// Large values to stream, at their offsets in `out`.
+    larges: Vec<(usize, LargeGet)>,
 }
 
 fn count(ctx: &ShardCtx, error: FrameError) {
@@ -157,6 +178,8 @@ impl Conn {
     /// Runs every whole frame buffered, up to the output cap. Returns what to do next.
     async fn process(&mut self, ctx: &ShardCtx) -> After {
         let max_item = ctx.shared.settings.max_item_bytes as usize;
+        // Values above ram_head live in segments: they are streamed, never buffered whole.
+        let stream_from = ctx.shared.settings.arena.ram_head_bytes as usize;
         let mut segment = Segment::new(ctx.shards);
         let now = unix_now();
         let mut after = After::Read;
@@ -172,10 +195,11 @@ impl Conn {
             if self.out.len() + segment.local.len() > OUTPUT_CAP_BYTES
                 || segment.pieces.len() >= SEGMENT_MAX_FRAMES
             {
+                after = After::Process;
                 break;
             }
             let frame = &self.buf[self.consumed..self.filled];
-            match decode(frame, max_item) {
+            match decode_streaming(frame, max_item, stream_from) {
                 Decoded::Incomplete { needed } => {
                     self.make_room(needed);
                     break;
@@ -256,7 +280,7 @@ impl Conn {
                         Request::Flush { delay, quiet } => {
                             let (delay, quiet) = (*delay, *quiet);
                             self.consumed += consumed;
-                            segment.finish(ctx, &mut self.out).await;
+                            segment.finish(ctx, &mut self.out, &mut self.larges).await;
                             for shard in (0..ctx.shards).filter(|&s| s != ctx.id) {
                                 ctx.call(shard, ShardRequest::Flush { delay }).await;
                             }
@@ -277,9 +301,33 @@ impl Conn {
                         Request::Stat { group } => {
                             let group = group.to_vec();
                             self.consumed += consumed;
-                            segment.finish(ctx, &mut self.out).await;
+                            segment.finish(ctx, &mut self.out, &mut self.larges).await;
                             write_stats(ctx, &group, opcode, opaque, &mut self.out).await;
                             continue;
+                        }
+                        Request::LargeStore {
+                            mode,
+                            key,
+                            flags,
+                            expiry,
+                            cas,
+                            quiet,
+                            value_len,
+                        } => {
+                            let set = LargeSet {
+                                mode: *mode,
+                                key: key.to_vec(),
+                                flags: *flags,
+                                expiry: *expiry,
+                                cas: *cas,
+                                quiet: *quiet,
+                                value_len: *value_len,
+                                opcode,
+                                opaque,
+                            };
+                            self.consumed += consumed;
+                            segment.finish(ctx, &mut self.out, &mut self.larges).await;
+                            return After::LargeSet(set);
                         }
                         keyed => {
                             let key = keyed.key().expect("keyed requests have keys");
@@ -287,9 +335,26 @@ impl Conn {
                             let owner = KeyHasher::shard_of(hash, ctx.shards);
                             if owner == ctx.id {
                                 let mut store = ctx.store.borrow_mut();
-                                segment.local_reply(|out| {
-                                    execute_keyed(&mut store, keyed, opcode, opaque, now, out)
-                                });
+                                let start = segment.local.len();
+                                let large = execute_keyed(
+                                    &mut store,
+                                    ctx.id,
+                                    keyed,
+                                    opcode,
+                                    opaque,
+                                    now,
+                                    &mut segment.local,
+                                );
+                                match large {
+                                    Some(get) => segment.pieces.push(Piece::Large(get)),
+                                    None if segment.local.len() > start => {
+                                        segment.pieces.push(Piece::Local {
+                                            start,
+                                            end: segment.local.len(),
+                                        })
+                                    }
+                                    None => {}
+                                }
                             } else if let Request::TooLarge { key, drop_existing } = keyed {
                                 let drop_existing = *drop_existing;
                                 segment.remote(owner, key, |start, end| RemoteOp::TooLarge {
@@ -312,7 +377,7 @@ impl Conn {
             }
         }
         if !segment.is_empty() {
-            segment.finish(ctx, &mut self.out).await;
+            segment.finish(ctx, &mut self.out, &mut self.larges).await;
         }
         after
     }
@@ -396,6 +461,7 @@ pub async fn serve(ctx: Rc<ShardCtx>, mut stream: TcpStream) {
         consumed: 0,
         skip: 0,
         out: Vec::new(),
+        larges: Vec::new(),
     };
     loop {
         let read = {
@@ -415,10 +481,28 @@ pub async fn serve(ctx: Rc<ShardCtx>, mut stream: TcpStream) {
         }
         loop {
             let after = conn.process(&ctx).await;
-            if !conn.out.is_empty() {
-                let written = conn.out.len();
+            // Replies in order: bytes up to each large value, the large value streamed, ...
+            let mut written = 0;
+            for (at, get) in std::mem::take(&mut conn.larges) {
+                let bytes = &conn.out[written..at];
                 match with_limits(&ctx, idle, async {
-                    stream.write_all(&conn.out).await.map(|()| written)
+                    stream.write_all(bytes).await.map(|()| bytes.len().max(1))
+                })
+                .await
+                {
+                    Io::Done(_) => ctx.counters.borrow_mut().bytes_written += bytes.len() as u64,
+                    Io::TimedOut | Io::Closed | Io::Stopped => return,
+                }
+                written = at;
+                if let Err(err) = large::send_get(&ctx, &mut stream, get).await {
+                    tracing::debug!(%err, "large value not sent");
+                    return;
+                }
+            }
+            if conn.out.len() > written {
+                let bytes = &conn.out[written..];
+                match with_limits(&ctx, idle, async {
+                    stream.write_all(bytes).await.map(|()| bytes.len())
                 })
                 .await
                 {
@@ -429,14 +513,31 @@ pub async fn serve(ctx: Rc<ShardCtx>, mut stream: TcpStream) {
                     }
                     Io::Closed | Io::Stopped => return,
                 }
-                conn.out.clear();
             }
-            if after == After::Close {
+            conn.out.clear();
+            large::send_frees(&ctx);
+            let after = match after {
+                After::LargeSet(set) => {
+                    let buffered = &conn.buf[conn.consumed..conn.filled];
+                    match large::receive_set(&ctx, &mut stream, buffered, &set, &mut conn.out).await
+                    {
+                        Ok(used) => conn.consumed += used,
+                        Err(err) => {
+                            tracing::debug!(%err, "large value not received");
+                            return;
+                        }
+                    }
+                    After::Process
+                }
+                other => other,
+            };
+            if matches!(after, After::Close) {
                 let _ = stream.close().await;
                 return;
             }
-            // More whole frames may wait behind the output cap; otherwise read more.
-            let more = after == After::Process;
+            // More whole frames may wait behind the output cap (or a large value); otherwise
+            // read more.
+            let more = matches!(after, After::Process);
             conn.settle();
             if !more {
                 break;

@@ -2,19 +2,34 @@
 //! exactly as memcached's binary protocol answers.
 
 use crate::proto::{Request, ResponseWriter, Status};
-use crate::store::{ArithOutcome, DeleteOutcome, Store, StoreOutcome};
+use crate::store::{ArithOutcome, DeleteOutcome, LargeHit, Lookup, Store, StoreOutcome};
+
+/// A GET-family hit on a large item: its reply is streamed by the connection (head from RAM,
+/// the rest from the segment), in its place among the other replies.
+#[derive(Clone, Debug)]
+pub struct LargeGet {
+    pub opcode: u8,
+    pub opaque: u32,
+    /// The key, for GETK/GATK.
+    pub key: Vec<u8>,
+    pub hit: LargeHit,
+    /// The shard holding the lease.
+    pub owner: usize,
+}
 
 /// Runs a request that has a key (GET family, stores, DELETE, INCR/DECR, too-large stores)
 /// and appends its reply, if any, to `out`. Quiet requests reply only on errors (and GETQ
-/// family only on hits), as memcached does.
+/// family only on hits), as memcached does. A hit on a large value returns its [`LargeGet`]
+/// instead of a reply. `owner` is this store's shard.
 pub fn execute_keyed(
     store: &mut Store,
+    owner: usize,
     request: &Request<'_>,
     opcode: u8,
     opaque: u32,
     now: u32,
     out: &mut Vec<u8>,
-) {
+) -> Option<LargeGet> {
     let mut w = ResponseWriter::new(out);
     match *request {
         Request::Get {
@@ -23,8 +38,23 @@ pub fn execute_keyed(
             with_key,
             touch,
             value,
-        } => match store.get(key, touch, now) {
-            Some(hit) => {
+        } => match store.lookup(key, touch, now, value) {
+            Lookup::Large(hit) if value => {
+                let key = if with_key { key.to_vec() } else { Vec::new() };
+                return Some(LargeGet {
+                    opcode,
+                    opaque,
+                    key,
+                    hit,
+                    owner,
+                });
+            }
+            Lookup::Large(hit) => {
+                // TOUCH: flags and CAS, no value.
+                w.header(opcode, opaque, Status::Ok, hit.cas, 4, 0, 0);
+                w.body(&hit.flags.to_be_bytes());
+            }
+            Lookup::Small(hit) => {
                 let key_part: &[u8] = if with_key { key } else { &[] };
                 let value_part: &[u8] = if value { hit.value } else { &[] };
                 w.header(
@@ -40,10 +70,10 @@ pub fn execute_keyed(
                 w.body(key_part);
                 w.body(value_part);
             }
-            None if quiet => {}
+            Lookup::Miss if quiet => {}
             // GETK/GATK misses carry the key and no message; the others memcached's text.
-            None if with_key => w.reply(opcode, opaque, Status::NotFound, 0, &[], key, &[]),
-            None => w.error(opcode, opaque, Status::NotFound),
+            Lookup::Miss if with_key => w.reply(opcode, opaque, Status::NotFound, 0, &[], key, &[]),
+            Lookup::Miss => w.error(opcode, opaque, Status::NotFound),
         },
         Request::Store {
             mode,
@@ -107,4 +137,5 @@ pub fn execute_keyed(
         },
         _ => unreachable!("only keyed requests are executed by a store"),
     }
+    None
 }

@@ -4,6 +4,8 @@
 mod conn;
 mod event;
 mod execute;
+mod large;
+mod master;
 mod shard;
 mod stats;
 
@@ -21,12 +23,17 @@ use crate::config::Settings;
 use crate::store::{KeyHasher, Store, StoreConfig};
 use crate::topology::Topology;
 
-use shard::{Message, ShardCtx};
+use crate::placement::Placer;
+use crate::segment::{mount_all, MountedTarget};
+
+use shard::{Message, Peers, ShardCtx};
 
 /// Messages a mesh channel holds before a sender waits.
 const MESH_CHANNEL_MESSAGES: usize = 1024;
 /// io_uring memory glommio preallocates per executor (its minimum: we do no DMA through it).
 const EXECUTOR_IO_MEMORY_BYTES: usize = 64 << 10;
+/// This machine, as a failure domain (peers come with multi-host deployments).
+const LOCAL_HOST: crate::segment::HostId = 0;
 
 /// Seconds since the Unix epoch, as the protocol's expiry times count them.
 pub fn unix_now() -> u32 {
@@ -78,14 +85,46 @@ pub struct Shared {
     pub total_connections: AtomicU64,
     pub rejected_connections: AtomicU64,
     /// Shards whose own connections have all finished (shutdown barrier).
-    drained: AtomicUsize,
+    pub(crate) drained: AtomicUsize,
+    /// Store targets for large values, by placement target id.
+    pub targets: Vec<MountedTarget>,
+    /// Mesh peer ids, filled as executors join, and the barrier every executor passes once
+    /// all are known.
+    peers: Mutex<(Vec<Option<usize>>, Option<usize>)>,
+    joined: std::sync::Barrier,
     /// The address shard 0 bound (port 0 resolves there), for the other shards.
     bound: (Mutex<Option<Result<SocketAddr, String>>>, Condvar),
+}
+
+impl Shared {
+    fn register_shard(&self, index: usize, peer: usize) -> Peers {
+        self.peers.lock().unwrap_or_else(|e| e.into_inner()).0[index] = Some(peer);
+        self.joined.wait();
+        self.peer_map()
+    }
+
+    fn register_master(&self, peer: usize) {
+        self.peers.lock().unwrap_or_else(|e| e.into_inner()).1 = Some(peer);
+        self.joined.wait();
+    }
+
+    fn peer_map(&self) -> Peers {
+        let peers = self.peers.lock().unwrap_or_else(|e| e.into_inner());
+        Peers {
+            shards: peers
+                .0
+                .iter()
+                .map(|p| p.expect("every shard joined"))
+                .collect(),
+            master: peers.1.expect("the master joined"),
+        }
+    }
 }
 
 #[derive(Debug)]
 pub enum ServerError {
     Map(crate::arena::MapError),
+    Mount(crate::segment::MountFailure),
     Bind { addr: SocketAddr, reason: String },
     Executor(String),
 }
@@ -94,6 +133,7 @@ impl std::fmt::Display for ServerError {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         match self {
             ServerError::Map(err) => write!(f, "{err}"),
+            ServerError::Mount(err) => write!(f, "{err}"),
             ServerError::Bind { addr, reason } => write!(f, "cannot listen on {addr}: {reason}"),
             ServerError::Executor(reason) => write!(f, "cannot start a shard: {reason}"),
         }
@@ -133,6 +173,24 @@ pub fn start(settings: Settings, topology: &Topology) -> Result<Running, ServerE
     let shards = settings.cpus.len();
     let plan = MemoryPlan::new(&settings.arena, topology);
     let arena = Arena::map_for_serving(plan, topology, shards).map_err(ServerError::Map)?;
+    let targets =
+        mount_all(&settings.segments, topology, LOCAL_HOST).map_err(ServerError::Mount)?;
+    let mut placer = Placer::new(LOCAL_HOST, settings.placement_policy, random_seed());
+    for target in &targets {
+        placer.mount(target.spec.clone()).map_err(|err| {
+            ServerError::Mount(crate::segment::MountFailure {
+                segment: target.spec.name.clone(),
+                reason: err.to_string(),
+            })
+        })?;
+        tracing::info!(
+            segment = %target.spec.name,
+            kind = ?target.spec.kind,
+            bytes = target.spec.size,
+            node = %target.spec.locality.map_or("unknown".to_string(), |n| n.to_string()),
+            "segment mounted"
+        );
+    }
     let shared = Arc::new(Shared {
         hasher: KeyHasher::with_seed(random_seed()),
         version: format!("1.6.0-headroom-{}", env!("CARGO_PKG_VERSION")),
@@ -143,10 +201,23 @@ pub fn start(settings: Settings, topology: &Topology) -> Result<Running, ServerE
         rejected_connections: AtomicU64::new(0),
         drained: AtomicUsize::new(0),
         bound: (Mutex::new(None), Condvar::new()),
+        targets,
+        peers: Mutex::new((vec![None; shards], None)),
+        joined: std::sync::Barrier::new(shards + 1),
         arena,
         settings,
     });
-    let mesh = MeshBuilder::<Message, _>::full(shards, MESH_CHANNEL_MESSAGES);
+    // Every shard and the placement master are peers of one mesh.
+    let mesh = MeshBuilder::<Message, _>::full(shards + 1, MESH_CHANNEL_MESSAGES);
+    let master = {
+        let shared = Arc::clone(&shared);
+        let mesh = mesh.clone();
+        LocalExecutorBuilder::new(Placement::Unbound)
+            .name("placement")
+            .io_memory(EXECUTOR_IO_MEMORY_BYTES)
+            .spawn(move || master::master_main(shared, mesh, placer))
+            .map_err(|err| ServerError::Executor(format!("placement master: {err}")))?
+    };
     let (ready_tx, ready_rx) = std::sync::mpsc::channel::<Result<SocketAddr, String>>();
     let mut handles = Vec::with_capacity(shards);
     for (index, &cpu) in shared.settings.cpus.iter().enumerate() {
@@ -160,6 +231,7 @@ pub fn start(settings: Settings, topology: &Topology) -> Result<Running, ServerE
             .map_err(|err| ServerError::Executor(format!("CPU {cpu}: {err}")))?;
         handles.push(handle);
     }
+    handles.push(master);
     drop(ready_tx);
     let mut addr = None;
     for _ in 0..shards {
@@ -223,7 +295,8 @@ async fn shard_main(
     ready: std::sync::mpsc::Sender<Result<SocketAddr, String>>,
 ) {
     let (senders, receivers) = mesh.join().await.expect("the mesh forms");
-    let id = senders.peer_id();
+    let peers = shared.register_shard(index, senders.peer_id());
+    let id = index;
     let listener = match bind(index, &shared) {
         Ok(listener) => listener,
         Err(reason) => {
@@ -239,7 +312,13 @@ async fn shard_main(
             shard: id,
         },
     );
-    let ctx = Rc::new(ShardCtx::new(id, store, Arc::clone(&shared), senders));
+    let ctx = Rc::new(ShardCtx::new(
+        id,
+        store,
+        Arc::clone(&shared),
+        senders,
+        peers,
+    ));
     shard::spawn_receivers(&ctx, receivers);
     let _ = ready.send(listener.local_addr().map_err(|e| e.to_string()));
     drop(ready);

@@ -16,11 +16,14 @@ use glommio::channels::local_channel::{self, LocalSender};
 use glommio::net::TcpListener;
 
 use crate::arena::ShardArenaStats;
-use crate::proto::{decode, Decoded};
-use crate::store::{Store, StoreStats};
+use crate::placement::{Placed, PlacementError, PlacementRequest, PlacementStats, TargetId};
+use crate::proto::{decode, Decoded, StoreMode};
+use crate::segment::{Extent, TargetSpec};
+use crate::store::{Store, StoreOutcome, StoreStats};
 
 use super::event::LocalEvent;
-use super::execute::execute_keyed;
+use super::execute::{execute_keyed, LargeGet};
+use super::large::SegmentFiles;
 use super::{unix_now, ConnCounters, Shared};
 
 /// Messages between shards.
@@ -46,6 +49,27 @@ pub enum ShardRequest {
         delay: u32,
     },
     Stats,
+    /// To the placement master: extents for a large value.
+    Place(PlacementRequest),
+    /// To the placement master: extents no object uses any more.
+    Free(Vec<(TargetId, Extent)>),
+    /// To the placement master: its figures.
+    PlacementStats,
+    /// To a key's owner: link a large value already written to its extents.
+    LinkLarge {
+        mode: StoreMode,
+        key: Vec<u8>,
+        flags: u32,
+        expiry: u32,
+        cas: u64,
+        value_len: u64,
+        replicas: Vec<(TargetId, Extent)>,
+        head: Vec<u8>,
+    },
+    /// To a key's owner: a reader is done with a large item's extents.
+    Release {
+        lease: u64,
+    },
 }
 
 /// One operation of a batch.
@@ -68,9 +92,41 @@ pub enum ShardReply {
     Batch {
         out: Vec<u8>,
         ends: Vec<u32>,
+        /// Ops that hit a large value: streamed by the caller in their place.
+        larges: Vec<(u32, LargeGet)>,
     },
     Done,
+    Linked(StoreOutcome),
     Stats(Box<ShardSnapshot>),
+    Placed(Result<Placed, PlacementError>),
+    PlacementStats(Box<MasterSnapshot>),
+}
+
+/// The placement master's figures, for STAT `segments` and `placement`.
+#[derive(Clone, Debug, Default)]
+pub struct MasterSnapshot {
+    pub stats: PlacementStats,
+    pub policy: &'static str,
+    pub targets: Vec<TargetRow>,
+}
+
+/// One target's row in STAT `segments`.
+#[derive(Clone, Debug)]
+pub struct TargetRow {
+    pub id: TargetId,
+    pub spec: TargetSpec,
+    pub capacity: u64,
+    pub used: u64,
+    pub largest_free: u64,
+    pub objects: u64,
+    pub draining: bool,
+}
+
+/// Mesh peer ids: each shard's (by key-space index) and the placement master's.
+#[derive(Clone, Debug)]
+pub struct Peers {
+    pub shards: Vec<usize>,
+    pub master: usize,
 }
 
 /// One shard's figures, for STAT.
@@ -90,35 +146,54 @@ pub struct ShardCtx {
     pub counters: RefCell<ConnCounters>,
     pub stop: LocalEvent,
     pub live_connections: Cell<usize>,
-    mesh: Senders<Message>,
+    pub files: SegmentFiles,
+    mesh: Rc<Senders<Message>>,
+    peers: Peers,
     waiters: RefCell<HashMap<u64, LocalSender<ShardReply>>>,
     next_token: Cell<u64>,
 }
 
 impl ShardCtx {
-    pub fn new(id: usize, store: Store, shared: Arc<Shared>, mesh: Senders<Message>) -> ShardCtx {
+    pub fn new(
+        id: usize,
+        store: Store,
+        shared: Arc<Shared>,
+        mesh: Senders<Message>,
+        peers: Peers,
+    ) -> ShardCtx {
         ShardCtx {
             id,
-            shards: mesh.nr_consumers().max(1),
+            shards: peers.shards.len(),
+            peers,
+            mesh: Rc::new(mesh),
             store: RefCell::new(store),
             shared,
             counters: RefCell::new(ConnCounters::default()),
             stop: LocalEvent::new(),
             live_connections: Cell::new(0),
-            mesh,
+            files: SegmentFiles,
             waiters: RefCell::new(HashMap::new()),
             next_token: Cell::new(0),
         }
     }
 
-    /// Sends a request to shard `to` and waits for its reply.
+    /// Sends a request to shard `to` (its key-space index) and waits for its reply.
     pub async fn call(&self, to: usize, request: ShardRequest) -> ShardReply {
+        self.call_peer(self.peers.shards[to], request).await
+    }
+
+    /// Sends a request to the placement master and waits for its reply.
+    pub async fn call_master(&self, request: ShardRequest) -> ShardReply {
+        self.call_peer(self.peers.master, request).await
+    }
+
+    async fn call_peer(&self, to: usize, request: ShardRequest) -> ShardReply {
         let token = self.next_token.get();
         self.next_token.set(token + 1);
         let (tx, rx) = local_channel::new_bounded(1);
         self.waiters.borrow_mut().insert(token, tx);
         let message = Message::Request {
-            from: self.id,
+            from: self.mesh.peer_id(),
             token,
             request,
         };
@@ -129,10 +204,16 @@ impl ShardCtx {
     }
 
     /// Runs a request from another shard, synchronously.
+    /// Runs a request here, as another shard would have it run (large links, leases).
+    pub fn serve_local(&self, request: ShardRequest) -> ShardReply {
+        self.serve(request)
+    }
+
     fn serve(&self, request: ShardRequest) -> ShardReply {
         match request {
             ShardRequest::Batch { buf, ops } => {
                 let mut out = Vec::new();
+                let mut larges = Vec::new();
                 let mut ends = Vec::with_capacity(ops.len());
                 let now = unix_now();
                 let mut store = self.store.borrow_mut();
@@ -148,7 +229,12 @@ impl ShardCtx {
                                 ..
                             } = decode(frame, max_item)
                             {
-                                execute_keyed(&mut store, &request, opcode, opaque, now, &mut out);
+                                let large = execute_keyed(
+                                    &mut store, self.id, &request, opcode, opaque, now, &mut out,
+                                );
+                                if let Some(large) = large {
+                                    larges.push((ends.len() as u32, large));
+                                }
                             }
                         }
                         RemoteOp::TooLarge {
@@ -160,18 +246,50 @@ impl ShardCtx {
                         } => {
                             let key = &buf[start as usize..end as usize];
                             let request = crate::proto::Request::TooLarge { key, drop_existing };
-                            execute_keyed(&mut store, &request, opcode, opaque, now, &mut out);
+                            execute_keyed(
+                                &mut store, self.id, &request, opcode, opaque, now, &mut out,
+                            );
                         }
                     }
                     ends.push(out.len() as u32);
                 }
-                ShardReply::Batch { out, ends }
+                ShardReply::Batch { out, ends, larges }
+            }
+            ShardRequest::LinkLarge {
+                mode,
+                key,
+                flags,
+                expiry,
+                cas,
+                value_len,
+                replicas,
+                head,
+            } => {
+                let outcome = self.store.borrow_mut().link_large(
+                    mode,
+                    &key,
+                    flags,
+                    expiry,
+                    cas,
+                    unix_now(),
+                    value_len,
+                    replicas,
+                    &head,
+                );
+                ShardReply::Linked(outcome)
+            }
+            ShardRequest::Release { lease } => {
+                self.store.borrow_mut().release_lease(lease);
+                ShardReply::Done
             }
             ShardRequest::Flush { delay } => {
                 self.store.borrow_mut().flush(delay, unix_now());
                 ShardReply::Done
             }
             ShardRequest::Stats => ShardReply::Stats(Box::new(self.snapshot())),
+            ShardRequest::Place(_) | ShardRequest::Free(_) | ShardRequest::PlacementStats => {
+                unreachable!("placement requests go to the master")
+            }
         }
     }
 
@@ -192,6 +310,23 @@ impl ShardCtx {
     }
 }
 
+/// Sends a reply without ever blocking the receiver that produced it: a full channel hands
+/// the reply to a task.
+pub fn send_reply(mesh: &Rc<Senders<Message>>, to: usize, token: u64, reply: ShardReply) {
+    let message = Message::Reply { token, reply };
+    if let Err(err) = mesh.try_send_to(to, message) {
+        let message = match err {
+            glommio::GlommioError::WouldBlock(glommio::ResourceType::Channel(m)) => m,
+            _ => return, // the peer is gone
+        };
+        let mesh = Rc::clone(mesh);
+        glommio::spawn_local(async move {
+            let _ = mesh.send_to(to, message).await;
+        })
+        .detach();
+    }
+}
+
 /// Receives from every peer: runs requests, delivers replies.
 pub fn spawn_receivers(ctx: &Rc<ShardCtx>, mut receivers: Receivers<Message>) {
     for (_peer, stream) in receivers.streams() {
@@ -204,23 +339,8 @@ pub fn spawn_receivers(ctx: &Rc<ShardCtx>, mut receivers: Receivers<Message>) {
                         token,
                         request,
                     } => {
-                        let reply = Message::Reply {
-                            token,
-                            reply: ctx.serve(request),
-                        };
-                        if let Err(reply) = ctx.mesh.try_send_to(from, reply) {
-                            let ctx = Rc::clone(&ctx);
-                            let reply = match reply {
-                                glommio::GlommioError::WouldBlock(
-                                    glommio::ResourceType::Channel(r),
-                                ) => r,
-                                _ => continue, // the peer is gone
-                            };
-                            glommio::spawn_local(async move {
-                                let _ = ctx.mesh.send_to(from, reply).await;
-                            })
-                            .detach();
-                        }
+                        send_reply(&ctx.mesh, from, token, ctx.serve(request));
+                        super::large::send_frees(&ctx);
                     }
                     Message::Reply { token, reply } => ctx.deliver(token, reply),
                 }

@@ -5,7 +5,7 @@ use std::sync::atomic::Ordering;
 use crate::proto::{ResponseWriter, Status};
 use crate::store::StoreStats;
 
-use super::shard::{ShardCtx, ShardReply, ShardRequest, ShardSnapshot};
+use super::shard::{MasterSnapshot, ShardCtx, ShardReply, ShardRequest, ShardSnapshot};
 use super::ConnCounters;
 
 /// Gathers every shard's snapshot (this one's directly, the others over the mesh).
@@ -184,12 +184,108 @@ fn settings(ctx: &ShardCtx) -> Vec<(String, String)> {
     pairs.into_iter().map(|(n, v)| (n.to_string(), v)).collect()
 }
 
+fn node_text(node: Option<u32>) -> String {
+    node.map_or("unknown".to_string(), |n| n.to_string())
+}
+
+/// One row per target: `target_N_<field> value`.
+fn segments(master: &MasterSnapshot) -> Vec<(String, String)> {
+    let mut out = Vec::new();
+    for row in &master.targets {
+        let p = format!("target_{}", row.id.0);
+        let kind = match row.spec.kind {
+            crate::segment::TargetKind::Mem => "mem",
+            crate::segment::TargetKind::File => "file",
+        };
+        for (name, value) in [
+            ("name", row.spec.name.clone()),
+            ("uuid", format!("{:032x}", row.spec.uuid)),
+            ("kind", kind.to_string()),
+            ("host", row.spec.host.to_string()),
+            ("node", node_text(row.spec.locality)),
+            ("capacity", row.capacity.to_string()),
+            ("used", row.used.to_string()),
+            ("largest_free", row.largest_free.to_string()),
+            ("objects", row.objects.to_string()),
+            (
+                "status",
+                if row.draining { "draining" } else { "active" }.to_string(),
+            ),
+        ] {
+            out.push((format!("{p}_{name}"), value));
+        }
+    }
+    out
+}
+
+/// The RFC's placement metrics.
+fn placement(master: &MasterSnapshot) -> Vec<(String, String)> {
+    let s = &master.stats;
+    let mut out: Vec<(String, String)> = [
+        ("policy", master.policy.to_string()),
+        ("requests", s.requests.to_string()),
+        (
+            "requests_without_locality",
+            s.requests_without_locality.to_string(),
+        ),
+        ("exact_node", s.exact_node.to_string()),
+        ("exact_node_bytes", s.exact_node_bytes.to_string()),
+        (
+            "unknown_locality_placements",
+            s.unknown_locality.to_string(),
+        ),
+        ("cross_node_fallbacks", s.cross_node_fallbacks.to_string()),
+        ("other_host_fallbacks", s.other_host_fallbacks.to_string()),
+        ("preferred_placements", s.preferred.to_string()),
+        ("partial", s.partial.to_string()),
+        ("strict_failures", s.strict_failures.to_string()),
+        ("failures", s.failures.to_string()),
+        ("last_failure_free", s.last_failure_free.to_string()),
+        (
+            "last_failure_largest_hole",
+            s.last_failure_largest_hole.to_string(),
+        ),
+        (
+            "targets_unknown_locality",
+            s.targets_unknown_locality.to_string(),
+        ),
+    ]
+    .into_iter()
+    .map(|(n, v)| (n.to_string(), v))
+    .collect();
+    for ((local, node), capacity) in &s.by_node {
+        let p = format!(
+            "{}_node_{}",
+            if *local { "local" } else { "remote" },
+            node_text(*node)
+        );
+        out.push((format!("{p}_capacity"), capacity.capacity_bytes.to_string()));
+        out.push((
+            format!("{p}_allocated"),
+            capacity.allocated_bytes.to_string(),
+        ));
+    }
+    out
+}
+
 /// Writes the STAT reply for `group` (empty: the general counters): one packet per stat and
 /// an empty terminator, or "not found" for an unknown group, as memcached does.
 pub async fn write_stats(ctx: &ShardCtx, group: &[u8], opcode: u8, opaque: u32, out: &mut Vec<u8>) {
     let pairs = match group {
         b"" => general(ctx, &gather(ctx).await),
         b"settings" => settings(ctx),
+        b"segments" | b"placement" => {
+            let ShardReply::PlacementStats(master) =
+                ctx.call_master(ShardRequest::PlacementStats).await
+            else {
+                unreachable!("the master answers stats with stats")
+            };
+            if group == b"segments" {
+                segments(&master)
+            } else {
+                placement(&master)
+            }
+        }
         b"arena" => {
             let snapshots = gather(ctx).await;
             let shards: Vec<_> = snapshots.iter().map(|s| s.arena.clone()).collect();

@@ -11,17 +11,25 @@
 //! 18  key      key_len bytes
 //! ..  value    inline: the rest of the record
 //!              fixed:  slot block u32 LE, slot offset u32 LE, value_len u32 LE
+//!              large:  value_len u64 LE, head slot block u32 LE (u32::MAX: no head copy),
+//!                      head slot offset u32 LE, replica count u8, then per replica:
+//!                      target u32 LE, extent offset u64 LE, extent length u64 LE
 //! ```
 //!
 //! So an index entry is only the record's 8-byte `HeadLoc`, and compaction can find the entry of a
 //! moved record from the key inside it.
 
 use crate::arena::{BlockId, HeadLoc};
+use crate::placement::TargetId;
+use crate::segment::Extent;
 
 pub const RECORD_HEADER_BYTES: usize = 18;
 const FIXED_TAIL_BYTES: usize = 12;
 pub const BIT_REFERENCED: u8 = 0x01;
 pub const BIT_FIXED: u8 = 0x02;
+pub const BIT_LARGE: u8 = 0x04;
+const NO_HEAD: u32 = u32::MAX;
+const REPLICA_BYTES: usize = 20;
 
 /// Metadata of an item, as stored in its record.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -38,6 +46,70 @@ pub enum ValueAt {
     Inline,
     /// In a fixed head slot, `len` bytes from its start.
     Fixed { slot: HeadLoc, len: u32 },
+    /// Whole in segment extents (one per replica), its first `ram_head` bytes perhaps also
+    /// in a fixed head slot.
+    Large,
+}
+
+/// Where a large value lives.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct LargeValue {
+    pub value_len: u64,
+    pub head: Option<HeadLoc>,
+    pub replicas: Vec<(TargetId, Extent)>,
+}
+
+/// Bytes of a large item's record.
+pub fn large_record_len(key_len: usize, replicas: usize) -> usize {
+    RECORD_HEADER_BYTES + key_len + 8 + 8 + 1 + REPLICA_BYTES * replicas
+}
+
+/// Writes a large item's record.
+pub fn write_large(record: &mut [u8], meta: Meta, key: &[u8], large: &LargeValue) {
+    let at = write_header(record, meta, key, ValueAt::Inline);
+    record[17] = BIT_LARGE;
+    record[at..at + 8].copy_from_slice(&large.value_len.to_le_bytes());
+    let (block, offset) = large.head.map_or((NO_HEAD, 0), |h| (h.block.0, h.offset));
+    record[at + 8..at + 12].copy_from_slice(&block.to_le_bytes());
+    record[at + 12..at + 16].copy_from_slice(&offset.to_le_bytes());
+    record[at + 16] = large.replicas.len() as u8;
+    for (i, (target, extent)) in large.replicas.iter().enumerate() {
+        let r = at + 17 + i * REPLICA_BYTES;
+        record[r..r + 4].copy_from_slice(&target.0.to_le_bytes());
+        record[r + 4..r + 12].copy_from_slice(&extent.offset.to_le_bytes());
+        record[r + 12..r + 20].copy_from_slice(&extent.len.to_le_bytes());
+    }
+}
+
+/// A large item's placement, if the record is one.
+pub fn large(record: &[u8]) -> Option<LargeValue> {
+    if record[17] & BIT_LARGE == 0 {
+        return None;
+    }
+    let at = RECORD_HEADER_BYTES + record[16] as usize;
+    let u64_at = |i: usize| u64::from_le_bytes(record[i..i + 8].try_into().expect("8 bytes"));
+    let block = u32_at(record, at + 8);
+    let head = (block != NO_HEAD).then(|| HeadLoc {
+        block: BlockId(block),
+        offset: u32_at(record, at + 12),
+    });
+    let replicas = (0..record[at + 16] as usize)
+        .map(|i| {
+            let r = at + 17 + i * REPLICA_BYTES;
+            (
+                TargetId(u32_at(record, r)),
+                Extent {
+                    offset: u64_at(r + 4),
+                    len: u64_at(r + 12),
+                },
+            )
+        })
+        .collect();
+    Some(LargeValue {
+        value_len: u64_at(at),
+        head,
+        replicas,
+    })
 }
 
 /// Bytes of a record for a key and value placement.
@@ -54,7 +126,7 @@ pub fn write_header(record: &mut [u8], meta: Meta, key: &[u8], value_at: ValueAt
     let at = RECORD_HEADER_BYTES + key.len();
     record[RECORD_HEADER_BYTES..at].copy_from_slice(key);
     match value_at {
-        ValueAt::Inline => record[17] = 0,
+        ValueAt::Inline | ValueAt::Large => record[17] = 0,
         ValueAt::Fixed { slot, len } => {
             record[17] = BIT_FIXED;
             record[at..at + 4].copy_from_slice(&slot.block.0.to_le_bytes());
@@ -88,6 +160,9 @@ pub fn meta(record: &[u8]) -> Meta {
 }
 
 pub fn value_at(record: &[u8]) -> ValueAt {
+    if record[17] & BIT_LARGE != 0 {
+        return ValueAt::Large;
+    }
     if record[17] & BIT_FIXED == 0 {
         return ValueAt::Inline;
     }
@@ -105,7 +180,7 @@ pub fn value_at(record: &[u8]) -> ValueAt {
 pub fn inline_value(record: &[u8]) -> &[u8] {
     match value_at(record) {
         ValueAt::Inline => &record[RECORD_HEADER_BYTES + record[16] as usize..],
-        ValueAt::Fixed { .. } => &[],
+        ValueAt::Fixed { .. } | ValueAt::Large => &[],
     }
 }
 
@@ -128,6 +203,53 @@ pub fn set_referenced(record: &mut [u8], on: bool) {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn round_trips_large_records() {
+        let meta = Meta {
+            cas: 9,
+            flags: 1,
+            expiry: 0,
+        };
+        let large = LargeValue {
+            value_len: 5 << 30,
+            head: Some(HeadLoc {
+                block: BlockId(3),
+                offset: 1 << 18,
+            }),
+            replicas: vec![
+                (
+                    TargetId(1),
+                    Extent {
+                        offset: 4096,
+                        len: 5 << 30,
+                    },
+                ),
+                (
+                    TargetId(7),
+                    Extent {
+                        offset: 0,
+                        len: 5 << 30,
+                    },
+                ),
+            ],
+        };
+        let mut record = vec![0u8; large_record_len(4, 2)];
+        write_large(&mut record, meta, b"big!", &large);
+        assert_eq!(value_at(&record), ValueAt::Large);
+        assert_eq!(super::large(&record), Some(large.clone()));
+        assert_eq!(key(&record), b"big!");
+        set_referenced(&mut record, true);
+        assert_eq!(super::large(&record), Some(large));
+        let no_head = LargeValue {
+            value_len: 10,
+            head: None,
+            replicas: vec![],
+        };
+        let mut record = vec![0u8; large_record_len(1, 0)];
+        write_large(&mut record, meta, b"k", &no_head);
+        assert_eq!(super::large(&record), Some(no_head));
+    }
 
     #[test]
     fn round_trips_both_placements() {

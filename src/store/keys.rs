@@ -1,8 +1,10 @@
 //! The index (key -> record locator) and the CLOCK eviction hand over the records.
 
-use hashbrown::HashTable;
+use hashbrown::{HashMap, HashTable};
 
 use crate::arena::{AdmissionHost, BlockId, HeadLoc, Relocation, ShardArena};
+use crate::placement::TargetId;
+use crate::segment::Extent;
 
 use super::item::{self, ValueAt};
 use super::stats::StoreStats;
@@ -87,6 +89,14 @@ pub(super) struct Keys {
     clock: Hand,
     pub sweep_hand: Hand,
     pub stats: StoreStats,
+    /// Extents of removed large items, for the placement master.
+    pub pending_frees: Vec<(TargetId, Extent)>,
+    /// Extents of removed large items that a reader still streams.
+    parked: Vec<(TargetId, Extent)>,
+    /// Leases by id, and how many leases hold each extent (by target and offset).
+    leases: HashMap<u64, Vec<(TargetId, Extent)>>,
+    leased: HashMap<(TargetId, u64), u32>,
+    next_lease: u64,
 }
 
 impl Keys {
@@ -97,6 +107,11 @@ impl Keys {
             clock: Hand::default(),
             sweep_hand: Hand::default(),
             stats: StoreStats::default(),
+            pending_frees: Vec::new(),
+            parked: Vec::new(),
+            leases: HashMap::new(),
+            leased: HashMap::new(),
+            next_lease: 0,
         }
     }
 
@@ -146,6 +161,9 @@ impl Keys {
         let slot = match item::value_at(record) {
             ValueAt::Inline => 0,
             ValueAt::Fixed { .. } => arena.ram_head_bytes(),
+            ValueAt::Large => item::large(record)
+                .and_then(|l| l.head)
+                .map_or(0, |_| arena.ram_head_bytes()),
         };
         u64::from(arena.small_footprint(record.len() as u32)) + slot
     }
@@ -153,10 +171,67 @@ impl Keys {
     /// Frees an unlinked item's record and fixed slot (deferred while pinned).
     pub fn free_item(&mut self, arena: &mut ShardArena, loc: HeadLoc) {
         self.stats.bytes = self.stats.bytes.saturating_sub(self.item_bytes(arena, loc));
-        if let ValueAt::Fixed { slot, .. } = item::value_at(arena.bytes(loc)) {
-            arena.free(slot);
+        match item::value_at(arena.bytes(loc)) {
+            ValueAt::Fixed { slot, .. } => arena.free(slot),
+            ValueAt::Large => {
+                let large = item::large(arena.bytes(loc)).expect("a large record");
+                if let Some(head) = large.head {
+                    arena.free(head);
+                }
+                self.stats.large_items -= 1;
+                self.stats.large_bytes -= large.value_len;
+                for replica in large.replicas {
+                    self.release_extent(replica);
+                }
+            }
+            ValueAt::Inline => {}
         }
         arena.free(loc);
+    }
+
+    /// An extent no item holds any more: to the master now, or when its last lease ends.
+    pub fn release_extent(&mut self, replica: (TargetId, Extent)) {
+        if self
+            .leased
+            .get(&(replica.0, replica.1.offset))
+            .copied()
+            .unwrap_or(0)
+            > 0
+        {
+            self.parked.push(replica);
+        } else {
+            self.pending_frees.push(replica);
+        }
+    }
+
+    /// Holds a large item's extents against being freed while a reader streams them.
+    pub fn lease(&mut self, replicas: &[(TargetId, Extent)]) -> u64 {
+        let id = self.next_lease;
+        self.next_lease += 1;
+        for (target, extent) in replicas {
+            *self.leased.entry((*target, extent.offset)).or_default() += 1;
+        }
+        self.leases.insert(id, replicas.to_vec());
+        id
+    }
+
+    /// Ends a lease; extents freed meanwhile go to the master now.
+    pub fn release_lease(&mut self, id: u64) {
+        let Some(replicas) = self.leases.remove(&id) else {
+            return;
+        };
+        for (target, extent) in replicas {
+            let key = (target, extent.offset);
+            let count = self.leased.get_mut(&key).expect("leased extent");
+            *count -= 1;
+            if *count == 0 {
+                self.leased.remove(&key);
+                if let Some(at) = self.parked.iter().position(|p| *p == (target, extent)) {
+                    let freed = self.parked.swap_remove(at);
+                    self.pending_frees.push(freed);
+                }
+            }
+        }
     }
 
     /// Empties the index, returning every record.
@@ -176,6 +251,10 @@ impl Keys {
             if let ValueAt::Fixed { slot, len } = item::value_at(arena.bytes(loc)) {
                 assert!(u64::from(len) <= arena.ram_head_bytes());
                 assert_eq!(arena.bytes(slot).len() as u64, arena.ram_head_bytes());
+            }
+            if let Some(large) = item::large(arena.bytes(loc)) {
+                assert!(large.value_len > arena.ram_head_bytes());
+                assert!(large.replicas.iter().all(|(_, e)| e.len >= large.value_len));
             }
         }
     }
@@ -218,10 +297,12 @@ impl AdmissionHost for Keys {
             if self.table.find(hash, |l| *l == loc).is_none() {
                 continue; // not (or no longer) an indexed record
             }
-            if let ValueAt::Fixed { slot, .. } = item::value_at(record) {
-                if arena.is_pinned(slot) {
-                    continue;
-                }
+            match item::value_at(record) {
+                ValueAt::Fixed { slot, .. } if arena.is_pinned(slot) => continue,
+                // A large object is never evicted to make RAM room: its record is tiny and its
+                // data (rollout data, say) may not be read yet.
+                ValueAt::Large => continue,
+                _ => {}
             }
             if item::referenced(record) {
                 item::set_referenced(arena.bytes_mut(loc), false);

@@ -9,7 +9,9 @@ mod keys;
 mod stats;
 
 use crate::arena::{AllocError, HeadClass, HeadLoc, Reserved, ShardArena};
+use crate::placement::TargetId;
 use crate::proto::StoreMode;
+use crate::segment::Extent;
 
 use item::{Meta, ValueAt};
 pub use keys::KeyHasher;
@@ -26,6 +28,27 @@ pub struct StoreConfig {
     pub max_item_bytes: u64,
     /// Shard number, mixed into CAS values so they are unique across shards.
     pub shard: usize,
+}
+
+/// What a lookup found.
+#[derive(Debug, PartialEq, Eq)]
+pub enum Lookup<'a> {
+    Miss,
+    Small(Hit<'a>),
+    Large(LargeHit),
+}
+
+/// A hit on a large item: its value lives in segment extents; its head is copied here.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct LargeHit {
+    pub flags: u32,
+    pub cas: u64,
+    pub value_len: u64,
+    pub replicas: Vec<(TargetId, Extent)>,
+    /// The first bytes of the value from RAM (empty when there is no head copy).
+    pub head: Vec<u8>,
+    /// Held extents, to release when the reader is done.
+    pub lease: Option<u64>,
 }
 
 /// A GET hit, borrowed from the store until the next mutation.
@@ -185,15 +208,25 @@ impl Store {
         }
     }
 
-    /// GET / GAT / TOUCH: marks the item referenced; `touch` sets a new expiry first.
+    /// GET / GAT / TOUCH of a small item: marks it referenced; `touch` sets a new expiry
+    /// first. A large item is a miss here: use [`Store::lookup`].
     pub fn get(&mut self, key: &[u8], touch: Option<u32>, now: u32) -> Option<Hit<'_>> {
+        match self.lookup(key, touch, now, false) {
+            Lookup::Small(hit) => Some(hit),
+            Lookup::Large(_) | Lookup::Miss => None,
+        }
+    }
+
+    /// GET / GAT / TOUCH of any item. A large hit copies its head and, with `lease`, holds its
+    /// extents until [`Store::release_lease`] (so a reader can stream them).
+    pub fn lookup(&mut self, key: &[u8], touch: Option<u32>, now: u32, lease: bool) -> Lookup<'_> {
         let Some(loc) = self.live(key, now) else {
             if touch.is_some() {
                 self.keys.stats.touch_misses += 1;
             } else {
                 self.keys.stats.get_misses += 1;
             }
-            return None;
+            return Lookup::Miss;
         };
         let record = self.arena.bytes_mut(loc);
         if let Some(exptime) = touch {
@@ -208,12 +241,119 @@ impl Store {
         let value = match item::value_at(record) {
             ValueAt::Inline => item::inline_value(record),
             ValueAt::Fixed { slot, len } => &self.arena.bytes(slot)[..len as usize],
+            ValueAt::Large => {
+                let large = item::large(record).expect("a large record");
+                let head = large.head.map_or_else(Vec::new, |slot| {
+                    let len = (large.value_len.min(self.arena.ram_head_bytes())) as usize;
+                    self.arena.bytes(slot)[..len].to_vec()
+                });
+                let lease = lease.then(|| self.keys.lease(&large.replicas));
+                return Lookup::Large(LargeHit {
+                    flags: meta.flags,
+                    cas: meta.cas,
+                    value_len: large.value_len,
+                    replicas: large.replicas,
+                    head,
+                    lease,
+                });
+            }
         };
-        Some(Hit {
+        Lookup::Small(Hit {
             flags: meta.flags,
             cas: meta.cas,
             value,
         })
+    }
+
+    /// Ends a reader's hold on a large item's extents.
+    pub fn release_lease(&mut self, lease: u64) {
+        self.keys.release_lease(lease);
+    }
+
+    /// Extents that no item holds any more, for the placement master (drains the list).
+    pub fn take_pending_frees(&mut self) -> Vec<(TargetId, Extent)> {
+        std::mem::take(&mut self.keys.pending_frees)
+    }
+
+    /// Links a large value whose bytes are already in its extents: the same SET/ADD/REPLACE
+    /// and CAS rules as [`Store::store`], checked now. A head copy goes to a fixed slot when
+    /// one is free (never evicting for it). On any failure the new extents are released.
+    #[allow(clippy::too_many_arguments)]
+    pub fn link_large(
+        &mut self,
+        mode: StoreMode,
+        key: &[u8],
+        flags: u32,
+        exptime: u32,
+        cas: u64,
+        now: u32,
+        value_len: u64,
+        replicas: Vec<(TargetId, Extent)>,
+        head: &[u8],
+    ) -> StoreOutcome {
+        self.keys.stats.cmd_set += 1;
+        let existing = self
+            .live(key, now)
+            .map(|loc| item::meta(self.arena.bytes(loc)));
+        let refused = if cas != 0 {
+            match existing {
+                None => Some(StoreOutcome::NotFound),
+                Some(old) if old.cas != cas => Some(StoreOutcome::Exists),
+                Some(_) => None,
+            }
+        } else {
+            match (mode, existing) {
+                (StoreMode::Add, Some(_)) => Some(StoreOutcome::Exists),
+                (StoreMode::Replace, None) => Some(StoreOutcome::NotFound),
+                _ => None,
+            }
+        };
+        if let Some(outcome) = refused {
+            replicas
+                .into_iter()
+                .for_each(|r| self.keys.release_extent(r));
+            return outcome;
+        }
+        let head_slot = (!head.is_empty())
+            .then(|| self.arena.try_reserve_fixed().ok())
+            .flatten()
+            .map(|slot| {
+                let len = head.len().min(self.arena.ram_head_bytes() as usize);
+                self.arena.reserved_mut(&slot)[..len].copy_from_slice(&head[..len]);
+                self.arena.publish(slot)
+            });
+        let new_cas = self.new_cas();
+        let meta = Meta {
+            cas: new_cas,
+            flags,
+            expiry: absolute_expiry(exptime, now),
+        };
+        let large = item::LargeValue {
+            value_len,
+            head: head_slot,
+            replicas,
+        };
+        let record = match self.admit(Some(
+            item::large_record_len(key.len(), large.replicas.len()) as u32,
+        )) {
+            Ok(record) => record,
+            Err(outcome) => {
+                if let Some(slot) = head_slot {
+                    self.arena.free(slot);
+                }
+                large
+                    .replicas
+                    .into_iter()
+                    .for_each(|r| self.keys.release_extent(r));
+                return outcome;
+            }
+        };
+        item::write_large(self.arena.reserved_mut(&record), meta, key, &large);
+        let loc = self.arena.publish(record);
+        self.keys.stats.large_items += 1;
+        self.keys.stats.large_bytes += value_len;
+        self.link(key, loc);
+        StoreOutcome::Stored { cas: new_cas }
     }
 
     fn placement(&self, key_len: usize, value_len: u64) -> Result<Placement, StoreOutcome> {
@@ -232,8 +372,9 @@ impl Store {
         }
     }
 
-    /// Notes a value refused for being over `ram_head` (segments come with the placement
-    /// issue), logging the reason once.
+    /// Notes a small-path value refused for being over `ram_head` (an APPEND or PREPEND that
+    /// would outgrow it: values in segments are written once, never appended to), logging
+    /// the reason once.
     fn refuse_large(&mut self, value_len: u64) {
         if value_len <= self.arena.ram_head_bytes() || value_len > self.config.max_item_bytes {
             return;
@@ -244,8 +385,8 @@ impl Store {
             tracing::warn!(
                 value_len,
                 ram_head = self.arena.ram_head_bytes(),
-                "refusing values larger than --ram-head with 'too large': they live whole in \
-                 segments, which this build does not have yet (logged once per shard)"
+                "refusing an APPEND/PREPEND whose result outgrows --ram-head: values in segments \
+                 are written whole, never appended to (logged once per shard)"
             );
         }
     }
@@ -413,6 +554,10 @@ impl Store {
             .keys
             .find(&self.arena, key)
             .ok_or(StoreOutcome::NotStored)?;
+        if item::value_at(self.arena.bytes(loc)) == ValueAt::Large {
+            // Appending to a value in a segment would mean rewriting it whole: not supported.
+            return Err(StoreOutcome::NotStored);
+        }
         let old = self.value_of(loc).to_vec();
         let meta = item::meta(self.arena.bytes(loc));
         let len = old.len() + data.len();
@@ -426,11 +571,13 @@ impl Store {
         })
     }
 
+    /// A small item's value (empty for a large one, whose bytes are not in RAM).
     fn value_of(&self, loc: HeadLoc) -> &[u8] {
         let record = self.arena.bytes(loc);
         match item::value_at(record) {
             ValueAt::Inline => item::inline_value(record),
             ValueAt::Fixed { slot, len } => &self.arena.bytes(slot)[..len as usize],
+            ValueAt::Large => &[],
         }
     }
 
@@ -587,9 +734,10 @@ impl Store {
     /// The class a live key's value uses (tests and stats).
     pub fn value_class(&self, key: &[u8]) -> Option<HeadClass> {
         let loc = self.keys.find(&self.arena, key)?;
-        Some(match item::value_at(self.arena.bytes(loc)) {
-            ValueAt::Inline => HeadClass::Small,
-            ValueAt::Fixed { .. } => HeadClass::Fixed,
-        })
+        match item::value_at(self.arena.bytes(loc)) {
+            ValueAt::Inline => Some(HeadClass::Small),
+            ValueAt::Fixed { .. } => Some(HeadClass::Fixed),
+            ValueAt::Large => None,
+        }
     }
 }

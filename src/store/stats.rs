@@ -29,6 +29,9 @@ pub struct StoreStats {
     pub too_large: u64,
     pub large_refusals: u64,
     pub out_of_memory: u64,
+    /// Large items (values in segments) and their bytes.
+    pub large_items: u64,
+    pub large_bytes: u64,
 }
 
 impl StoreStats {

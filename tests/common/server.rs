@@ -9,15 +9,23 @@ use std::time::Duration;
 /// A running server, stopped (SIGTERM, then waited for) on drop.
 pub struct Server {
     pub addr: SocketAddr,
+    pub data_dir: std::path::PathBuf,
     child: Option<Child>,
     pub log: std::sync::Arc<std::sync::Mutex<Vec<String>>>,
 }
 
 impl Server {
-    /// Starts `headroom --listen 127.0.0.1:0 ARGS...` and waits until it listens.
+    /// Starts `headroom --listen 127.0.0.1:0 ARGS...` (with its data directory under the
+    /// system temp directory) and waits until it listens.
     pub fn start(args: &[&str]) -> Server {
+        static NEXT: std::sync::atomic::AtomicUsize = std::sync::atomic::AtomicUsize::new(0);
+        let n = NEXT.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+        let data_dir =
+            std::env::temp_dir().join(format!("headroom-test-{}-{n}", std::process::id()));
         let mut child = Command::new(env!("CARGO_BIN_EXE_headroom"))
             .args(["--listen", "127.0.0.1:0", "--log-level", "info"])
+            .arg("--data-dir")
+            .arg(&data_dir)
             .args(args)
             .stdin(Stdio::null())
             .stdout(Stdio::null())
@@ -50,6 +58,7 @@ impl Server {
         };
         Server {
             addr,
+            data_dir,
             child: Some(child),
             log,
         }

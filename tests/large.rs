@@ -1,0 +1,126 @@
+//! Large values (over `--ram-head`) through TCP: stored whole in segments (file and memory),
+//! byte-exact back, head first; overwrite, delete and expiry free their extents; an aborted
+//! SET leaves nothing behind.
+
+mod common;
+
+use std::io::{Read, Write};
+
+use common::server::{frame, set_extras, Client, Server};
+
+fn pattern(seed: u64, len: usize) -> Vec<u8> {
+    let mut x = seed.wrapping_mul(0x9E37_79B9_7F4A_7C15) | 1;
+    (0..len)
+        .map(|_| {
+            x ^= x << 13;
+            x ^= x >> 7;
+            x ^= x << 17;
+            x as u8
+        })
+        .collect()
+}
+
+/// Sends a SET whose body goes out in pieces (as a real client streams it).
+fn set_streamed(c: &mut Client, key: &[u8], value: &[u8], opcode: u8) -> common::server::Response {
+    let mut head = frame(opcode, &set_extras(7, 0), key, &[], 0, 1);
+    let body_len = (8 + key.len() + value.len()) as u32;
+    head[8..12].copy_from_slice(&body_len.to_be_bytes());
+    c.send(&head);
+    for piece in value.chunks(1 << 20) {
+        c.stream.write_all(piece).unwrap();
+    }
+    c.recv().expect("a reply")
+}
+
+fn used(c: &mut Client) -> u64 {
+    c.stats("segments")
+        .iter()
+        .filter(|(n, _)| n.ends_with("_used"))
+        .map(|(_, v)| v.parse::<u64>().unwrap())
+        .sum()
+}
+
+fn round_trips(args: &[&str]) {
+    let server = Server::start(args);
+    let mut c = server.client();
+    for (i, len) in [300 << 10, 1 << 20, (5 << 20) + 17, 64 << 20]
+        .into_iter()
+        .enumerate()
+    {
+        let key = format!("large-{i}");
+        let value = pattern(i as u64, len);
+        let r = set_streamed(&mut c, key.as_bytes(), &value, 0x01);
+        assert_eq!(r.status, 0, "SET {len}: {r:?}");
+        let got = c.get(key.as_bytes());
+        assert_eq!((got.status, got.flags(), got.cas), (0, 7, r.cas));
+        assert_eq!(got.value.len(), len);
+        assert!(got.value == value, "{len}-byte value came back different");
+    }
+    let before = used(&mut c);
+    assert!(before >= 70 << 20);
+    // Overwrite with a small value and delete: the extents go back to the master.
+    assert_eq!(c.set(b"large-3", b"small now", 0, 0).status, 0);
+    assert_eq!(c.get(b"large-3").value, b"small now");
+    assert_eq!(c.call(&frame(0x04, &[], b"large-2", &[], 0, 0)).status, 0);
+    assert_eq!(c.get(b"large-2").status, 1);
+    std::thread::sleep(std::time::Duration::from_millis(200));
+    let after = used(&mut c);
+    assert!(
+        after <= before - (69 << 20),
+        "extents not freed: {before} -> {after}"
+    );
+    assert_eq!(c.stat("", "curr_items"), 3);
+    assert_eq!(server.stop().code(), Some(0));
+}
+
+#[test]
+fn large_values_round_trip_through_a_file_segment() {
+    round_trips(&["--threads", "2", "--ram-head", "256K"]);
+}
+
+#[test]
+fn large_values_round_trip_through_a_memory_segment() {
+    round_trips(&["--threads", "2", "--segment", "mem:size=256M,numa=0"]);
+}
+
+#[test]
+fn an_aborted_set_leaves_nothing_behind() {
+    let server = Server::start(&["--threads", "1"]);
+    let mut c = server.client();
+    let before = used(&mut c);
+    {
+        let mut d = server.client();
+        let mut head = frame(0x01, &set_extras(0, 0), b"half", &[], 0, 1);
+        head[8..12].copy_from_slice(&((8 + 4 + (8 << 20)) as u32).to_be_bytes());
+        d.send(&head);
+        d.stream.write_all(&vec![1u8; 3 << 20]).unwrap();
+    }
+    std::thread::sleep(std::time::Duration::from_millis(300));
+    assert_eq!(
+        c.get(b"half").status,
+        1,
+        "a half-written value must never be visible"
+    );
+    assert_eq!(
+        used(&mut c),
+        before,
+        "the aborted SET's extent was not freed"
+    );
+}
+
+#[test]
+fn the_head_arrives_before_the_tail_is_read() {
+    // The first bytes of a large GET reply come from RAM: read the header and head while
+    // the rest is still streaming.
+    let server = Server::start(&["--threads", "1", "--ram-head", "256K"]);
+    let mut c = server.client();
+    let value = pattern(9, 32 << 20);
+    assert_eq!(set_streamed(&mut c, b"big", &value, 0x01).status, 0);
+    c.send(&frame(0x00, &[], b"big", &[], 0, 5));
+    let mut head = vec![0u8; 24 + 4 + (256 << 10)];
+    c.stream.read_exact(&mut head).unwrap();
+    assert_eq!(&head[28..], &value[..256 << 10]);
+    let mut rest = vec![0u8; value.len() - (256 << 10)];
+    c.stream.read_exact(&mut rest).unwrap();
+    assert!(rest == value[256 << 10..]);
+}
