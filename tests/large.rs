@@ -124,3 +124,56 @@ fn the_head_arrives_before_the_tail_is_read() {
     c.stream.read_exact(&mut rest).unwrap();
     assert!(rest == value[256 << 10..]);
 }
+
+#[test]
+fn a_one_and_a_half_gib_value_round_trips_byte_exact() {
+    // Streamed both ways and checked by a running hash, never held whole by the test.
+    const LEN: u64 = 3 << 29; // 1.5 GiB
+    let server = Server::start(&[
+        "--threads",
+        "2",
+        "--segment",
+        &format!(
+            "file:{}/big,size=2G",
+            std::env::temp_dir()
+                .join(format!("headroom-big-{}", std::process::id()))
+                .display()
+        ),
+    ]);
+    let mut c = server.client();
+    let key = b"one-and-a-half";
+    let mut head = frame(0x01, &set_extras(3, 0), key, &[], 0, 1);
+    head[8..12].copy_from_slice(&((8 + key.len() as u64 + LEN) as u32).to_be_bytes());
+    c.send(&head);
+    let chunk = pattern(5, 1 << 20);
+    let mut sent_hash = 0u64;
+    for i in 0..(LEN >> 20) {
+        let mut piece = chunk.clone();
+        piece[..8].copy_from_slice(&i.to_le_bytes());
+        sent_hash = piece.iter().fold(sent_hash, |h, b| {
+            h.wrapping_mul(31).wrapping_add(u64::from(*b))
+        });
+        c.stream.write_all(&piece).unwrap();
+    }
+    let r = c.recv().unwrap();
+    assert_eq!(r.status, 0, "{r:?}");
+    c.send(&frame(0x00, &[], key, &[], 0, 2));
+    let mut header = [0u8; 24 + 4];
+    c.stream.read_exact(&mut header).unwrap();
+    assert_eq!(
+        u32::from_be_bytes(header[8..12].try_into().unwrap()) as u64,
+        4 + LEN
+    );
+    let mut got_hash = 0u64;
+    let mut buf = vec![0u8; 1 << 20];
+    for _ in 0..(LEN >> 20) {
+        c.stream.read_exact(&mut buf).unwrap();
+        got_hash = buf.iter().fold(got_hash, |h, b| {
+            h.wrapping_mul(31).wrapping_add(u64::from(*b))
+        });
+    }
+    assert_eq!(got_hash, sent_hash, "1.5 GiB came back different");
+    let _ = std::fs::remove_dir_all(
+        std::env::temp_dir().join(format!("headroom-big-{}", std::process::id())),
+    );
+}

@@ -590,6 +590,23 @@ fn pipelines_come_back_complete_and_in_order() {
 }
 
 #[test]
+fn a_pipeline_whose_replies_exceed_the_output_cap_comes_back_whole() {
+    // 200 GETs of a 20 KB value: 4 MB of replies, four times the per-write cap.
+    let server = Server::start(&["--threads", "2"]);
+    let mut c = server.client();
+    let value = vec![b'v'; 20_000];
+    c.set(b"twenty-k", &value, 0, 0);
+    let pipeline: Vec<u8> = (0..200u32)
+        .flat_map(|i| frame(GET, &[], b"twenty-k", &[], 0, i))
+        .collect();
+    c.send(&pipeline);
+    for i in 0..200u32 {
+        let r = c.recv().expect("every reply arrives");
+        assert_eq!((r.opaque, r.status, r.value.len()), (i, OK, value.len()));
+    }
+}
+
+#[test]
 fn cas_race_between_two_connections_has_one_winner() {
     let server = Server::start(&["--threads", "2"]);
     let mut a = server.client();
