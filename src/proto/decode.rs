@@ -18,6 +18,38 @@ pub enum StoreMode {
     Prepend,
 }
 
+/// Where a SETX wants its value's replicas (the extension; plain SETs use the defaults).
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+pub struct PlacementHints {
+    /// 0: the server's default (one).
+    pub replicas: u8,
+    /// `None`: the server's default (the serving node); `Some(None)`: no preference.
+    pub node: Option<Option<u16>>,
+    pub strict: bool,
+    pub preferred: Vec<u32>,
+    pub excluded: Vec<u32>,
+}
+
+/// Bytes of SETX extras before the target lists.
+pub const SETX_EXTRAS_FIXED_BYTES: usize = 14;
+
+fn parse_hints(extras: &[u8]) -> PlacementHints {
+    let node = match u16::from_be_bytes([extras[9], extras[10]]) {
+        0xffff => None,
+        0xfffe => Some(None),
+        n => Some(Some(n)),
+    };
+    let (n_pref, n_excl) = (extras[12] as usize, extras[13] as usize);
+    let id = |i: usize| be32(&extras[SETX_EXTRAS_FIXED_BYTES + 4 * i..]);
+    PlacementHints {
+        replicas: extras[8],
+        node,
+        strict: extras[11] != 0,
+        preferred: (0..n_pref).map(id).collect(),
+        excluded: (n_pref..n_pref + n_excl).map(id).collect(),
+    }
+}
+
 /// A decoded request. Byte slices borrow the caller's buffer.
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub enum Request<'a> {
@@ -70,6 +102,8 @@ pub enum Request<'a> {
         cas: u64,
         quiet: bool,
         value_len: u64,
+        /// From a SETX: where the replicas should go.
+        hints: Option<PlacementHints>,
     },
     Quit {
         quiet: bool,
@@ -214,6 +248,15 @@ pub fn decode_streaming(
     }
     let value_len = body_len - key_len - extras_len;
     let bad_shape = reject(Status::InvalidArguments, 0, true, FrameError::BadShape);
+    // SETX's extras say how long they are: wait for their fixed part before judging its shape.
+    if matches!(opcode, op::SETX | op::SETXQ)
+        && extras_len >= SETX_EXTRAS_FIXED_BYTES
+        && buf.len() < HEADER_BYTES + SETX_EXTRAS_FIXED_BYTES
+    {
+        return Decoded::Incomplete {
+            needed: HEADER_BYTES + SETX_EXTRAS_FIXED_BYTES,
+        };
+    }
     let shape_ok = match opcode {
         op::VERSION | op::NOOP | op::QUIT | op::QUITQ => {
             extras_len == 0 && key_len == 0 && body_len == 0
@@ -223,6 +266,14 @@ pub fn decode_streaming(
         }
         op::SET | op::SETQ | op::ADD | op::ADDQ | op::REPLACE | op::REPLACEQ => {
             extras_len == 8 && key_len != 0
+        }
+        op::SETX | op::SETXQ => {
+            key_len != 0
+                && extras_len >= SETX_EXTRAS_FIXED_BYTES
+                && buf.len() >= HEADER_BYTES + SETX_EXTRAS_FIXED_BYTES
+                && extras_len
+                    == SETX_EXTRAS_FIXED_BYTES
+                        + 4 * (buf[HEADER_BYTES + 12] as usize + buf[HEADER_BYTES + 13] as usize)
         }
         op::GET | op::GETQ | op::GETK | op::GETKQ => {
             extras_len == 0 && key_len > 0 && value_len == 0
@@ -253,6 +304,8 @@ pub fn decode_streaming(
         opcode,
         op::SET
             | op::SETQ
+            | op::SETX
+            | op::SETXQ
             | op::ADD
             | op::ADDQ
             | op::REPLACE
@@ -282,7 +335,7 @@ pub fn decode_streaming(
         return Decoded::Request {
             request: Request::LargeStore {
                 mode: match opcode {
-                    op::SET | op::SETQ => StoreMode::Set,
+                    op::SET | op::SETQ | op::SETX | op::SETXQ => StoreMode::Set,
                     op::ADD | op::ADDQ => StoreMode::Add,
                     _ => StoreMode::Replace,
                 },
@@ -290,8 +343,9 @@ pub fn decode_streaming(
                 flags: be32(extras),
                 expiry: be32(&extras[4..]),
                 cas,
-                quiet: matches!(opcode, op::SETQ | op::ADDQ | op::REPLACEQ),
+                quiet: matches!(opcode, op::SETQ | op::ADDQ | op::REPLACEQ | op::SETXQ),
                 value_len: value_len as u64,
+                hints: matches!(opcode, op::SETX | op::SETXQ).then(|| parse_hints(extras)),
             },
             opcode,
             opaque,
@@ -314,7 +368,7 @@ pub fn decode_streaming(
         return Decoded::Request {
             request: Request::TooLarge {
                 key,
-                drop_existing: matches!(opcode, op::SET | op::SETQ),
+                drop_existing: matches!(opcode, op::SET | op::SETQ | op::SETX | op::SETXQ),
             },
             opcode,
             opaque,
@@ -345,6 +399,7 @@ pub fn decode_streaming(
             | op::PREPENDQ
             | op::GATQ
             | op::GATKQ
+            | op::SETXQ
     );
     let request = match opcode {
         op::GET | op::GETQ | op::GETK | op::GETKQ => Request::Get {
@@ -361,9 +416,17 @@ pub fn decode_streaming(
             touch: Some(be32(extras)),
             value: opcode != op::TOUCH,
         },
-        op::SET | op::SETQ | op::ADD | op::ADDQ | op::REPLACE | op::REPLACEQ => Request::Store {
+        // A SETX value small enough for RAM has no replicas to place: a plain SET.
+        op::SET
+        | op::SETQ
+        | op::ADD
+        | op::ADDQ
+        | op::REPLACE
+        | op::REPLACEQ
+        | op::SETX
+        | op::SETXQ => Request::Store {
             mode: match opcode {
-                op::SET | op::SETQ => StoreMode::Set,
+                op::SET | op::SETQ | op::SETX | op::SETXQ => StoreMode::Set,
                 op::ADD | op::ADDQ => StoreMode::Add,
                 _ => StoreMode::Replace,
             },

@@ -9,7 +9,9 @@
 mod decode;
 mod encode;
 
-pub use decode::{decode, decode_streaming, Decoded, FrameError, Request, StoreMode};
+pub use decode::{
+    decode, decode_streaming, Decoded, FrameError, PlacementHints, Request, StoreMode,
+};
 pub use encode::{ResponseWriter, HEADER_BYTES};
 
 /// Request magic byte.
@@ -56,6 +58,9 @@ pub mod opcode {
     pub const GATQ: u8 = 0x1e;
     pub const GATK: u8 = 0x23;
     pub const GATKQ: u8 = 0x24;
+    /// Extension: SET with placement hints (`docs/protocol.md`).
+    pub const SETX: u8 = 0x40;
+    pub const SETXQ: u8 = 0x41;
 }
 
 /// Response statuses, as memcached returns them.
@@ -71,6 +76,8 @@ pub enum Status {
     NonNumeric = 0x0006,
     UnknownCommand = 0x0081,
     OutOfMemory = 0x0082,
+    /// Extension: a strict SETX found no room on its node.
+    StrictPlacement = 0x0084,
 }
 
 impl Status {
@@ -86,6 +93,7 @@ impl Status {
             Status::NonNumeric => "Non-numeric server-side value for incr or decr",
             Status::UnknownCommand => "Unknown command",
             Status::OutOfMemory => "Out of memory",
+            Status::StrictPlacement => "No room on the requested node.",
         }
     }
 
@@ -100,6 +108,7 @@ impl Status {
             Status::NonNumeric,
             Status::UnknownCommand,
             Status::OutOfMemory,
+            Status::StrictPlacement,
         ]
         .into_iter()
         .find(|s| *s as u16 == code)

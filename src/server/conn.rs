@@ -313,8 +313,10 @@ impl Conn {
                             cas,
                             quiet,
                             value_len,
+                            hints,
                         } => {
                             let set = LargeSet {
+                                hints: hints.clone(),
                                 mode: *mode,
                                 key: key.to_vec(),
                                 flags: *flags,

@@ -86,7 +86,13 @@ pub fn execute_keyed(
         } => match store.store(mode, key, value, flags, expiry, cas, now) {
             StoreOutcome::Stored { cas } => {
                 if !quiet {
-                    w.reply(opcode, opaque, Status::Ok, cas, &[], &[], &[]);
+                    // A SETX reply counts the replicas placed: none, for a value kept in RAM.
+                    let extras: &[u8] = if opcode == crate::proto::opcode::SETX {
+                        &[0]
+                    } else {
+                        &[]
+                    };
+                    w.reply(opcode, opaque, Status::Ok, cas, extras, &[], &[]);
                 }
             }
             StoreOutcome::Exists => w.error(opcode, opaque, Status::Exists),

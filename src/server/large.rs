@@ -10,8 +10,8 @@ use std::sync::Arc;
 use futures_lite::{AsyncReadExt, AsyncWriteExt};
 use glommio::net::TcpStream;
 
-use crate::placement::{LocalityHint, PlacementRequest, TargetId};
-use crate::proto::{ResponseWriter, Status, StoreMode};
+use crate::placement::{LocalityHint, PlacementError, PlacementRequest, TargetId};
+use crate::proto::{PlacementHints, ResponseWriter, Status, StoreMode};
 use crate::segment::storage::AlignedBuf;
 use crate::segment::{Extent, TargetStorage};
 use crate::store::StoreOutcome;
@@ -31,6 +31,32 @@ pub struct LargeSet {
     pub value_len: u64,
     pub opcode: u8,
     pub opaque: u32,
+    /// From a SETX: replicas and where to put them.
+    pub hints: Option<PlacementHints>,
+}
+
+/// The placement request for a large value: the server's defaults (one replica, the serving
+/// node as the hint), or what a SETX asked for.
+fn placement_request(ctx: &ShardCtx, op: &LargeSet) -> PlacementRequest {
+    let mut request = PlacementRequest::new(op.value_len);
+    let serving = ctx.shared.settings.arena.numa.serving_node();
+    request.hint = LocalityHint {
+        node: serving,
+        strict: false,
+    };
+    if let Some(hints) = &op.hints {
+        request.replicas = u32::from(hints.replicas.max(1));
+        request.hint = LocalityHint {
+            node: match hints.node {
+                None => serving,
+                Some(node) => node.map(u32::from),
+            },
+            strict: hints.strict,
+        };
+        request.preferred = hints.preferred.iter().map(|&t| TargetId(t)).collect();
+        request.excluded = hints.excluded.iter().map(|&t| TargetId(t)).collect();
+    }
+    request
 }
 
 /// Segment I/O for one shard. File segments are read and written with positioned O_DIRECT
@@ -148,11 +174,7 @@ pub async fn receive_set(
     out: &mut Vec<u8>,
 ) -> io::Result<usize> {
     let from_buffer = buffered.len().min(op.value_len as usize);
-    let mut request = PlacementRequest::new(op.value_len);
-    request.hint = LocalityHint {
-        node: ctx.shared.settings.arena.numa.serving_node(),
-        strict: false,
-    };
+    let request = placement_request(ctx, op);
     let ShardReply::Placed(placed) = ctx.call_master(ShardRequest::Place(request)).await else {
         unreachable!("the master answers a placement with a placement");
     };
@@ -161,7 +183,12 @@ pub async fn receive_set(
         Err(err) => {
             tracing::debug!(key_len = op.key.len(), value_len = op.value_len, %err, "large value not placed");
             discard(stream, op.value_len - from_buffer as u64).await?;
-            ResponseWriter::new(out).error(op.opcode, op.opaque, Status::OutOfMemory);
+            let status = match err {
+                PlacementError::Strict { .. } => Status::StrictPlacement,
+                PlacementError::Invalid(_) => Status::InvalidArguments,
+                PlacementError::NoSpace { .. } => Status::OutOfMemory,
+            };
+            ResponseWriter::new(out).error(op.opcode, op.opaque, status);
             return Ok(from_buffer);
         }
     };
@@ -208,6 +235,7 @@ pub async fn receive_set(
         ctx.call_master(ShardRequest::Free(replicas)).await;
         return Err(err);
     }
+    let placed_replicas = replicas.len() as u8;
     let owner = crate::store::KeyHasher::shard_of(ctx.store.borrow().hash(&op.key), ctx.shards);
     let link = ShardRequest::LinkLarge {
         mode: op.mode,
@@ -232,7 +260,13 @@ pub async fn receive_set(
     match outcome {
         StoreOutcome::Stored { cas } => {
             if !op.quiet {
-                w.reply(op.opcode, op.opaque, Status::Ok, cas, &[], &[], &[]);
+                // A SETX reply says how many replicas were placed (fewer than asked: partial).
+                let extras: &[u8] = if op.hints.is_some() {
+                    &[placed_replicas]
+                } else {
+                    &[]
+                };
+                w.reply(op.opcode, op.opaque, Status::Ok, cas, extras, &[], &[]);
             }
         }
         StoreOutcome::Exists => w.error(op.opcode, op.opaque, Status::Exists),
