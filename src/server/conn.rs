@@ -15,8 +15,8 @@ use glommio::net::TcpStream;
 use crate::proto::{decode_streaming, Decoded, FrameError, Request, ResponseWriter, Status};
 use crate::store::KeyHasher;
 
-use super::execute::{execute_keyed, LargeGet};
-use super::large::{self, LargeSet};
+use super::execute::execute_keyed;
+use super::large::{self, HeldLarge, LargeSet};
 use super::shard::{RemoteOp, ShardCtx, ShardReply, ShardRequest};
 use super::stats::write_stats;
 use super::unix_now;
@@ -24,7 +24,7 @@ use super::unix_now;
 /// Read buffer a connection starts with (and shrinks back to when idle).
 const READ_BUFFER_BYTES: usize = 16 << 10;
 /// Replies gathered before they are written, so a pipeline of large GETs stays bounded.
-const OUTPUT_CAP_BYTES: usize = 1 << 20;
+pub(super) const OUTPUT_CAP_BYTES: usize = 1 << 20;
 /// Frames per segment at most (bounds a batch's bookkeeping).
 const SEGMENT_MAX_FRAMES: usize = 4096;
 
@@ -35,11 +35,11 @@ enum Piece {
     /// Op `index` of the batch sent to `shard`.
     Remote { shard: usize, index: usize },
     /// A hit on a large value, run here: streamed in its place.
-    Large(LargeGet),
+    Large(HeldLarge),
 }
 
 /// A batch's replies: bytes, op ends, and the ops that hit large values.
-type BatchReply = (Vec<u8>, Vec<u32>, Vec<(u32, LargeGet)>);
+type BatchReply = (Vec<u8>, Vec<u32>, Vec<(u32, HeldLarge)>);
 
 /// A segment being assembled.
 #[derive(Default)]
@@ -48,6 +48,8 @@ struct Segment {
     local: Vec<u8>,
     /// Per shard: the frames to send and their ops.
     batches: Vec<(Vec<u8>, Vec<RemoteOp>)>,
+    /// Head bytes held for large values of this segment (they count against the output cap).
+    large_head_bytes: usize,
 }
 
 impl Segment {
@@ -86,9 +88,9 @@ impl Segment {
     /// large values are noted in `larges` at the output offset where they are to be streamed.
     async fn finish(
         &mut self,
-        ctx: &ShardCtx,
+        ctx: &Rc<ShardCtx>,
         out: &mut Vec<u8>,
-        larges: &mut Vec<(usize, LargeGet)>,
+        larges: &mut Vec<(usize, HeldLarge)>,
     ) {
         let calls: Vec<_> = self
             .batches
@@ -105,13 +107,17 @@ impl Segment {
             .collect();
         let mut replies: Vec<Option<BatchReply>> = (0..self.batches.len()).map(|_| None).collect();
         // Every batch is in flight before the first reply is awaited.
-        let pending: Vec<_> = calls
-            .into_iter()
-            .map(|(shard, request)| (shard, Box::pin(ctx.call(shard, request))))
-            .collect();
+        let mut pending = Vec::with_capacity(calls.len());
+        for (shard, request) in calls {
+            pending.push((shard, ctx.start_call(shard, request).await));
+        }
         for (shard, call) in pending {
-            if let ShardReply::Batch { out, ends, larges } = call.await {
-                replies[shard] = Some((out, ends, larges));
+            if let ShardReply::Batch { out, ends, larges } = call.reply().await {
+                let held = larges
+                    .into_iter()
+                    .map(|(i, get)| (i, HeldLarge::new(ctx, get)))
+                    .collect();
+                replies[shard] = Some((out, ends, held));
             }
         }
         for piece in self.pieces.drain(..) {
@@ -136,6 +142,7 @@ impl Segment {
             }
         }
         self.local.clear();
+        self.large_head_bytes = 0;
     }
 }
 
@@ -158,8 +165,8 @@ struct Conn {
     /// Stream bytes still to discard (the rest of a rejected or too-large frame).
     skip: u64,
     out: Vec<u8>,
-    /// Large values to stream, at their offsets in `out`.
-    larges: Vec<(usize, LargeGet)>,
+    /// Large values to stream, at their offsets in `out` (each lease ends when it is dropped).
+    larges: Vec<(usize, HeldLarge)>,
 }
 
 fn count(ctx: &ShardCtx, error: FrameError) {
@@ -176,7 +183,7 @@ fn count(ctx: &ShardCtx, error: FrameError) {
 
 impl Conn {
     /// Runs every whole frame buffered, up to the output cap. Returns what to do next.
-    async fn process(&mut self, ctx: &ShardCtx) -> After {
+    async fn process(&mut self, ctx: &Rc<ShardCtx>) -> After {
         let max_item = ctx.shared.settings.max_item_bytes as usize;
         // Values above ram_head live in segments: they are streamed, never buffered whole.
         let stream_from = ctx.shared.settings.arena.ram_head_bytes as usize;
@@ -192,7 +199,7 @@ impl Conn {
                     break;
                 }
             }
-            if self.out.len() + segment.local.len() > OUTPUT_CAP_BYTES
+            if self.out.len() + segment.local.len() + segment.large_head_bytes > OUTPUT_CAP_BYTES
                 || segment.pieces.len() >= SEGMENT_MAX_FRAMES
             {
                 after = After::Process;
@@ -348,7 +355,11 @@ impl Conn {
                                     &mut segment.local,
                                 );
                                 match large {
-                                    Some(get) => segment.pieces.push(Piece::Large(get)),
+                                    Some(get) => {
+                                        let held = HeldLarge::new(ctx, get);
+                                        segment.large_head_bytes += held.head_bytes();
+                                        segment.pieces.push(Piece::Large(held));
+                                    }
                                     None if segment.local.len() > start => {
                                         segment.pieces.push(Piece::Local {
                                             start,
@@ -415,14 +426,15 @@ impl Conn {
 }
 
 /// What a read or a write came back with.
-enum Io {
+pub(super) enum Io {
     Done(usize),
     Closed,
     TimedOut,
     Stopped,
 }
 
-async fn with_limits<F>(ctx: &ShardCtx, idle: Option<Duration>, io: F) -> Io
+/// Runs one socket read or write, bounded by the idle timeout and cut short by shutdown.
+pub(super) async fn with_limits<F>(ctx: &ShardCtx, idle: Option<Duration>, io: F) -> Io
 where
     F: std::future::Future<Output = std::io::Result<usize>>,
 {
@@ -496,7 +508,7 @@ pub async fn serve(ctx: Rc<ShardCtx>, mut stream: TcpStream) {
                     Io::TimedOut | Io::Closed | Io::Stopped => return,
                 }
                 written = at;
-                if let Err(err) = large::send_get(&ctx, &mut stream, get).await {
+                if let Err(err) = large::send_get(&ctx, &mut stream, idle, get).await {
                     tracing::debug!(%err, "large value not sent");
                     return;
                 }
@@ -521,7 +533,8 @@ pub async fn serve(ctx: Rc<ShardCtx>, mut stream: TcpStream) {
             let after = match after {
                 After::LargeSet(set) => {
                     let buffered = &conn.buf[conn.consumed..conn.filled];
-                    match large::receive_set(&ctx, &mut stream, buffered, &set, &mut conn.out).await
+                    match large::receive_set(&ctx, &mut stream, idle, buffered, &set, &mut conn.out)
+                        .await
                     {
                         Ok(used) => conn.consumed += used,
                         Err(err) => {

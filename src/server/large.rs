@@ -1,11 +1,13 @@
 //! Large values: a SET's body streamed from the socket into its segment extents, and a GET's
 //! head sent from RAM at once with the rest streamed from the segment. Memory segments are
-//! copied into and out of; file segments use glommio's O_DIRECT DMA files (the io_uring data
-//! path issue moves them onto the shard's own ring).
+//! copied into and out of; file segments use positioned O_DIRECT calls on glommio's blocking
+//! pool (the io_uring data path issue moves them onto the shard's own ring). Every socket read
+//! and write here is bounded by `--idle-timeout` and cut short by shutdown.
 
 use std::io;
 use std::rc::Rc;
 use std::sync::Arc;
+use std::time::Duration;
 
 use futures_lite::{AsyncReadExt, AsyncWriteExt};
 use glommio::net::TcpStream;
@@ -14,8 +16,9 @@ use crate::placement::{LocalityHint, PlacementError, PlacementRequest, TargetId}
 use crate::proto::{PlacementHints, ResponseWriter, Status, StoreMode};
 use crate::segment::storage::AlignedBuf;
 use crate::segment::{Extent, TargetStorage};
-use crate::store::StoreOutcome;
+use crate::store::{KeyHasher, StoreOutcome};
 
+use super::conn::{with_limits, Io};
 use super::execute::LargeGet;
 use super::shard::{ShardCtx, ShardReply, ShardRequest};
 
@@ -61,13 +64,8 @@ fn placement_request(ctx: &ShardCtx, op: &LargeSet) -> PlacementRequest {
 
 /// Segment I/O for one shard. File segments are read and written with positioned O_DIRECT
 /// calls on glommio's blocking pool (glommio's own DMA reads failed on this machine's ext4 with
-/// EOPNOTSUPP from its iopoll probe); the io_uring data-path issue moves them onto the shard's
-/// own ring.
+/// EOPNOTSUPP from its iopoll probe).
 pub struct SegmentFiles;
-
-fn io_error(err: impl std::fmt::Display) -> io::Error {
-    io::Error::other(err.to_string())
-}
 
 impl SegmentFiles {
     /// Writes `data` at `at` bytes into an extent. A final short chunk is padded to the
@@ -125,8 +123,7 @@ impl SegmentFiles {
                 let storage = Arc::clone(storage);
                 let buf = glommio::executor()
                     .spawn_blocking(move || storage.read_at(&mut buf, start).map(|()| buf))
-                    .await
-                    .map_err(io_error)?;
+                    .await?;
                 let skip = (offset - start) as usize;
                 out.extend_from_slice(&buf.as_slice()[skip..skip + len]);
                 Ok(())
@@ -148,41 +145,150 @@ pub fn send_frees(ctx: &Rc<ShardCtx>) {
     .detach();
 }
 
+/// Ends a large GET's lease on its owner (here, or by a message).
+pub fn release(ctx: &Rc<ShardCtx>, get: &LargeGet) {
+    let Some(lease) = get.hit.lease else {
+        return;
+    };
+    if get.owner == ctx.id {
+        ctx.store.borrow_mut().release_lease(lease);
+        send_frees(ctx);
+    } else {
+        let ctx = Rc::clone(ctx);
+        let owner = get.owner;
+        glommio::spawn_local(async move {
+            ctx.call(owner, ShardRequest::Release { lease }).await;
+        })
+        .detach();
+    }
+}
+
+/// A large GET waiting to be streamed: its lease ends when this is dropped, whether the value
+/// was sent or the connection died first.
+pub struct HeldLarge {
+    get: LargeGet,
+    ctx: Rc<ShardCtx>,
+}
+
+impl HeldLarge {
+    pub fn new(ctx: &Rc<ShardCtx>, get: LargeGet) -> HeldLarge {
+        HeldLarge {
+            get,
+            ctx: Rc::clone(ctx),
+        }
+    }
+
+    /// Head bytes held in memory for it.
+    pub fn head_bytes(&self) -> usize {
+        self.get.hit.head.len()
+    }
+}
+
+impl Drop for HeldLarge {
+    fn drop(&mut self) {
+        release(&self.ctx, &self.get);
+    }
+}
+
+/// One bounded socket read or write; anything but progress is an error that ends the
+/// connection (a timeout is counted).
+async fn step<F>(ctx: &ShardCtx, idle: Option<Duration>, io: F) -> io::Result<usize>
+where
+    F: std::future::Future<Output = io::Result<usize>>,
+{
+    match with_limits(ctx, idle, io).await {
+        Io::Done(n) => Ok(n),
+        Io::TimedOut => {
+            ctx.counters.borrow_mut().idle_closed += 1;
+            Err(io::ErrorKind::TimedOut.into())
+        }
+        Io::Closed => Err(io::ErrorKind::UnexpectedEof.into()),
+        Io::Stopped => Err(io::ErrorKind::Interrupted.into()),
+    }
+}
+
 /// Reads and drops `len` bytes of the stream (a value that will not be stored).
-async fn discard(stream: &mut TcpStream, mut len: u64) -> io::Result<()> {
+async fn discard(
+    ctx: &ShardCtx,
+    idle: Option<Duration>,
+    stream: &mut TcpStream,
+    mut len: u64,
+) -> io::Result<()> {
     let mut sink = vec![0u8; 64 << 10];
     while len > 0 {
         let want = (len as usize).min(sink.len());
-        let n = stream.read(&mut sink[..want]).await?;
-        if n == 0 {
-            return Err(io::ErrorKind::UnexpectedEof.into());
-        }
+        let n = step(ctx, idle, stream.read(&mut sink[..want])).await?;
         len -= n as u64;
     }
     Ok(())
 }
 
-/// Receives a large value: places it, streams it into its extents chunk by chunk (never more
-/// than one `--io-chunk` of it in memory), keeps its head, then links it on its owner shard.
-/// `buffered` holds value bytes that already arrived; returns how many of them it used. The
-/// reply, if any, is appended to `out`. An error means the connection is broken.
+fn status_of(outcome: StoreOutcome) -> Status {
+    match outcome {
+        StoreOutcome::Stored { .. } => Status::Ok,
+        StoreOutcome::Exists => Status::Exists,
+        StoreOutcome::NotFound => Status::NotFound,
+        StoreOutcome::NotStored => Status::NotStored,
+        StoreOutcome::TooLarge => Status::TooLarge,
+        StoreOutcome::OutOfMemory => Status::OutOfMemory,
+    }
+}
+
+/// Asks a request of the key's owner, here or over the mesh.
+async fn ask_owner(ctx: &Rc<ShardCtx>, key: &[u8], request: ShardRequest) -> ShardReply {
+    let owner = KeyHasher::shard_of(ctx.store.borrow().hash(key), ctx.shards);
+    if owner == ctx.id {
+        ctx.serve_local(request)
+    } else {
+        ctx.call(owner, request).await
+    }
+}
+
+/// Why a large SET stopped before linking.
+enum Interrupted {
+    /// The client went away, idled out, or the server is stopping: close the connection.
+    Connection(io::Error),
+    /// A segment write failed: the body was drained; answer and keep the connection.
+    Segment(io::Error),
+}
+
+/// Receives a large value: checks ADD/REPLACE/CAS with the owner, places it, streams it into
+/// its extents chunk by chunk (never more than one `--io-chunk` of it in memory), keeps its
+/// head, then links it on its owner (which checks the rules again). `buffered` holds value
+/// bytes that already arrived; returns how many of them it used. The reply, if any, is
+/// appended to `out`. An error means the connection is to be closed.
 pub async fn receive_set(
     ctx: &Rc<ShardCtx>,
     stream: &mut TcpStream,
+    idle: Option<Duration>,
     buffered: &[u8],
     op: &LargeSet,
     out: &mut Vec<u8>,
 ) -> io::Result<usize> {
     let from_buffer = buffered.len().min(op.value_len as usize);
-    let request = placement_request(ctx, op);
-    let ShardReply::Placed(placed) = ctx.call_master(ShardRequest::Place(request)).await else {
+    let rest = op.value_len - from_buffer as u64;
+    // An ADD of a live key (say) is refused before a byte goes to a segment.
+    let check = ShardRequest::CheckLarge {
+        mode: op.mode,
+        key: op.key.clone(),
+        cas: op.cas,
+    };
+    if let ShardReply::Linked(refused) = ask_owner(ctx, &op.key, check).await {
+        discard(ctx, idle, stream, rest).await?;
+        ResponseWriter::new(out).error(op.opcode, op.opaque, status_of(refused));
+        return Ok(from_buffer);
+    }
+    let ShardReply::Placed(placed) = ctx
+        .call_master(ShardRequest::Place(placement_request(ctx, op)))
+        .await
+    else {
         unreachable!("the master answers a placement with a placement");
     };
     let replicas = match placed {
         Ok(placed) => placed.replicas,
         Err(err) => {
             tracing::debug!(key_len = op.key.len(), value_len = op.value_len, %err, "large value not placed");
-            discard(stream, op.value_len - from_buffer as u64).await?;
+            discard(ctx, idle, stream, rest).await?;
             let status = match err {
                 PlacementError::Strict { .. } => Status::StrictPlacement,
                 PlacementError::Invalid(_) => Status::InvalidArguments,
@@ -196,11 +302,12 @@ pub async fn receive_set(
     let head_bytes = op.value_len.min(ctx.shared.settings.arena.ram_head_bytes) as usize;
     let mut head = Vec::with_capacity(head_bytes);
     let mut chunk = vec![0u8; chunk_bytes];
-    let mut written = 0u64;
+    let mut received = 0u64;
     let mut used = 0usize;
-    let outcome: io::Result<()> = async {
-        while written < op.value_len {
-            let want = ((op.value_len - written) as usize).min(chunk_bytes);
+    let mut segment_error: Option<io::Error> = None;
+    let outcome: Result<(), Interrupted> = async {
+        while received < op.value_len {
+            let want = ((op.value_len - received) as usize).min(chunk_bytes);
             let mut filled = 0;
             while filled < want {
                 if used < from_buffer {
@@ -209,34 +316,50 @@ pub async fn receive_set(
                     used += n;
                     filled += n;
                 } else {
-                    let n = stream.read(&mut chunk[filled..want]).await?;
-                    if n == 0 {
-                        return Err(io::ErrorKind::UnexpectedEof.into());
-                    }
-                    filled += n;
+                    filled += step(ctx, idle, stream.read(&mut chunk[filled..want]))
+                        .await
+                        .map_err(Interrupted::Connection)?;
                 }
             }
             if head.len() < head_bytes {
                 let take = (head_bytes - head.len()).min(filled);
                 head.extend_from_slice(&chunk[..take]);
             }
-            for &(target, extent) in &replicas {
-                ctx.files
-                    .write(ctx, target, extent, written, &chunk[..filled])
-                    .await?;
+            // After a segment error the rest of the body is still read (and dropped), so the
+            // connection stays in step and can be answered.
+            if segment_error.is_none() {
+                for &(target, extent) in &replicas {
+                    if let Err(err) = ctx
+                        .files
+                        .write(ctx, target, extent, received, &chunk[..filled])
+                        .await
+                    {
+                        segment_error = Some(err);
+                        break;
+                    }
+                }
             }
-            written += filled as u64;
+            received += filled as u64;
         }
-        Ok(())
+        match segment_error.take() {
+            Some(err) => Err(Interrupted::Segment(err)),
+            None => Ok(()),
+        }
     }
     .await;
-    if let Err(err) = outcome {
+    if let Err(interrupted) = outcome {
         // An aborted SET leaves nothing behind: its extents go straight back.
         ctx.call_master(ShardRequest::Free(replicas)).await;
-        return Err(err);
+        return match interrupted {
+            Interrupted::Connection(err) => Err(err),
+            Interrupted::Segment(err) => {
+                tracing::error!(%err, value_len = op.value_len, "writing a large value to its segment failed");
+                ResponseWriter::new(out).error(op.opcode, op.opaque, Status::OutOfMemory);
+                Ok(from_buffer)
+            }
+        };
     }
     let placed_replicas = replicas.len() as u8;
-    let owner = crate::store::KeyHasher::shard_of(ctx.store.borrow().hash(&op.key), ctx.shards);
     let link = ShardRequest::LinkLarge {
         mode: op.mode,
         key: op.key.clone(),
@@ -247,12 +370,7 @@ pub async fn receive_set(
         replicas,
         head,
     };
-    let outcome = if owner == ctx.id {
-        ctx.serve_local(link)
-    } else {
-        ctx.call(owner, link).await
-    };
-    let ShardReply::Linked(outcome) = outcome else {
+    let ShardReply::Linked(outcome) = ask_owner(ctx, &op.key, link).await else {
         unreachable!("a link is answered with its outcome");
     };
     send_frees(ctx);
@@ -269,35 +387,21 @@ pub async fn receive_set(
                 w.reply(op.opcode, op.opaque, Status::Ok, cas, extras, &[], &[]);
             }
         }
-        StoreOutcome::Exists => w.error(op.opcode, op.opaque, Status::Exists),
-        StoreOutcome::NotFound => w.error(op.opcode, op.opaque, Status::NotFound),
-        StoreOutcome::NotStored => w.error(op.opcode, op.opaque, Status::NotStored),
-        StoreOutcome::TooLarge => w.error(op.opcode, op.opaque, Status::TooLarge),
-        StoreOutcome::OutOfMemory => w.error(op.opcode, op.opaque, Status::OutOfMemory),
+        refused => w.error(op.opcode, op.opaque, status_of(refused)),
     }
     Ok(from_buffer)
 }
 
 /// Streams a large GET's reply: header, flags and key, the head from RAM at once, then the
-/// rest of the value from the first replica, a chunk at a time. Releases the lease after.
-pub async fn send_get(ctx: &Rc<ShardCtx>, stream: &mut TcpStream, get: LargeGet) -> io::Result<()> {
-    let result = stream_value(ctx, stream, &get).await;
-    if let Some(lease) = get.hit.lease {
-        if get.owner == ctx.id {
-            ctx.store.borrow_mut().release_lease(lease);
-            send_frees(ctx);
-        } else {
-            ctx.call(get.owner, ShardRequest::Release { lease }).await;
-        }
-    }
-    result
-}
-
-async fn stream_value(
+/// rest of the value from the first replica, a chunk at a time. The lease ends when `held` is
+/// dropped. A segment read failing midway leaves the reply short: the connection is closed.
+pub async fn send_get(
     ctx: &Rc<ShardCtx>,
     stream: &mut TcpStream,
-    get: &LargeGet,
+    idle: Option<Duration>,
+    held: HeldLarge,
 ) -> io::Result<()> {
+    let get = &held.get;
     let hit = &get.hit;
     let mut header = Vec::with_capacity(64 + get.key.len() + hit.head.len());
     ResponseWriter::new(&mut header).header(
@@ -313,20 +417,27 @@ async fn stream_value(
     header.extend_from_slice(&get.key);
     header.extend_from_slice(&hit.head);
     // Time to first byte is a RAM hit's: the head leaves before the segment is touched.
-    stream.write_all(&header).await?;
+    step(ctx, idle, async {
+        stream.write_all(&header).await.map(|()| header.len())
+    })
+    .await?;
     let (target, extent) = *hit.replicas.first().expect("a large item has a replica");
     let chunk_bytes = ctx.shared.settings.arena.io_chunk_bytes as usize;
     let mut at = hit.head.len() as u64;
     let mut chunk = Vec::with_capacity(chunk_bytes);
     while at < hit.value_len {
         let len = ((hit.value_len - at) as usize).min(chunk_bytes);
-        ctx.files
-            .read(ctx, target, extent, at, len, &mut chunk)
-            .await?;
-        stream.write_all(&chunk).await?;
+        ctx.files.read(ctx, target, extent, at, len, &mut chunk).await.inspect_err(|err| {
+            tracing::error!(%err, "reading a large value from its segment failed; closing the connection");
+        })?;
+        step(ctx, idle, async {
+            stream.write_all(&chunk).await.map(|()| chunk.len())
+        })
+        .await?;
         at += len as u64;
     }
     ctx.counters.borrow_mut().bytes_written +=
         header.len() as u64 + hit.value_len - hit.head.len() as u64;
+    drop(held);
     Ok(())
 }

@@ -67,6 +67,7 @@ fn serve(placer: &mut Placer, request: ShardRequest) -> ShardReply {
         | ShardRequest::Flush { .. }
         | ShardRequest::Stats
         | ShardRequest::LinkLarge { .. }
+        | ShardRequest::CheckLarge { .. }
         | ShardRequest::Release { .. } => unreachable!("shard requests never go to the master"),
     }
 }
@@ -93,8 +94,8 @@ pub async fn master_main(shared: Arc<Shared>, mesh: MeshBuilder<Message, Full>, 
         })
         .detach();
     }
-    // Serve until every shard has finished its connections.
-    while shared.drained.load(Ordering::Acquire) < shared.settings.cpus.len() {
+    // Serve until every shard is done, its last frees included.
+    while shared.finished.load(Ordering::Acquire) < shared.settings.cpus.len() {
         glommio::timer::sleep(Duration::from_millis(5)).await;
     }
 }

@@ -86,6 +86,8 @@ pub struct Shared {
     pub rejected_connections: AtomicU64,
     /// Shards whose own connections have all finished (shutdown barrier).
     pub(crate) drained: AtomicUsize,
+    /// Shards that are completely done (the placement master waits for them all).
+    pub(crate) finished: AtomicUsize,
     /// Store targets for large values, by placement target id.
     pub targets: Vec<MountedTarget>,
     /// Mesh peer ids, filled as executors join, and the barrier every executor passes once
@@ -200,6 +202,7 @@ pub fn start(settings: Settings, topology: &Topology) -> Result<Running, ServerE
         total_connections: AtomicU64::new(0),
         rejected_connections: AtomicU64::new(0),
         drained: AtomicUsize::new(0),
+        finished: AtomicUsize::new(0),
         bound: (Mutex::new(None), Condvar::new()),
         targets,
         peers: Mutex::new((vec![None; shards], None)),
@@ -346,5 +349,11 @@ async fn shard_main(
     while shared.drained.load(Ordering::Acquire) < ctx.shards {
         glommio::timer::sleep(Duration::from_millis(5)).await;
     }
+    // Extents freed by the last requests reach the master before it stops.
+    let frees = ctx.store.borrow_mut().take_pending_frees();
+    if !frees.is_empty() {
+        ctx.call_master(shard::ShardRequest::Free(frees)).await;
+    }
     ctx.store.borrow_mut().arena_mut().return_idle_blocks();
+    shared.finished.fetch_add(1, Ordering::AcqRel);
 }

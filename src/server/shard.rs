@@ -66,6 +66,13 @@ pub enum ShardRequest {
         replicas: Vec<(TargetId, Extent)>,
         head: Vec<u8>,
     },
+    /// To a key's owner: would a large SET/ADD/REPLACE be refused right now? (Checked again
+    /// at the link.)
+    CheckLarge {
+        mode: StoreMode,
+        key: Vec<u8>,
+        cas: u64,
+    },
     /// To a key's owner: a reader is done with a large item's extents.
     Release {
         lease: u64,
@@ -188,6 +195,16 @@ impl ShardCtx {
     }
 
     async fn call_peer(&self, to: usize, request: ShardRequest) -> ShardReply {
+        self.start_peer(to, request).await.reply().await
+    }
+
+    /// Sends a request to shard `to` without waiting for the reply (so several can be in
+    /// flight at once); the reply comes from [`PendingCall::reply`].
+    pub async fn start_call(&self, to: usize, request: ShardRequest) -> PendingCall {
+        self.start_peer(self.peers.shards[to], request).await
+    }
+
+    async fn start_peer(&self, to: usize, request: ShardRequest) -> PendingCall {
         let token = self.next_token.get();
         self.next_token.set(token + 1);
         let (tx, rx) = local_channel::new_bounded(1);
@@ -198,9 +215,13 @@ impl ShardCtx {
             request,
         };
         if self.mesh.send_to(to, message).await.is_err() {
-            unreachable!("a shard left the mesh while others still serve");
+            // Only at shutdown, after the peer finished: nothing will answer.
+            tracing::debug!(peer = to, "a request found its peer gone");
+            if let Some(tx) = self.waiters.borrow_mut().remove(&token) {
+                let _ = tx.try_send(ShardReply::Done);
+            }
         }
-        rx.recv().await.expect("a reply arrives for every request")
+        PendingCall { rx }
     }
 
     /// Runs a request from another shard, synchronously.
@@ -214,6 +235,7 @@ impl ShardCtx {
             ShardRequest::Batch { buf, ops } => {
                 let mut out = Vec::new();
                 let mut larges = Vec::new();
+                let mut head_bytes = 0;
                 let mut ends = Vec::with_capacity(ops.len());
                 let now = unix_now();
                 let mut store = self.store.borrow_mut();
@@ -232,7 +254,13 @@ impl ShardCtx {
                                 let large = execute_keyed(
                                     &mut store, self.id, &request, opcode, opaque, now, &mut out,
                                 );
-                                if let Some(large) = large {
+                                if let Some(mut large) = large {
+                                    // Heads are a latency device: past one output cap of them in a
+                                    // batch, the rest stream from their segment from byte 0.
+                                    head_bytes += large.hit.head.len();
+                                    if head_bytes > super::conn::OUTPUT_CAP_BYTES {
+                                        large.hit.head = Vec::new();
+                                    }
                                     larges.push((ends.len() as u32, large));
                                 }
                             }
@@ -278,6 +306,14 @@ impl ShardCtx {
                 );
                 ShardReply::Linked(outcome)
             }
+            ShardRequest::CheckLarge { mode, key, cas } => match self
+                .store
+                .borrow_mut()
+                .check_large(mode, &key, cas, unix_now())
+            {
+                Some(refused) => ShardReply::Linked(refused),
+                None => ShardReply::Done,
+            },
             ShardRequest::Release { lease } => {
                 self.store.borrow_mut().release_lease(lease);
                 ShardReply::Done
@@ -302,11 +338,31 @@ impl ShardCtx {
         }
     }
 
-    fn deliver(&self, token: u64, reply: ShardReply) {
-        if let Some(tx) = self.waiters.borrow_mut().remove(&token) {
-            // The waiter may be gone (its connection closed); then the reply is dropped.
-            let _ = tx.try_send(reply);
+    fn deliver(self: &Rc<Self>, token: u64, reply: ShardReply) {
+        let Some(tx) = self.waiters.borrow_mut().remove(&token) else {
+            return;
+        };
+        // The waiter may be gone (its connection closed): then the reply is dropped, but the
+        // leases of any large values in it must still end.
+        if let Err(glommio::GlommioError::Closed(glommio::ResourceType::Channel(
+            ShardReply::Batch { larges, .. },
+        ))) = tx.try_send(reply)
+        {
+            for (_, get) in larges {
+                super::large::release(self, &get);
+            }
         }
+    }
+}
+
+/// A request in flight.
+pub struct PendingCall {
+    rx: glommio::channels::local_channel::LocalReceiver<ShardReply>,
+}
+
+impl PendingCall {
+    pub async fn reply(self) -> ShardReply {
+        self.rx.recv().await.unwrap_or(ShardReply::Done)
     }
 }
 
@@ -417,5 +473,7 @@ pub async fn sweep_loop(ctx: Rc<ShardCtx>) {
         ctx.store
             .borrow_mut()
             .sweep_expired(SWEEP_ITEMS_PER_TICK, unix_now());
+        // Expired large items give their extents back now, not at the next request.
+        super::large::send_frees(&ctx);
     }
 }

@@ -112,6 +112,7 @@ fn general(ctx: &ShardCtx, snapshots: &[ShardSnapshot]) -> Vec<(String, String)>
         ("index_bytes", store.index_bytes.to_string()),
         ("large_items", store.large_items.to_string()),
         ("large_bytes", store.large_bytes.to_string()),
+        ("large_heads_dropped", store.large_heads_dropped.to_string()),
         ("too_large", store.too_large.to_string()),
         ("large_values_refused", store.large_refusals.to_string()),
         ("out_of_memory", store.out_of_memory.to_string()),

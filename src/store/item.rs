@@ -81,6 +81,14 @@ pub fn write_large(record: &mut [u8], meta: Meta, key: &[u8], large: &LargeValue
     }
 }
 
+/// Forgets a large item's head copy (its slot is being freed); the value still streams whole
+/// from its segment.
+pub fn clear_large_head(record: &mut [u8]) {
+    debug_assert!(record[17] & BIT_LARGE != 0);
+    let at = RECORD_HEADER_BYTES + record[16] as usize;
+    record[at + 8..at + 12].copy_from_slice(&NO_HEAD.to_le_bytes());
+}
+
 /// A large item's placement, if the record is one.
 pub fn large(record: &[u8]) -> Option<LargeValue> {
     if record[17] & BIT_LARGE == 0 {

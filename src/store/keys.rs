@@ -300,8 +300,26 @@ impl AdmissionHost for Keys {
             match item::value_at(record) {
                 ValueAt::Fixed { slot, .. } if arena.is_pinned(slot) => continue,
                 // A large object is never evicted to make RAM room: its record is tiny and its
-                // data (rollout data, say) may not be read yet.
-                ValueAt::Large => continue,
+                // data (rollout data, say) may not be read yet. Its head copy, a latency device,
+                // is: the value then streams whole from its segment.
+                ValueAt::Large => {
+                    let large = item::large(record).expect("a large record");
+                    match large.head {
+                        Some(head) if !arena.is_pinned(head) && !item::referenced(record) => {
+                            item::clear_large_head(arena.bytes_mut(loc));
+                            arena.free(head);
+                            self.stats.bytes =
+                                self.stats.bytes.saturating_sub(arena.ram_head_bytes());
+                            self.stats.large_heads_dropped += 1;
+                            return true;
+                        }
+                        Some(_) if item::referenced(record) => {
+                            item::set_referenced(arena.bytes_mut(loc), false);
+                            continue;
+                        }
+                        _ => continue,
+                    }
+                }
                 _ => {}
             }
             if item::referenced(record) {

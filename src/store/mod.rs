@@ -243,7 +243,8 @@ impl Store {
             ValueAt::Fixed { slot, len } => &self.arena.bytes(slot)[..len as usize],
             ValueAt::Large => {
                 let large = item::large(record).expect("a large record");
-                let head = large.head.map_or_else(Vec::new, |slot| {
+                // Only a reader of the value needs the head (TOUCH does not).
+                let head = large.head.filter(|_| lease).map_or_else(Vec::new, |slot| {
                     let len = (large.value_len.min(self.arena.ram_head_bytes())) as usize;
                     self.arena.bytes(slot)[..len].to_vec()
                 });
@@ -275,6 +276,36 @@ impl Store {
         std::mem::take(&mut self.keys.pending_frees)
     }
 
+    /// The ADD/REPLACE/CAS rules for a large value, checked before any byte is written: the
+    /// refusal, if any.
+    pub fn check_large(
+        &mut self,
+        mode: StoreMode,
+        key: &[u8],
+        cas: u64,
+        now: u32,
+    ) -> Option<StoreOutcome> {
+        let existing = self
+            .live(key, now)
+            .map(|loc| item::meta(self.arena.bytes(loc)));
+        Self::refusal(mode, cas, existing)
+    }
+
+    fn refusal(mode: StoreMode, cas: u64, existing: Option<Meta>) -> Option<StoreOutcome> {
+        if cas != 0 {
+            return match existing {
+                None => Some(StoreOutcome::NotFound),
+                Some(old) if old.cas != cas => Some(StoreOutcome::Exists),
+                Some(_) => None,
+            };
+        }
+        match (mode, existing) {
+            (StoreMode::Add, Some(_)) => Some(StoreOutcome::Exists),
+            (StoreMode::Replace, None) => Some(StoreOutcome::NotFound),
+            _ => None,
+        }
+    }
+
     /// Links a large value whose bytes are already in its extents: the same SET/ADD/REPLACE
     /// and CAS rules as [`Store::store`], checked now. A head copy goes to a fixed slot when
     /// one is free (never evicting for it). On any failure the new extents are released.
@@ -295,19 +326,13 @@ impl Store {
         let existing = self
             .live(key, now)
             .map(|loc| item::meta(self.arena.bytes(loc)));
-        let refused = if cas != 0 {
-            match existing {
-                None => Some(StoreOutcome::NotFound),
-                Some(old) if old.cas != cas => Some(StoreOutcome::Exists),
-                Some(_) => None,
-            }
-        } else {
-            match (mode, existing) {
-                (StoreMode::Add, Some(_)) => Some(StoreOutcome::Exists),
-                (StoreMode::Replace, None) => Some(StoreOutcome::NotFound),
-                _ => None,
-            }
-        };
+        let refused = Self::refusal(mode, cas, existing);
+        match (cas, refused) {
+            (0, _) => {}
+            (_, None) => self.keys.stats.cas_hits += 1,
+            (_, Some(StoreOutcome::NotFound)) => self.keys.stats.cas_misses += 1,
+            (_, Some(_)) => self.keys.stats.cas_badval += 1,
+        }
         if let Some(outcome) = refused {
             replicas
                 .into_iter()
@@ -352,6 +377,12 @@ impl Store {
         let loc = self.arena.publish(record);
         self.keys.stats.large_items += 1;
         self.keys.stats.large_bytes += value_len;
+        // Admission may have evicted the item a REPLACE or CAS was aimed at.
+        let still_there = self.keys.find(&self.arena, key).is_some();
+        if !still_there && (cas != 0 || matches!(mode, StoreMode::Replace)) {
+            self.keys.free_item(&mut self.arena, loc);
+            return StoreOutcome::NotFound;
+        }
         self.link(key, loc);
         StoreOutcome::Stored { cas: new_cas }
     }

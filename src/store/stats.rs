@@ -32,6 +32,8 @@ pub struct StoreStats {
     /// Large items (values in segments) and their bytes.
     pub large_items: u64,
     pub large_bytes: u64,
+    /// Head copies of large items given up to make RAM room.
+    pub large_heads_dropped: u64,
 }
 
 impl StoreStats {
