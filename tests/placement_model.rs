@@ -338,3 +338,80 @@ fn mounts_refuse_duplicates_and_overlaps() {
     elsewhere.base = 10 * GRANULE;
     assert!(placer.mount(elsewhere).is_ok(), "adjacent is fine");
 }
+
+#[test]
+fn eviction_plans_free_the_least_recently_used_until_the_request_fits() {
+    for_each_seed("placement_eviction", 60, |seed| {
+        let mut rng = Rng::new(seed);
+        let mut placer = Placer::new(LOCAL, Policy::BestFit, seed);
+        for i in 0..4 {
+            placer
+                .mount(spec(i, LOCAL, Some((i % 2) as u32), 64))
+                .unwrap();
+        }
+        // Use order per target, oldest first, as the model sees it.
+        let mut order: Vec<Vec<Extent>> = vec![Vec::new(); 4];
+        for step in 0..300 {
+            if rng.chance(70) {
+                let mut req = PlacementRequest::new(1 + rng.below(12 * GRANULE));
+                req.hint.node = Some(rng.below(2) as u32);
+                if let Ok(p) = placer.place(&req) {
+                    let (id, e) = p.replicas[0];
+                    order[id.0 as usize].push(e);
+                    continue;
+                }
+                let bound = 1 + rng.below(8) as usize;
+                match placer.eviction_plan(&req, bound) {
+                    Some((id, victims)) => {
+                        let lru = &order[id.0 as usize];
+                        assert!(victims.len() <= bound, "step {step}: over the bound");
+                        assert_eq!(
+                            victims[..],
+                            lru[..victims.len()],
+                            "step {step}: not the least recently used"
+                        );
+                        for v in &victims {
+                            placer.free(id, *v);
+                        }
+                        order[id.0 as usize].drain(..victims.len());
+                        let placed = placer.place(&req).unwrap_or_else(|e| {
+                            panic!("step {step}: still no room after the plan: {e}")
+                        });
+                        let (pid, pe) = placed.replicas[0];
+                        order[pid.0 as usize].push(pe);
+                    }
+                    None => {
+                        // No target could make room by freeing its `bound` oldest extents.
+                        for (id, t) in placer.targets() {
+                            let mut scratch = t.alloc.clone();
+                            for e in order[id.0 as usize].iter().take(bound) {
+                                scratch.free(*e);
+                            }
+                            assert!(
+                                scratch.largest_free_region() < req.size.next_multiple_of(GRANULE),
+                                "step {step}: {id} could have made room"
+                            );
+                        }
+                    }
+                }
+            } else if rng.chance(50) {
+                // A read moves an object to the back of its target's use order.
+                let id = rng.below(4) as usize;
+                if !order[id].is_empty() {
+                    let at = rng.below(order[id].len() as u64) as usize;
+                    let e = order[id].remove(at);
+                    placer.touch(TargetId(id as u32), e.offset);
+                    order[id].push(e);
+                }
+            } else {
+                let id = rng.below(4) as usize;
+                if !order[id].is_empty() {
+                    let at = rng.below(order[id].len() as u64) as usize;
+                    let e = order[id].remove(at);
+                    placer.free(TargetId(id as u32), e);
+                }
+            }
+            placer.check_invariants();
+        }
+    });
+}

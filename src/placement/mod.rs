@@ -11,7 +11,7 @@
 
 mod stats;
 
-use std::collections::{BTreeSet, HashMap, HashSet};
+use std::collections::{BTreeMap, BTreeSet, HashMap, HashSet};
 use std::fmt;
 
 pub use crate::segment::target::{HostId, TargetKind, TargetSpec};
@@ -189,6 +189,9 @@ pub struct Target {
     pub status: TargetStatus,
     pub alloc: ExtentAllocator,
     pub objects: u64,
+    /// Live extents by last use (a logical clock), oldest first, and each extent's tick.
+    by_use: BTreeMap<u64, Extent>,
+    tick_of: HashMap<u64, u64>,
     /// The key under which it sits in its group's index.
     indexed_largest: u64,
 }
@@ -202,6 +205,8 @@ pub struct Placer {
     targets: Vec<Option<Target>>,
     /// Per group, targets ordered by (largest free region, id).
     index: HashMap<Group, BTreeSet<(u64, TargetId)>>,
+    /// The logical clock of extent use (for LRU eviction plans).
+    clock: u64,
     pub stats: PlacementStats,
 }
 
@@ -221,6 +226,7 @@ impl Placer {
             rng: seed,
             targets: Vec::new(),
             index: HashMap::new(),
+            clock: 0,
             stats: PlacementStats::default(),
         }
     }
@@ -275,6 +281,8 @@ impl Placer {
             status: TargetStatus::Active,
             alloc,
             objects: 0,
+            by_use: BTreeMap::new(),
+            tick_of: HashMap::new(),
             indexed_largest: largest,
         }));
         Ok(id)
@@ -340,6 +348,9 @@ impl Placer {
             .expect("free on a mounted target");
         target.alloc.free(extent);
         target.objects -= 1;
+        if let Some(tick) = target.tick_of.remove(&extent.offset) {
+            target.by_use.remove(&tick);
+        }
         let local = target.spec.host == self.local_host;
         let locality = target.spec.locality;
         self.stats.on_free(extent.len, local, locality);
@@ -355,6 +366,9 @@ impl Placer {
             return false;
         }
         target.objects += 1;
+        self.clock += 1;
+        target.by_use.insert(self.clock, extent);
+        target.tick_of.insert(extent.offset, self.clock);
         let (local, locality) = (target.spec.host == self.local_host, target.spec.locality);
         self.stats.on_allocate(extent.len, local, locality);
         self.reindex(id);
@@ -481,6 +495,9 @@ impl Placer {
         let target = self.targets[id.0 as usize].as_mut().expect("live target");
         let extent = target.alloc.allocate(size).ok()?;
         target.objects += 1;
+        self.clock += 1;
+        target.by_use.insert(self.clock, extent);
+        target.tick_of.insert(extent.offset, self.clock);
         let (local, locality) = (target.spec.host == self.local_host, target.spec.locality);
         self.stats.on_allocate(extent.len, local, locality);
         self.reindex(id);
@@ -610,11 +627,85 @@ impl Placer {
         })
     }
 
+    /// Notes that an extent was just used (a read of its object), for LRU eviction plans.
+    pub fn touch(&mut self, id: TargetId, offset: u64) {
+        let Some(Some(target)) = self.targets.get_mut(id.0 as usize) else {
+            return;
+        };
+        if let Some(tick) = target.tick_of.get_mut(&offset) {
+            let extent = target.by_use.remove(tick).expect("ticks agree");
+            self.clock += 1;
+            *tick = self.clock;
+            target.by_use.insert(self.clock, extent);
+        }
+    }
+
+    /// For a request that found no hole: the least recently used extents of the first target
+    /// (in the request's candidate order) whose freeing, oldest first, would leave a hole for
+    /// it, at most `bound` of them. Pure: nothing is freed here.
+    pub fn eviction_plan(
+        &self,
+        req: &PlacementRequest,
+        bound: usize,
+    ) -> Option<(TargetId, Vec<Extent>)> {
+        let granule = self
+            .targets()
+            .map(|(_, t)| t.alloc.granule())
+            .max()
+            .unwrap_or(1);
+        let rounded = req.size.checked_next_multiple_of(granule)?;
+        let tiers: &[usize] = if req.hint.strict { &[0] } else { &[0, 1, 2, 3] };
+        let no_hosts = HashSet::new();
+        let mut candidates: Vec<TargetId> = req.preferred.clone();
+        for &tier in tiers {
+            for group in self.tier_groups(tier, req.hint.node) {
+                if let Some(set) = self.index.get(&group) {
+                    candidates.extend(set.iter().rev().map(|&(_, id)| id));
+                }
+            }
+        }
+        let mut seen = HashSet::new();
+        for id in candidates {
+            if !seen.insert(id) || !self.usable(id, req, &no_hosts) {
+                continue;
+            }
+            let target = self.target(id).expect("usable");
+            if req.hint.strict
+                && !(target.spec.locality == req.hint.node && target.spec.host == self.local_host)
+            {
+                continue;
+            }
+            if target.alloc.capacity() < rounded {
+                continue;
+            }
+            let mut scratch = target.alloc.clone();
+            let mut victims = Vec::new();
+            for extent in target.by_use.values().take(bound) {
+                scratch.free(*extent);
+                victims.push(*extent);
+                if scratch.largest_free_region() >= rounded {
+                    return Some((id, victims));
+                }
+            }
+        }
+        None
+    }
+
     /// Checks that every target sits in its group's index under its current largest region.
     pub fn check_invariants(&self) {
         let mut indexed = 0;
         for (id, t) in self.targets() {
             t.alloc.check_invariants();
+            assert_eq!(
+                t.by_use.len() as u64,
+                t.objects,
+                "{id}: use order lost an extent"
+            );
+            assert_eq!(t.tick_of.len(), t.by_use.len());
+            assert!(t
+                .tick_of
+                .iter()
+                .all(|(off, tick)| t.by_use.get(tick).is_some_and(|e| e.offset == *off)));
             assert_eq!(
                 t.indexed_largest,
                 t.alloc.largest_free_region(),
