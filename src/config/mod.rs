@@ -193,6 +193,13 @@ pub struct Cli {
     /// free_ratio_first or random [default: best_fit].
     #[arg(long, value_name = "POLICY")]
     pub placement_policy: Option<String>,
+
+    /// When no segment has room for a large value: `none` fails it with "out of memory" and
+    /// touches nothing else (for data that must not be lost, such as RL rollouts); `lru` evicts
+    /// the least recently used large values of the best candidate target until it fits
+    /// [default: none].
+    #[arg(long, value_name = "POLICY")]
+    pub segment_eviction: Option<String>,
 }
 
 /// The `--config` file: the same settings, spelled as the flags without `--`.
@@ -222,6 +229,7 @@ pub struct FileConfig {
     pub segments: Vec<SegmentSpec>,
     pub data_dir: Option<PathBuf>,
     pub placement_policy: Option<String>,
+    pub segment_eviction: Option<String>,
 }
 
 impl FileConfig {
@@ -328,6 +336,9 @@ pub enum ConfigError {
         node: NodeId,
     },
     PlacementPolicy {
+        text: String,
+    },
+    SegmentEviction {
         text: String,
     },
 }
@@ -448,6 +459,9 @@ impl fmt::Display for ConfigError {
             SegmentNode { segment, node } => {
                 write!(f, "--segment {segment}: node {node} is not online")
             }
+            SegmentEviction { text } => {
+                write!(f, "--segment-eviction {text}: must be none or lru")
+            }
             PlacementPolicy { text } => write!(
                 f,
                 "--placement-policy {text}: must be best_fit, free_ratio_first or random"
@@ -472,6 +486,8 @@ pub struct Settings {
     /// Store targets for large values (never empty: a default file segment otherwise).
     pub segments: Vec<SegmentSpec>,
     pub placement_policy: Policy,
+    /// Evict least recently used large values when a segment is full (`--segment-eviction lru`).
+    pub segment_eviction_lru: bool,
     pub dry_run: bool,
     pub log_level: String,
     /// Why the serving node is what it is (logged at start-up).
@@ -743,6 +759,20 @@ pub fn resolve_with_file(
         }
         Some(policy) => policy,
     };
+    let eviction_text = cli
+        .segment_eviction
+        .clone()
+        .or_else(|| file.segment_eviction.clone())
+        .unwrap_or_else(|| "none".to_string());
+    let segment_eviction_lru = match eviction_text.as_str() {
+        "none" => false,
+        "lru" => true,
+        _ => {
+            return Err(ConfigError::SegmentEviction {
+                text: eviction_text,
+            })
+        }
+    };
     // Every budget is whole blocks (checked above), so count blocks; overflow is just "too many".
     let others = topology.online_count().saturating_sub(1) as u64;
     let blocks = [
@@ -781,6 +811,7 @@ pub fn resolve_with_file(
         max_item_bytes,
         segments,
         placement_policy,
+        segment_eviction_lru,
         dry_run: cli.dry_run,
         log_level: cli
             .log_level

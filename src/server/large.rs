@@ -244,6 +244,46 @@ async fn ask_owner(ctx: &Rc<ShardCtx>, key: &[u8], request: ShardRequest) -> Sha
     }
 }
 
+/// Places a large value. With `--segment-eviction lru` a full store answers with the least
+/// recently used large values to evict first: their owners drop them, their extents go back,
+/// and the placement is asked once more.
+async fn place(
+    ctx: &Rc<ShardCtx>,
+    op: &LargeSet,
+) -> Result<crate::placement::Placed, PlacementError> {
+    for attempt in 0..2 {
+        let request = ShardRequest::Place {
+            request: placement_request(ctx, op),
+            key: op.key.clone(),
+        };
+        match ctx.call_master(request).await {
+            ShardReply::Placed(outcome) => return outcome,
+            ShardReply::EvictFirst(victims) if attempt == 0 => {
+                let mut freed = Vec::new();
+                for victim in victims {
+                    let evict = ShardRequest::EvictLarge {
+                        key: victim.key.clone(),
+                        target: victim.target,
+                        offset: victim.offset,
+                    };
+                    if let ShardReply::Evicted(extents) = ask_owner(ctx, &victim.key, evict).await {
+                        freed.extend(extents);
+                    }
+                }
+                if !freed.is_empty() {
+                    ctx.call_master(ShardRequest::Free(freed)).await;
+                }
+            }
+            _ => break,
+        }
+    }
+    Err(PlacementError::NoSpace {
+        size: op.value_len,
+        free: 0,
+        largest_hole: 0,
+    })
+}
+
 /// Why a large SET stopped before linking.
 enum Interrupted {
     /// The client went away, idled out, or the server is stopping: close the connection.
@@ -278,13 +318,7 @@ pub async fn receive_set(
         ResponseWriter::new(out).error(op.opcode, op.opaque, status_of(refused));
         return Ok(from_buffer);
     }
-    let ShardReply::Placed(placed) = ctx
-        .call_master(ShardRequest::Place(placement_request(ctx, op)))
-        .await
-    else {
-        unreachable!("the master answers a placement with a placement");
-    };
-    let replicas = match placed {
+    let replicas = match place(ctx, op).await {
         Ok(placed) => placed.replicas,
         Err(err) => {
             tracing::debug!(key_len = op.key.len(), value_len = op.value_len, %err, "large value not placed");
@@ -438,6 +472,18 @@ pub async fn send_get(
     }
     ctx.counters.borrow_mut().bytes_written +=
         header.len() as u64 + hit.value_len - hit.head.len() as u64;
+    if ctx.shared.settings.segment_eviction_lru {
+        // The read makes this value the most recently used one of its target.
+        let ctx = Rc::clone(ctx);
+        glommio::spawn_local(async move {
+            ctx.call_master(ShardRequest::Touch {
+                target,
+                offset: extent.offset,
+            })
+            .await;
+        })
+        .detach();
+    }
     drop(held);
     Ok(())
 }

@@ -10,15 +10,57 @@ use std::time::Duration;
 
 use glommio::channels::channel_mesh::{Full, MeshBuilder};
 
-use crate::placement::{Placer, TargetStatus};
+use std::collections::HashMap;
 
-use super::shard::{send_reply, MasterSnapshot, Message, ShardReply, ShardRequest, TargetRow};
+use crate::placement::{PlacementError, Placer, TargetId, TargetStatus};
+
+use super::shard::{
+    send_reply, MasterSnapshot, Message, ShardReply, ShardRequest, TargetRow, Victim,
+};
 use super::Shared;
 
-fn serve(placer: &mut Placer, request: ShardRequest) -> ShardReply {
+/// Most large values one placement may evict (`--segment-eviction lru`).
+const EVICTIONS_PER_PLACEMENT_MAX: usize = 64;
+
+/// The master's state: the placer, and (for LRU eviction) who owns each placed extent.
+struct Master {
+    placer: Placer,
+    lru: bool,
+    /// (target, extent offset) -> the key of the value there.
+    owners: HashMap<(TargetId, u64), Vec<u8>>,
+    evictions: u64,
+}
+
+fn serve(master: &mut Master, request: ShardRequest) -> ShardReply {
+    let placer = &mut master.placer;
     match request {
-        ShardRequest::Place(req) => {
+        ShardRequest::Place { request: req, key } => {
             let outcome = placer.place(&req);
+            if let Ok(placed) = &outcome {
+                if master.lru {
+                    for (target, extent) in &placed.replicas {
+                        master.owners.insert((*target, extent.offset), key.clone());
+                    }
+                }
+            }
+            if let Err(PlacementError::NoSpace { .. }) = &outcome {
+                if master.lru {
+                    if let Some((target, extents)) =
+                        placer.eviction_plan(&req, EVICTIONS_PER_PLACEMENT_MAX)
+                    {
+                        let victims: Vec<Victim> = extents
+                            .iter()
+                            .filter_map(|e| {
+                                let key = master.owners.get(&(target, e.offset))?.clone();
+                                tracing::debug!(target: "placement", %target, offset = e.offset, len = e.len, key = %String::from_utf8_lossy(&key), "evict");
+                                Some(Victim { key, target, offset: e.offset })
+                            })
+                            .collect();
+                        master.evictions += victims.len() as u64;
+                        return ShardReply::EvictFirst(victims);
+                    }
+                }
+            }
             match &outcome {
                 Ok(placed) => {
                     let chosen: Vec<String> = placed
@@ -43,12 +85,18 @@ fn serve(placer: &mut Placer, request: ShardRequest) -> ShardReply {
         ShardRequest::Free(extents) => {
             for (target, extent) in extents {
                 tracing::debug!(target: "placement", %target, offset = extent.offset, len = extent.len, "remove");
+                master.owners.remove(&(target, extent.offset));
                 placer.free(target, extent);
             }
             ShardReply::Done
         }
+        ShardRequest::Touch { target, offset } => {
+            placer.touch(target, offset);
+            ShardReply::Done
+        }
         ShardRequest::PlacementStats => ShardReply::PlacementStats(Box::new(MasterSnapshot {
             stats: placer.stats.clone(),
+            segment_evictions: master.evictions,
             policy: placer.policy().name(),
             targets: placer
                 .targets()
@@ -68,6 +116,7 @@ fn serve(placer: &mut Placer, request: ShardRequest) -> ShardReply {
         | ShardRequest::Stats
         | ShardRequest::LinkLarge { .. }
         | ShardRequest::CheckLarge { .. }
+        | ShardRequest::EvictLarge { .. }
         | ShardRequest::Release { .. } => unreachable!("shard requests never go to the master"),
     }
 }
@@ -76,7 +125,13 @@ pub async fn master_main(shared: Arc<Shared>, mesh: MeshBuilder<Message, Full>, 
     let (senders, mut receivers) = mesh.join().await.expect("the mesh forms");
     shared.register_master(senders.peer_id());
     let senders = Rc::new(senders);
-    let placer = Rc::new(RefCell::new(placer));
+    let lru = shared.settings.segment_eviction_lru;
+    let placer = Rc::new(RefCell::new(Master {
+        placer,
+        lru,
+        owners: HashMap::new(),
+        evictions: 0,
+    }));
     for (_peer, stream) in receivers.streams() {
         let (senders, placer) = (Rc::clone(&senders), Rc::clone(&placer));
         glommio::spawn_local(async move {

@@ -49,8 +49,23 @@ pub enum ShardRequest {
         delay: u32,
     },
     Stats,
-    /// To the placement master: extents for a large value.
-    Place(PlacementRequest),
+    /// To the placement master: extents for a large value of `key`.
+    Place {
+        request: PlacementRequest,
+        key: Vec<u8>,
+    },
+    /// To the placement master: an extent was just read (LRU order).
+    Touch {
+        target: TargetId,
+        offset: u64,
+    },
+    /// To a key's owner: evict this large value if it still lives at that extent; answer with
+    /// every extent now free.
+    EvictLarge {
+        key: Vec<u8>,
+        target: TargetId,
+        offset: u64,
+    },
     /// To the placement master: extents no object uses any more.
     Free(Vec<(TargetId, Extent)>),
     /// To the placement master: its figures.
@@ -106,13 +121,26 @@ pub enum ShardReply {
     Linked(StoreOutcome),
     Stats(Box<ShardSnapshot>),
     Placed(Result<Placed, PlacementError>),
+    /// No room: evict these large values (least recently used) and ask again.
+    EvictFirst(Vec<Victim>),
+    /// Extents freed by an eviction.
+    Evicted(Vec<(TargetId, Extent)>),
     PlacementStats(Box<MasterSnapshot>),
+}
+
+/// A large value the master wants evicted to make room.
+#[derive(Clone, Debug)]
+pub struct Victim {
+    pub key: Vec<u8>,
+    pub target: TargetId,
+    pub offset: u64,
 }
 
 /// The placement master's figures, for STAT `segments` and `placement`.
 #[derive(Clone, Debug, Default)]
 pub struct MasterSnapshot {
     pub stats: PlacementStats,
+    pub segment_evictions: u64,
     pub policy: &'static str,
     pub targets: Vec<TargetRow>,
 }
@@ -323,7 +351,19 @@ impl ShardCtx {
                 ShardReply::Done
             }
             ShardRequest::Stats => ShardReply::Stats(Box::new(self.snapshot())),
-            ShardRequest::Place(_) | ShardRequest::Free(_) | ShardRequest::PlacementStats => {
+            ShardRequest::EvictLarge {
+                key,
+                target,
+                offset,
+            } => {
+                let mut store = self.store.borrow_mut();
+                store.evict_large(&key, target, offset);
+                ShardReply::Evicted(store.take_pending_frees())
+            }
+            ShardRequest::Place { .. }
+            | ShardRequest::Touch { .. }
+            | ShardRequest::Free(_)
+            | ShardRequest::PlacementStats => {
                 unreachable!("placement requests go to the master")
             }
         }

@@ -226,6 +226,7 @@ fn placement(master: &MasterSnapshot) -> Vec<(String, String)> {
     let s = &master.stats;
     let mut out: Vec<(String, String)> = [
         ("policy", master.policy.to_string()),
+        ("segment_evictions", master.segment_evictions.to_string()),
         ("requests", s.requests.to_string()),
         (
             "requests_without_locality",

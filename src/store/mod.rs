@@ -266,6 +266,26 @@ impl Store {
         })
     }
 
+    /// Evicts `key` if it is a large item with a replica at (`target`, `offset`) (the master's
+    /// LRU choice; the key may have moved on meanwhile). Its extents join the pending frees
+    /// (or wait for their readers).
+    pub fn evict_large(&mut self, key: &[u8], target: TargetId, offset: u64) -> bool {
+        let Some(loc) = self.keys.find(&self.arena, key) else {
+            return false;
+        };
+        let matches = item::large(self.arena.bytes(loc)).is_some_and(|large| {
+            large
+                .replicas
+                .iter()
+                .any(|(t, e)| *t == target && e.offset == offset)
+        });
+        if matches {
+            self.remove(key);
+            self.keys.stats.large_evictions += 1;
+        }
+        matches
+    }
+
     /// Ends a reader's hold on a large item's extents.
     pub fn release_lease(&mut self, lease: u64) {
         self.keys.release_lease(lease);

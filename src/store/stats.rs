@@ -34,6 +34,8 @@ pub struct StoreStats {
     pub large_bytes: u64,
     /// Head copies of large items given up to make RAM room.
     pub large_heads_dropped: u64,
+    /// Large items evicted to make segment room (`--segment-eviction lru`).
+    pub large_evictions: u64,
 }
 
 impl StoreStats {
