@@ -345,9 +345,7 @@ fn eviction_plans_free_the_least_recently_used_until_the_request_fits() {
         let mut rng = Rng::new(seed);
         let mut placer = Placer::new(LOCAL, Policy::BestFit, seed);
         for i in 0..4 {
-            placer
-                .mount(spec(i, LOCAL, Some((i % 2) as u32), 64))
-                .unwrap();
+            placer.mount(spec(i, LOCAL, Some(i % 2), 64)).unwrap();
         }
         // Use order per target, oldest first, as the model sees it.
         let mut order: Vec<Vec<Extent>> = vec![Vec::new(); 4];
