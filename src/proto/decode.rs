@@ -117,6 +117,10 @@ pub enum Request<'a> {
     Stat {
         group: &'a [u8],
     },
+    /// Extension: an administrative command (mount, unmount), its text in the key.
+    Admin {
+        command: &'a [u8],
+    },
     Verbosity {
         level: u32,
     },
@@ -284,6 +288,7 @@ pub fn decode_streaming(
         }
         op::APPEND | op::APPENDQ | op::PREPEND | op::PREPENDQ => extras_len == 0 && key_len > 0,
         op::STAT => extras_len == 0,
+        op::ADMIN => extras_len == 0 && key_len > 0 && value_len == 0,
         op::VERBOSITY => extras_len == 4 && key_len == 0 && body_len == 4,
         op::TOUCH | op::GAT | op::GATQ | op::GATK | op::GATKQ => {
             extras_len == 4 && key_len != 0 && value_len == 0
@@ -468,6 +473,7 @@ pub fn decode_streaming(
         op::NOOP => Request::Noop,
         op::VERSION => Request::Version,
         op::STAT => Request::Stat { group: key },
+        op::ADMIN => Request::Admin { command: key },
         op::VERBOSITY => Request::Verbosity {
             level: be32(extras),
         },

@@ -61,6 +61,8 @@ pub mod opcode {
     /// Extension: SET with placement hints (`docs/protocol.md`).
     pub const SETX: u8 = 0x40;
     pub const SETXQ: u8 = 0x41;
+    /// Extension: an administrative command in the key (`docs/protocol.md`).
+    pub const ADMIN: u8 = 0x42;
 }
 
 /// Response statuses, as memcached returns them.

@@ -11,6 +11,9 @@ use super::spec::{FileLocality, SegmentSpec};
 use super::storage::{FileStorage, MemStorage};
 use super::target::{HostId, TargetKind, TargetSpec};
 
+/// Counts memory mounts, so each one gets its own identity.
+static MEM_MOUNTS: std::sync::atomic::AtomicU64 = std::sync::atomic::AtomicU64::new(0);
+
 /// Granule of every target: the device block.
 pub const TARGET_GRANULE_BYTES: u64 = 4096;
 
@@ -85,7 +88,9 @@ pub fn mount_all(
                 let canonical = std::fs::canonicalize(path).unwrap_or_else(|_| path.clone());
                 targets.push(MountedTarget {
                     spec: TargetSpec {
-                        uuid: uuid_of(("file", &canonical, size)),
+                        // A file's identity is its path: remounting it with another size or
+                        // locality is caught by the master, not silently a new target.
+                        uuid: uuid_of(("file", &canonical)),
                         name: path.display().to_string(),
                         host,
                         kind: TargetKind::File,
@@ -104,7 +109,14 @@ pub fn mount_all(
                         .map_err(|e| fail(format!("node {node}: {e}")))?;
                     targets.push(MountedTarget {
                         spec: TargetSpec {
-                            uuid: uuid_of(("mem", targets.len(), node, per_node)),
+                            // Memory does not survive an unmount: every mount is a new target.
+                            uuid: uuid_of((
+                                "mem",
+                                MEM_MOUNTS.fetch_add(1, std::sync::atomic::Ordering::Relaxed),
+                                std::process::id(),
+                                node,
+                                per_node,
+                            )),
                             name: spec.to_string(),
                             host,
                             kind: TargetKind::Mem,

@@ -312,6 +312,25 @@ impl Conn {
                             write_stats(ctx, &group, opcode, opaque, &mut self.out).await;
                             continue;
                         }
+                        Request::Admin { command } => {
+                            let command = command.to_vec();
+                            self.consumed += consumed;
+                            segment.finish(ctx, &mut self.out, &mut self.larges).await;
+                            let (status, text) = match super::admin::run(ctx, &command).await {
+                                Ok(text) => (Status::Ok, text),
+                                Err(reason) => (Status::InvalidArguments, reason),
+                            };
+                            ResponseWriter::new(&mut self.out).reply(
+                                opcode,
+                                opaque,
+                                status,
+                                0,
+                                &[],
+                                &[],
+                                text.as_bytes(),
+                            );
+                            continue;
+                        }
                         Request::LargeStore {
                             mode,
                             key,

@@ -62,6 +62,21 @@ fn placement_request(ctx: &ShardCtx, op: &LargeSet) -> PlacementRequest {
     request
 }
 
+/// A mounted target's storage, as this shard knows it.
+fn storage_of(ctx: &ShardCtx, target: TargetId) -> io::Result<TargetStorage> {
+    ctx.storage
+        .borrow()
+        .get(target.0 as usize)
+        .cloned()
+        .flatten()
+        .ok_or_else(|| {
+            io::Error::new(
+                io::ErrorKind::NotFound,
+                format!("target {target} is unmounted"),
+            )
+        })
+}
+
 /// Segment I/O for one shard. File segments are read and written with positioned O_DIRECT
 /// calls on glommio's blocking pool (glommio's own DMA reads failed on this machine's ext4 with
 /// EOPNOTSUPP from its iopoll probe).
@@ -78,7 +93,7 @@ impl SegmentFiles {
         at: u64,
         data: &[u8],
     ) -> io::Result<()> {
-        match &ctx.shared.targets[target.0 as usize].storage {
+        match &storage_of(ctx, target)? {
             TargetStorage::Mem(mem) => {
                 mem.write(extent.offset + at, data);
                 Ok(())
@@ -107,7 +122,7 @@ impl SegmentFiles {
         out: &mut Vec<u8>,
     ) -> io::Result<()> {
         out.clear();
-        match &ctx.shared.targets[target.0 as usize].storage {
+        match &storage_of(ctx, target)? {
             TargetStorage::Mem(mem) => {
                 out.resize(len, 0);
                 mem.read(extent.offset + at, out);

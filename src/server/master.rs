@@ -13,6 +13,7 @@ use glommio::channels::channel_mesh::{Full, MeshBuilder};
 use std::collections::HashMap;
 
 use crate::placement::{PlacementError, Placer, TargetId, TargetStatus};
+use crate::segment::{mount_all, MountedTarget, SegmentSpec, TargetSpec};
 
 use super::shard::{
     send_reply, MasterSnapshot, Message, ShardReply, ShardRequest, TargetRow, Victim,
@@ -26,9 +27,59 @@ const EVICTIONS_PER_PLACEMENT_MAX: usize = 64;
 struct Master {
     placer: Placer,
     lru: bool,
+    shared: Arc<Shared>,
+    /// Every target ever mounted, by uuid: a remount must keep its identity.
+    history: HashMap<u128, TargetSpec>,
     /// (target, extent offset) -> the key of the value there.
     owners: HashMap<(TargetId, u64), Vec<u8>>,
     evictions: u64,
+}
+
+/// Mounts a segment at runtime: its targets are placed in `Draining` (no placements) until
+/// every shard knows their storage and they are activated. A target mounted before (same
+/// uuid) must keep its base, size, kind and host, and a known node; an unknown one may be
+/// filled in.
+fn mount(
+    master: &mut Master,
+    spec: &SegmentSpec,
+) -> Result<Vec<(TargetId, MountedTarget)>, String> {
+    let targets = mount_all(
+        std::slice::from_ref(spec),
+        &master.shared.topology,
+        master.placer.local_host(),
+    )
+    .map_err(|e| e.to_string())?;
+    for target in &targets {
+        let new = &target.spec;
+        if let Some(old) = master.history.get(&new.uuid) {
+            let same = old.base == new.base
+                && old.size == new.size
+                && old.kind == new.kind
+                && old.host == new.host;
+            let node_ok =
+                old.locality.is_none() || new.locality.is_none() || old.locality == new.locality;
+            if !same || !node_ok {
+                return Err(format!(
+                    "{} was mounted before as {:?} at base {} size {} node {:?}; a remount cannot change that",
+                    new.name, old.kind, old.base, old.size, old.locality
+                ));
+            }
+        }
+    }
+    let mut mounted = Vec::new();
+    for mut target in targets {
+        if let Some(old) = master.history.get(&target.spec.uuid) {
+            target.spec.locality = target.spec.locality.or(old.locality);
+        }
+        let id = master
+            .placer
+            .mount(target.spec.clone())
+            .map_err(|e| e.to_string())?;
+        master.placer.set_status(id, TargetStatus::Draining);
+        master.history.insert(target.spec.uuid, target.spec.clone());
+        mounted.push((id, target));
+    }
+    Ok(mounted)
 }
 
 fn serve(master: &mut Master, request: ShardRequest) -> ShardReply {
@@ -82,7 +133,42 @@ fn serve(master: &mut Master, request: ShardRequest) -> ShardReply {
             }
             ShardReply::Placed(outcome)
         }
+        ShardRequest::Mount(spec) => ShardReply::Mounted(mount(master, &spec)),
+        ShardRequest::Activate(ids) => {
+            for id in ids {
+                master.placer.set_status(id, TargetStatus::Active);
+            }
+            ShardReply::Done
+        }
+        ShardRequest::UnmountPrepare(id) => ShardReply::Unmounted(match master.placer.target(id) {
+            None => Err(format!("{id} is not mounted")),
+            Some(_) => {
+                master.placer.set_status(id, TargetStatus::Draining);
+                Ok(())
+            }
+        }),
+        ShardRequest::UnmountCheck(id) => ShardReply::Unmounted(match master.placer.target(id) {
+            None => Err(format!("{id} is not mounted")),
+            Some(t) if t.status != TargetStatus::Draining => Err(format!(
+                "{id} is not draining: run 'unmount prepare {}' first",
+                id.0
+            )),
+            Some(_) => Ok(()),
+        }),
+        ShardRequest::UnmountCommit(id) => ShardReply::Unmounted(match master.placer.unmount(id) {
+            None => Err(format!("{id} is not mounted")),
+            Some(_) => {
+                master.owners.retain(|(t, _), _| *t != id);
+                Ok(())
+            }
+        }),
         ShardRequest::Free(extents) => {
+            // Extents of a target unmounted meanwhile (a reader held them) are simply gone.
+            let extents: Vec<_> = extents
+                .into_iter()
+                .filter(|(t, _)| master.placer.target(*t).is_some())
+                .collect();
+            let placer = &mut master.placer;
             for (target, extent) in extents {
                 tracing::debug!(target: "placement", %target, offset = extent.offset, len = extent.len, "remove");
                 master.owners.remove(&(target, extent.offset));
@@ -117,6 +203,9 @@ fn serve(master: &mut Master, request: ShardRequest) -> ShardReply {
         | ShardRequest::LinkLarge { .. }
         | ShardRequest::CheckLarge { .. }
         | ShardRequest::EvictLarge { .. }
+        | ShardRequest::AddStorage(_)
+        | ShardRequest::DropTarget(_)
+        | ShardRequest::RemoveStorage(_)
         | ShardRequest::Release { .. } => unreachable!("shard requests never go to the master"),
     }
 }
@@ -126,9 +215,15 @@ pub async fn master_main(shared: Arc<Shared>, mesh: MeshBuilder<Message, Full>, 
     shared.register_master(senders.peer_id());
     let senders = Rc::new(senders);
     let lru = shared.settings.segment_eviction_lru;
+    let history = placer
+        .targets()
+        .map(|(_, t)| (t.spec.uuid, t.spec.clone()))
+        .collect();
     let placer = Rc::new(RefCell::new(Master {
         placer,
         lru,
+        shared: Arc::clone(&shared),
+        history,
         owners: HashMap::new(),
         evictions: 0,
     }));

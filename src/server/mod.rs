@@ -1,6 +1,7 @@
 //! The server: one glommio executor per serving CPU, each a shard with its own store and
 //! listener (SO_REUSEPORT), joined by a channel mesh. See `docs/server.md`.
 
+mod admin;
 mod conn;
 mod event;
 mod execute;
@@ -88,8 +89,10 @@ pub struct Shared {
     pub(crate) drained: AtomicUsize,
     /// Shards that are completely done (the placement master waits for them all).
     pub(crate) finished: AtomicUsize,
-    /// Store targets for large values, by placement target id.
+    /// Store targets mounted at start, by placement target id.
     pub targets: Vec<MountedTarget>,
+    /// The machine, for mounts at runtime.
+    pub topology: Topology,
     /// Mesh peer ids, filled as executors join, and the barrier every executor passes once
     /// all are known.
     peers: Mutex<(Vec<Option<usize>>, Option<usize>)>,
@@ -205,6 +208,7 @@ pub fn start(settings: Settings, topology: &Topology) -> Result<Running, ServerE
         finished: AtomicUsize::new(0),
         bound: (Mutex::new(None), Condvar::new()),
         targets,
+        topology: topology.clone(),
         peers: Mutex::new((vec![None; shards], None)),
         joined: std::sync::Barrier::new(shards + 1),
         arena,

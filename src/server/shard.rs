@@ -18,7 +18,7 @@ use glommio::net::TcpListener;
 use crate::arena::ShardArenaStats;
 use crate::placement::{Placed, PlacementError, PlacementRequest, PlacementStats, TargetId};
 use crate::proto::{decode, Decoded, StoreMode};
-use crate::segment::{Extent, TargetSpec};
+use crate::segment::{Extent, MountedTarget, SegmentSpec, TargetSpec, TargetStorage};
 use crate::store::{Store, StoreOutcome, StoreStats};
 
 use super::event::LocalEvent;
@@ -88,6 +88,22 @@ pub enum ShardRequest {
         key: Vec<u8>,
         cas: u64,
     },
+    /// To the master: mount a segment (its targets start draining until activated).
+    Mount(SegmentSpec),
+    /// To the master: let placements use these targets.
+    Activate(Vec<TargetId>),
+    /// To the master: no new placements on a target.
+    UnmountPrepare(TargetId),
+    /// To the master: is the target prepared (draining)?
+    UnmountCheck(TargetId),
+    /// To the master: forget the target.
+    UnmountCommit(TargetId),
+    /// To every shard: the storage of newly mounted targets.
+    AddStorage(Vec<(TargetId, TargetStorage)>),
+    /// To every shard: drop every item with a replica on this target.
+    DropTarget(TargetId),
+    /// To every shard: forget this target's storage.
+    RemoveStorage(TargetId),
     /// To a key's owner: a reader is done with a large item's extents.
     Release {
         lease: u64,
@@ -125,6 +141,13 @@ pub enum ShardReply {
     EvictFirst(Vec<Victim>),
     /// Extents freed by an eviction.
     Evicted(Vec<(TargetId, Extent)>),
+    Mounted(Result<Vec<(TargetId, MountedTarget)>, String>),
+    Unmounted(Result<(), String>),
+    /// Items dropped with an unmounted target, and the extents they held.
+    Dropped {
+        items: u64,
+        extents: Vec<(TargetId, Extent)>,
+    },
     PlacementStats(Box<MasterSnapshot>),
 }
 
@@ -182,6 +205,8 @@ pub struct ShardCtx {
     pub stop: LocalEvent,
     pub live_connections: Cell<usize>,
     pub files: SegmentFiles,
+    /// The storage of every mounted target, by target id (`None`: unmounted).
+    pub storage: RefCell<Vec<Option<TargetStorage>>>,
     mesh: Rc<Senders<Message>>,
     peers: Peers,
     waiters: RefCell<HashMap<u64, LocalSender<ShardReply>>>,
@@ -196,6 +221,11 @@ impl ShardCtx {
         mesh: Senders<Message>,
         peers: Peers,
     ) -> ShardCtx {
+        let storage = shared
+            .targets
+            .iter()
+            .map(|t| Some(t.storage.clone()))
+            .collect();
         ShardCtx {
             id,
             shards: peers.shards.len(),
@@ -207,6 +237,7 @@ impl ShardCtx {
             stop: LocalEvent::new(),
             live_connections: Cell::new(0),
             files: SegmentFiles,
+            storage: RefCell::new(storage),
             waiters: RefCell::new(HashMap::new()),
             next_token: Cell::new(0),
         }
@@ -351,6 +382,31 @@ impl ShardCtx {
                 ShardReply::Done
             }
             ShardRequest::Stats => ShardReply::Stats(Box::new(self.snapshot())),
+            ShardRequest::AddStorage(added) => {
+                let mut table = self.storage.borrow_mut();
+                for (id, storage) in added {
+                    let at = id.0 as usize;
+                    if table.len() <= at {
+                        table.resize(at + 1, None);
+                    }
+                    table[at] = Some(storage);
+                }
+                ShardReply::Done
+            }
+            ShardRequest::DropTarget(target) => {
+                let mut store = self.store.borrow_mut();
+                let items = store.drop_target(target);
+                ShardReply::Dropped {
+                    items,
+                    extents: store.take_pending_frees(),
+                }
+            }
+            ShardRequest::RemoveStorage(target) => {
+                if let Some(slot) = self.storage.borrow_mut().get_mut(target.0 as usize) {
+                    *slot = None;
+                }
+                ShardReply::Done
+            }
             ShardRequest::EvictLarge {
                 key,
                 target,
@@ -363,7 +419,12 @@ impl ShardCtx {
             ShardRequest::Place { .. }
             | ShardRequest::Touch { .. }
             | ShardRequest::Free(_)
-            | ShardRequest::PlacementStats => {
+            | ShardRequest::PlacementStats
+            | ShardRequest::Mount(_)
+            | ShardRequest::Activate(_)
+            | ShardRequest::UnmountPrepare(_)
+            | ShardRequest::UnmountCheck(_)
+            | ShardRequest::UnmountCommit(_) => {
                 unreachable!("placement requests go to the master")
             }
         }

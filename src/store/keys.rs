@@ -234,6 +234,22 @@ impl Keys {
         }
     }
 
+    /// The keys of large items with a replica on `target` (a scan of the index: unmounts only).
+    pub fn large_keys_on(&self, arena: &ShardArena, target: TargetId) -> Vec<Vec<u8>> {
+        self.table
+            .iter()
+            .filter_map(|&loc| {
+                let record = arena.bytes(loc);
+                let large = item::large(record)?;
+                large
+                    .replicas
+                    .iter()
+                    .any(|(t, _)| *t == target)
+                    .then(|| item::key(record).to_vec())
+            })
+            .collect()
+    }
+
     /// Empties the index, returning every record.
     pub fn drain(&mut self) -> Vec<HeadLoc> {
         self.table.drain().collect()

@@ -286,6 +286,16 @@ impl Store {
         matches
     }
 
+    /// Drops every large item with a replica on `target` (its unmount); returns how many. Their
+    /// extents join the pending frees (or wait for their readers).
+    pub fn drop_target(&mut self, target: TargetId) -> u64 {
+        let keys = self.keys.large_keys_on(&self.arena, target);
+        for key in &keys {
+            self.remove(key);
+        }
+        keys.len() as u64
+    }
+
     /// Ends a reader's hold on a large item's extents.
     pub fn release_lease(&mut self, lease: u64) {
         self.keys.release_lease(lease);

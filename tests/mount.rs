@@ -1,0 +1,137 @@
+//! Mount, unmount and remount at runtime through the ADMIN extension: a mounted segment takes
+//! placements; unmount is two-phase (prepare: no new placements, reads go on; commit: its
+//! objects leave the index); a remount must keep its identity; overlaps and duplicates are
+//! refused.
+
+mod common;
+
+use std::io::Write;
+
+use common::server::{frame, Client, Response, Server};
+
+const ADMIN: u8 = 0x42;
+const SETX: u8 = 0x40;
+
+fn admin(c: &mut Client, command: &str) -> Response {
+    c.call(&frame(ADMIN, &[], command.as_bytes(), &[], 0, 1))
+}
+
+fn text(r: &Response) -> String {
+    String::from_utf8_lossy(&r.value).into_owned()
+}
+
+/// A large SET aimed at one target (SETX with it preferred).
+fn set_on(c: &mut Client, key: &[u8], len: usize, target: u32) -> u16 {
+    let mut e = 0u32.to_be_bytes().to_vec();
+    e.extend_from_slice(&0u32.to_be_bytes());
+    e.extend_from_slice(&[1, 0xff, 0xff, 0, 1, 0]);
+    e.extend_from_slice(&target.to_be_bytes());
+    let mut head = frame(SETX, &e, key, &[], 0, 1);
+    head[8..12].copy_from_slice(&((e.len() + key.len() + len) as u32).to_be_bytes());
+    c.send(&head);
+    c.stream.write_all(&vec![9u8; len]).unwrap();
+    c.recv().unwrap().status
+}
+
+#[test]
+fn mount_unmount_and_remount_at_runtime() {
+    let dir = std::env::temp_dir().join(format!("headroom-mount-{}", std::process::id()));
+    let server = Server::start(&["--threads", "2", "--segment", "mem:size=64M,numa=0"]);
+    let mut c = server.client();
+    let spec = format!("file:{}/extra,size=64M", dir.display());
+
+    let r = admin(&mut c, &format!("mount {spec}"));
+    assert_eq!((r.status, text(&r)), (0, "mounted t1".to_string()));
+    assert_eq!(
+        c.stats("segments")
+            .iter()
+            .find(|(n, _)| n == "target_1_kind")
+            .unwrap()
+            .1,
+        "file"
+    );
+    assert_eq!(set_on(&mut c, b"on-t1", 2 << 20, 1), 0);
+    assert_eq!(c.stat("segments", "target_1_used"), 2 << 20);
+    // Mounting it again while mounted: a duplicate.
+    let r = admin(&mut c, &format!("mount {spec}"));
+    assert_eq!(r.status, 4, "{}", text(&r));
+
+    // Commit before prepare is refused.
+    let r = admin(&mut c, "unmount commit 1");
+    assert_eq!(r.status, 4);
+    assert!(text(&r).contains("prepare"), "{}", text(&r));
+    // Prepare: no new placements there, reads go on.
+    assert_eq!(admin(&mut c, "unmount prepare 1").status, 0);
+    assert_eq!(c.get(b"on-t1").value.len(), 2 << 20);
+    assert_eq!(set_on(&mut c, b"elsewhere", 2 << 20, 1), 0);
+    assert_eq!(
+        c.stat("segments", "target_1_used"),
+        2 << 20,
+        "a draining target took a placement"
+    );
+    // Commit: its objects leave the index.
+    let r = admin(&mut c, "unmount commit 1");
+    assert_eq!(
+        (r.status, text(&r)),
+        (0, "unmounted t1, 1 objects dropped".to_string())
+    );
+    assert_eq!(c.get(b"on-t1").status, 1);
+    assert_eq!(c.get(b"elsewhere").value.len(), 2 << 20);
+    assert!(!c
+        .stats("segments")
+        .iter()
+        .any(|(n, _)| n.starts_with("target_1_")));
+
+    // Remount: the same file, the same identity, a new id.
+    let r = admin(&mut c, &format!("mount {spec}"));
+    assert_eq!((r.status, text(&r)), (0, "mounted t2".to_string()));
+    assert_eq!(admin(&mut c, "unmount prepare 2").status, 0);
+    assert_eq!(admin(&mut c, "unmount commit 2").status, 0);
+    // A remount that changes the size (or the node) is refused.
+    let r = admin(
+        &mut c,
+        &format!("mount file:{}/extra,size=32M", dir.display()),
+    );
+    assert_eq!(r.status, 4);
+    assert!(text(&r).contains("cannot change"), "{}", text(&r));
+    let r = admin(&mut c, &format!("mount {spec},numa=0"));
+    assert_eq!(
+        r.status,
+        0,
+        "an unknown node may be filled in: {}",
+        text(&r)
+    );
+    assert_eq!(admin(&mut c, "unmount prepare 3").status, 0);
+    assert_eq!(admin(&mut c, "unmount commit 3").status, 0);
+    let r = admin(&mut c, &format!("mount {spec}"));
+    assert_eq!(
+        r.status,
+        0,
+        "a known node stays when the remount does not say: {}",
+        text(&r)
+    );
+    assert_eq!(
+        c.stats("segments")
+            .iter()
+            .find(|(n, _)| n == "target_4_node")
+            .unwrap()
+            .1,
+        "0"
+    );
+
+    // Bad commands get a clear refusal.
+    for bad in [
+        "mount",
+        "mount disk:/x,size=1G",
+        "unmount prepare 99",
+        "unmount commit x",
+        "format c:",
+    ] {
+        let r = admin(&mut c, bad);
+        assert_eq!(r.status, 4, "{bad}");
+        assert!(!r.value.is_empty());
+    }
+    assert_eq!(c.set(b"still", b"serving", 0, 0).status, 0);
+    drop(server);
+    let _ = std::fs::remove_dir_all(dir);
+}
