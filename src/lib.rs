@@ -12,6 +12,7 @@ pub mod placement;
 pub mod proto;
 pub mod segment;
 pub mod server;
+pub mod snapshot;
 pub mod store;
 mod sys;
 pub mod topology;

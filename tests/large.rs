@@ -6,31 +6,8 @@ mod common;
 
 use std::io::{Read, Write};
 
+use common::pattern;
 use common::server::{frame, set_extras, Client, Server};
-
-fn pattern(seed: u64, len: usize) -> Vec<u8> {
-    let mut x = seed.wrapping_mul(0x9E37_79B9_7F4A_7C15) | 1;
-    (0..len)
-        .map(|_| {
-            x ^= x << 13;
-            x ^= x >> 7;
-            x ^= x << 17;
-            x as u8
-        })
-        .collect()
-}
-
-/// Sends a SET whose body goes out in pieces (as a real client streams it).
-fn set_streamed(c: &mut Client, key: &[u8], value: &[u8], opcode: u8) -> common::server::Response {
-    let mut head = frame(opcode, &set_extras(7, 0), key, &[], 0, 1);
-    let body_len = (8 + key.len() + value.len()) as u32;
-    head[8..12].copy_from_slice(&body_len.to_be_bytes());
-    c.send(&head);
-    for piece in value.chunks(1 << 20) {
-        c.stream.write_all(piece).unwrap();
-    }
-    c.recv().expect("a reply")
-}
 
 fn used(c: &mut Client) -> u64 {
     c.stats("segments")
@@ -49,7 +26,7 @@ fn round_trips(args: &[&str]) {
     {
         let key = format!("large-{i}");
         let value = pattern(i as u64, len);
-        let r = set_streamed(&mut c, key.as_bytes(), &value, 0x01);
+        let r = c.set_streamed(0x01, key.as_bytes(), &value, 7);
         assert_eq!(r.status, 0, "SET {len}: {r:?}");
         let got = c.get(key.as_bytes());
         assert_eq!((got.status, got.flags(), got.cas), (0, 7, r.cas));
@@ -115,7 +92,7 @@ fn the_head_arrives_before_the_tail_is_read() {
     let server = Server::start(&["--threads", "1", "--ram-head", "256K"]);
     let mut c = server.client();
     let value = pattern(9, 32 << 20);
-    assert_eq!(set_streamed(&mut c, b"big", &value, 0x01).status, 0);
+    assert_eq!(c.set_streamed(0x01, b"big", &value, 7).status, 0);
     c.send(&frame(0x00, &[], b"big", &[], 0, 5));
     let mut head = vec![0u8; 24 + 4 + (256 << 10)];
     c.stream.read_exact(&mut head).unwrap();

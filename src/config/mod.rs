@@ -485,6 +485,8 @@ pub struct Settings {
     pub max_item_bytes: u64,
     /// Store targets for large values (never empty: a default file segment otherwise).
     pub segments: Vec<SegmentSpec>,
+    /// The data directory: the default segment and the warm-restart snapshot live here.
+    pub data_dir: PathBuf,
     pub placement_policy: Policy,
     /// Evict least recently used large values when a segment is full (`--segment-eviction lru`).
     pub segment_eviction_lru: bool,
@@ -810,6 +812,7 @@ pub fn resolve_with_file(
         idle_timeout_seconds: cli.idle_timeout.or(file.idle_timeout).unwrap_or(0),
         max_item_bytes,
         segments,
+        data_dir,
         placement_policy,
         segment_eviction_lru,
         dry_run: cli.dry_run,

@@ -164,6 +164,12 @@ impl FileStorage {
         self.file.read_exact_at(buf.as_mut_slice(), offset)
     }
 
+    /// Makes every completed write durable (O_DIRECT bypasses the page cache, not the device's
+    /// write cache). Blocking.
+    pub fn sync_data(&self) -> io::Result<()> {
+        self.file.sync_data()
+    }
+
     /// The node of the block device holding the file, from sysfs.
     pub fn device_node(&self, topology: &Topology) -> Option<NodeId> {
         let meta = fs::metadata(&self.path).ok()?;

@@ -16,7 +16,7 @@ use crate::placement::{LocalityHint, PlacementError, PlacementRequest, TargetId}
 use crate::proto::{PlacementHints, ResponseWriter, Status, StoreMode};
 use crate::segment::storage::AlignedBuf;
 use crate::segment::{Extent, TargetStorage};
-use crate::store::{KeyHasher, StoreOutcome};
+use crate::store::{KeyHasher, LargeLink, StoreOutcome};
 
 use super::conn::{with_limits, Io};
 use super::execute::LargeGet;
@@ -353,6 +353,7 @@ pub async fn receive_set(
     let mut chunk = vec![0u8; chunk_bytes];
     let mut received = 0u64;
     let mut used = 0usize;
+    let mut checksum = 0u32;
     let mut segment_error: Option<io::Error> = None;
     let outcome: Result<(), Interrupted> = async {
         while received < op.value_len {
@@ -374,6 +375,7 @@ pub async fn receive_set(
                 let take = (head_bytes - head.len()).min(filled);
                 head.extend_from_slice(&chunk[..take]);
             }
+            checksum = crc32c::crc32c_append(checksum, &chunk[..filled]);
             // After a segment error the rest of the body is still read (and dropped), so the
             // connection stays in step and can be answered.
             if segment_error.is_none() {
@@ -415,9 +417,12 @@ pub async fn receive_set(
         flags: op.flags,
         expiry: op.expiry,
         cas: op.cas,
-        value_len: op.value_len,
-        replicas,
-        head,
+        link: LargeLink {
+            value_len: op.value_len,
+            checksum,
+            replicas,
+            head,
+        },
     };
     let ShardReply::Linked(outcome) = ask_owner(ctx, &op.key, link).await else {
         unreachable!("a link is answered with its outcome");

@@ -134,6 +134,24 @@ fn serve(master: &mut Master, request: ShardRequest) -> ShardReply {
             ShardReply::Placed(outcome)
         }
         ShardRequest::Mount(spec) => ShardReply::Mounted(mount(master, &spec)),
+        ShardRequest::Claim { key, extents } => {
+            let mut claimed = Vec::new();
+            for (target, extent) in &extents {
+                if !master.placer.claim(*target, *extent) {
+                    for (t, e) in claimed {
+                        master.placer.free(t, e);
+                    }
+                    return ShardReply::Claimed(false);
+                }
+                claimed.push((*target, *extent));
+            }
+            if master.lru {
+                for (target, extent) in extents {
+                    master.owners.insert((target, extent.offset), key.clone());
+                }
+            }
+            ShardReply::Claimed(true)
+        }
         ShardRequest::Activate(ids) => {
             for id in ids {
                 master.placer.set_status(id, TargetStatus::Active);

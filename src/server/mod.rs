@@ -9,6 +9,7 @@ mod large;
 mod master;
 mod shard;
 mod stats;
+mod warm;
 
 use std::net::SocketAddr;
 use std::rc::Rc;
@@ -89,6 +90,8 @@ pub struct Shared {
     pub(crate) drained: AtomicUsize,
     /// Shards that are completely done (the placement master waits for them all).
     pub(crate) finished: AtomicUsize,
+    /// Shards that have read the warm-restart snapshot (the last one deletes it).
+    pub(crate) restored: AtomicUsize,
     /// Store targets mounted at start, by placement target id.
     pub targets: Vec<MountedTarget>,
     /// The machine, for mounts at runtime.
@@ -206,6 +209,7 @@ pub fn start(settings: Settings, topology: &Topology) -> Result<Running, ServerE
         rejected_connections: AtomicU64::new(0),
         drained: AtomicUsize::new(0),
         finished: AtomicUsize::new(0),
+        restored: AtomicUsize::new(0),
         bound: (Mutex::new(None), Condvar::new()),
         targets,
         topology: topology.clone(),
@@ -327,6 +331,7 @@ async fn shard_main(
         peers,
     ));
     shard::spawn_receivers(&ctx, receivers);
+    warm::restore(&ctx).await;
     let _ = ready.send(listener.local_addr().map_err(|e| e.to_string()));
     drop(ready);
 
@@ -353,6 +358,7 @@ async fn shard_main(
     while shared.drained.load(Ordering::Acquire) < ctx.shards {
         glommio::timer::sleep(Duration::from_millis(5)).await;
     }
+    warm::write_part(&ctx).await;
     // Extents freed by the last requests reach the master before it stops.
     let frees = ctx.store.borrow_mut().take_pending_frees();
     if !frees.is_empty() {

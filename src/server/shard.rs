@@ -19,7 +19,7 @@ use crate::arena::ShardArenaStats;
 use crate::placement::{Placed, PlacementError, PlacementRequest, PlacementStats, TargetId};
 use crate::proto::{decode, Decoded, StoreMode};
 use crate::segment::{Extent, MountedTarget, SegmentSpec, TargetSpec, TargetStorage};
-use crate::store::{Store, StoreOutcome, StoreStats};
+use crate::store::{LargeLink, Store, StoreOutcome, StoreStats};
 
 use super::event::LocalEvent;
 use super::execute::{execute_keyed, LargeGet};
@@ -77,9 +77,7 @@ pub enum ShardRequest {
         flags: u32,
         expiry: u32,
         cas: u64,
-        value_len: u64,
-        replicas: Vec<(TargetId, Extent)>,
-        head: Vec<u8>,
+        link: LargeLink,
     },
     /// To a key's owner: would a large SET/ADD/REPLACE be refused right now? (Checked again
     /// at the link.)
@@ -87,6 +85,11 @@ pub enum ShardRequest {
         mode: StoreMode,
         key: Vec<u8>,
         cas: u64,
+    },
+    /// To the master: take exactly these extents for `key` (a warm restart), all or none.
+    Claim {
+        key: Vec<u8>,
+        extents: Vec<(TargetId, Extent)>,
     },
     /// To the master: mount a segment (its targets start draining until activated).
     Mount(SegmentSpec),
@@ -142,6 +145,7 @@ pub enum ShardReply {
     /// Extents freed by an eviction.
     Evicted(Vec<(TargetId, Extent)>),
     Mounted(Result<Vec<(TargetId, MountedTarget)>, String>),
+    Claimed(bool),
     Unmounted(Result<(), String>),
     /// Items dropped with an unmounted target, and the extents they held.
     Dropped {
@@ -348,9 +352,7 @@ impl ShardCtx {
                 flags,
                 expiry,
                 cas,
-                value_len,
-                replicas,
-                head,
+                link,
             } => {
                 let outcome = self.store.borrow_mut().link_large(
                     mode,
@@ -359,9 +361,7 @@ impl ShardCtx {
                     expiry,
                     cas,
                     unix_now(),
-                    value_len,
-                    replicas,
-                    &head,
+                    link,
                 );
                 ShardReply::Linked(outcome)
             }
@@ -421,6 +421,7 @@ impl ShardCtx {
             | ShardRequest::Free(_)
             | ShardRequest::PlacementStats
             | ShardRequest::Mount(_)
+            | ShardRequest::Claim { .. }
             | ShardRequest::Activate(_)
             | ShardRequest::UnmountPrepare(_)
             | ShardRequest::UnmountCheck(_)

@@ -12,8 +12,9 @@
 //! ..  value    inline: the rest of the record
 //!              fixed:  slot block u32 LE, slot offset u32 LE, value_len u32 LE
 //!              large:  value_len u64 LE, head slot block u32 LE (u32::MAX: no head copy),
-//!                      head slot offset u32 LE, replica count u8, then per replica:
-//!                      target u32 LE, extent offset u64 LE, extent length u64 LE
+//!                      head slot offset u32 LE, CRC32C of the value u32 LE, replica count
+//!                      u8, then per replica: target u32 LE, extent offset u64 LE, extent
+//!                      length u64 LE
 //! ```
 //!
 //! So an index entry is only the record's 8-byte `HeadLoc`, and compaction can find the entry of a
@@ -56,12 +57,14 @@ pub enum ValueAt {
 pub struct LargeValue {
     pub value_len: u64,
     pub head: Option<HeadLoc>,
+    /// CRC32C of the whole value, computed as it streamed in (checked on warm restart).
+    pub checksum: u32,
     pub replicas: Vec<(TargetId, Extent)>,
 }
 
 /// Bytes of a large item's record.
 pub fn large_record_len(key_len: usize, replicas: usize) -> usize {
-    RECORD_HEADER_BYTES + key_len + 8 + 8 + 1 + REPLICA_BYTES * replicas
+    RECORD_HEADER_BYTES + key_len + 8 + 8 + 4 + 1 + REPLICA_BYTES * replicas
 }
 
 /// Writes a large item's record.
@@ -72,9 +75,10 @@ pub fn write_large(record: &mut [u8], meta: Meta, key: &[u8], large: &LargeValue
     let (block, offset) = large.head.map_or((NO_HEAD, 0), |h| (h.block.0, h.offset));
     record[at + 8..at + 12].copy_from_slice(&block.to_le_bytes());
     record[at + 12..at + 16].copy_from_slice(&offset.to_le_bytes());
-    record[at + 16] = large.replicas.len() as u8;
+    record[at + 16..at + 20].copy_from_slice(&large.checksum.to_le_bytes());
+    record[at + 20] = large.replicas.len() as u8;
     for (i, (target, extent)) in large.replicas.iter().enumerate() {
-        let r = at + 17 + i * REPLICA_BYTES;
+        let r = at + 21 + i * REPLICA_BYTES;
         record[r..r + 4].copy_from_slice(&target.0.to_le_bytes());
         record[r + 4..r + 12].copy_from_slice(&extent.offset.to_le_bytes());
         record[r + 12..r + 20].copy_from_slice(&extent.len.to_le_bytes());
@@ -101,9 +105,9 @@ pub fn large(record: &[u8]) -> Option<LargeValue> {
         block: BlockId(block),
         offset: u32_at(record, at + 12),
     });
-    let replicas = (0..record[at + 16] as usize)
+    let replicas = (0..record[at + 20] as usize)
         .map(|i| {
-            let r = at + 17 + i * REPLICA_BYTES;
+            let r = at + 21 + i * REPLICA_BYTES;
             (
                 TargetId(u32_at(record, r)),
                 Extent {
@@ -116,6 +120,7 @@ pub fn large(record: &[u8]) -> Option<LargeValue> {
     Some(LargeValue {
         value_len: u64_at(at),
         head,
+        checksum: u32_at(record, at + 16),
         replicas,
     })
 }
@@ -220,6 +225,7 @@ mod tests {
             expiry: 0,
         };
         let large = LargeValue {
+            checksum: 0xdead_beef,
             value_len: 5 << 30,
             head: Some(HeadLoc {
                 block: BlockId(3),
@@ -250,6 +256,7 @@ mod tests {
         set_referenced(&mut record, true);
         assert_eq!(super::large(&record), Some(large));
         let no_head = LargeValue {
+            checksum: 7,
             value_len: 10,
             head: None,
             replicas: vec![],

@@ -250,6 +250,18 @@ impl Keys {
             .collect()
     }
 
+    /// Every large item: (key, metadata, placement), for a snapshot.
+    pub fn large_items(&self, arena: &ShardArena) -> Vec<(Vec<u8>, item::Meta, item::LargeValue)> {
+        self.table
+            .iter()
+            .filter_map(|&loc| {
+                let record = arena.bytes(loc);
+                let large = item::large(record)?;
+                Some((item::key(record).to_vec(), item::meta(record), large))
+            })
+            .collect()
+    }
+
     /// Empties the index, returning every record.
     pub fn drain(&mut self) -> Vec<HeadLoc> {
         self.table.drain().collect()

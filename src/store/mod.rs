@@ -30,6 +30,17 @@ pub struct StoreConfig {
     pub shard: usize,
 }
 
+/// A large value already written to its extents, to be linked under a key.
+#[derive(Clone, Debug)]
+pub struct LargeLink {
+    pub value_len: u64,
+    /// CRC32C of the whole value.
+    pub checksum: u32,
+    pub replicas: Vec<(TargetId, Extent)>,
+    /// Its first bytes, for a head copy in RAM (empty: none).
+    pub head: Vec<u8>,
+}
+
 /// What a lookup found.
 #[derive(Debug, PartialEq, Eq)]
 pub enum Lookup<'a> {
@@ -296,6 +307,16 @@ impl Store {
         keys.len() as u64
     }
 
+    /// Every live large item: (key, flags, absolute expiry, placement), for a snapshot.
+    pub fn large_items(&self, now: u32) -> Vec<(Vec<u8>, u32, u32, item::LargeValue)> {
+        self.keys
+            .large_items(&self.arena)
+            .into_iter()
+            .filter(|(_, meta, _)| !is_expired(meta.expiry, now))
+            .map(|(key, meta, large)| (key, meta.flags, meta.expiry, large))
+            .collect()
+    }
+
     /// Ends a reader's hold on a large item's extents.
     pub fn release_lease(&mut self, lease: u64) {
         self.keys.release_lease(lease);
@@ -348,10 +369,15 @@ impl Store {
         exptime: u32,
         cas: u64,
         now: u32,
-        value_len: u64,
-        replicas: Vec<(TargetId, Extent)>,
-        head: &[u8],
+        link: LargeLink,
     ) -> StoreOutcome {
+        let LargeLink {
+            value_len,
+            checksum,
+            replicas,
+            head,
+        } = link;
+        let head = &head[..];
         self.keys.stats.cmd_set += 1;
         let existing = self
             .live(key, now)
@@ -384,6 +410,7 @@ impl Store {
             expiry: absolute_expiry(exptime, now),
         };
         let large = item::LargeValue {
+            checksum,
             value_len,
             head: head_slot,
             replicas,

@@ -35,6 +35,19 @@ impl Rng {
     }
 }
 
+/// `len` bytes of a seeded xorshift stream: large values whose every byte is checkable.
+pub fn pattern(seed: u64, len: usize) -> Vec<u8> {
+    let mut x = seed.wrapping_mul(0x9E37_79B9_7F4A_7C15) | 1;
+    (0..len)
+        .map(|_| {
+            x ^= x << 13;
+            x ^= x >> 7;
+            x ^= x << 17;
+            x as u8
+        })
+        .collect()
+}
+
 /// The seeds a model test runs: `HEADROOM_SEED=N` replays one; otherwise `count` seeds from
 /// the clock. Each is printed so a failure can be replayed.
 pub fn seeds(test: &str, count: u64) -> Vec<u64> {

@@ -18,10 +18,12 @@ impl Server {
     /// Starts `headroom --listen 127.0.0.1:0 ARGS...` (with its data directory under the
     /// system temp directory) and waits until it listens.
     pub fn start(args: &[&str]) -> Server {
-        static NEXT: std::sync::atomic::AtomicUsize = std::sync::atomic::AtomicUsize::new(0);
-        let n = NEXT.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
-        let data_dir =
-            std::env::temp_dir().join(format!("headroom-test-{}-{n}", std::process::id()));
+        Server::start_in(&fresh_data_dir(), args)
+    }
+
+    /// Starts a server on an existing data directory (a warm restart reuses one).
+    pub fn start_in(data_dir: &std::path::Path, args: &[&str]) -> Server {
+        let data_dir = data_dir.to_path_buf();
         let mut child = Command::new(env!("CARGO_BIN_EXE_headroom"))
             .args(["--listen", "127.0.0.1:0", "--log-level", "info"])
             .arg("--data-dir")
@@ -98,6 +100,13 @@ impl Server {
         }
         false
     }
+}
+
+/// A data directory no other test uses.
+pub fn fresh_data_dir() -> std::path::PathBuf {
+    static NEXT: std::sync::atomic::AtomicUsize = std::sync::atomic::AtomicUsize::new(0);
+    let n = NEXT.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+    std::env::temp_dir().join(format!("headroom-test-{}-{n}", std::process::id()))
 }
 
 impl Drop for Server {
@@ -238,6 +247,19 @@ impl Client {
 
     pub fn set(&mut self, key: &[u8], value: &[u8], flags: u32, expiry: u32) -> Response {
         self.call(&frame(0x01, &set_extras(flags, expiry), key, value, 0, 0))
+    }
+
+    /// A SET (or another store opcode) whose value goes out in 1 MiB pieces, as a real client
+    /// streams a large one.
+    pub fn set_streamed(&mut self, opcode: u8, key: &[u8], value: &[u8], flags: u32) -> Response {
+        let mut head = frame(opcode, &set_extras(flags, 0), key, &[], 0, 1);
+        let body_len = (8 + key.len() + value.len()) as u32;
+        head[8..12].copy_from_slice(&body_len.to_be_bytes());
+        self.send(&head);
+        for piece in value.chunks(1 << 20) {
+            self.stream.write_all(piece).unwrap();
+        }
+        self.recv().expect("a reply")
     }
 
     pub fn get(&mut self, key: &[u8]) -> Response {
