@@ -1,9 +1,9 @@
 //! Per-core block batches: each serving core keeps a few free blocks per region and refills or
 //! returns them in bulk, so no per-allocation operation takes a cross-core lock.
 //!
-//! The global pool sits behind [`BlockSource`]. Today that is [`SharedPool`], a mutex taken
-//! once per bulk exchange; once the placement shard exists it serves the same calls over the
-//! channel mesh. A refill asks for a fair share of what the region has left (never more than
+//! The global pool sits behind [`BlockSource`]: [`SharedPool`], a mutex taken once per bulk
+//! exchange. It stays out of the placement master on purpose: a refill happens inside admission
+//! and must answer synchronously (`docs/placement.md`). A refill asks for a fair share of what the region has left (never more than
 //! [`BATCH_REFILL_MAX_BLOCKS`]) so one core cannot hoard a nearly empty region, and a batch
 //! holding more than [`BATCH_HIGH_WATER_BLOCKS`] idle blocks of a region gives the excess back.
 
