@@ -36,6 +36,7 @@ fn arena(memory: u64, granule: u64) -> std::sync::Arc<Arena> {
         ram_head_bytes: 256 << 10,
         small_min_alloc_bytes: granule,
         io_chunk_bytes: 1 << 20,
+        stream_bytes: 0,
         perverse: false,
     };
     let plan = MemoryPlan::new(&config, &topology);

@@ -10,6 +10,7 @@ pub mod arena;
 pub mod config;
 pub mod placement;
 pub mod proto;
+pub mod ring;
 pub mod segment;
 pub mod server;
 pub mod snapshot;

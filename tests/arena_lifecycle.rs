@@ -33,6 +33,7 @@ fn arena(
         ram_head_bytes: ram_head,
         small_min_alloc_bytes: 16,
         io_chunk_bytes: 4096,
+        stream_bytes: 0,
         perverse: false,
     };
     Arena::map(MemoryPlan::new(&config, &topo), &UnlockedMapper, shards).unwrap()

@@ -152,6 +152,7 @@ fn random_config(rng: &mut Rng, nodes: usize) -> ArenaConfig {
         ram_head_bytes: ram_head.max(4096),
         small_min_alloc_bytes: if rng.chance(50) { 8 } else { 16 },
         io_chunk_bytes: 4096,
+        stream_bytes: 0,
         perverse: nodes > 1 && rng.chance(25),
     }
 }
@@ -536,6 +537,7 @@ fn compaction_runs_at_full_arena_and_keeps_every_locator() {
         ram_head_bytes: 4096,
         small_min_alloc_bytes: 16,
         io_chunk_bytes: 4096,
+        stream_bytes: 0,
         perverse: false,
     };
     let arena = Arena::map(MemoryPlan::new(&config, &topo), &UnlockedMapper, 1).unwrap();

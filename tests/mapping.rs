@@ -53,6 +53,7 @@ fn config(node: u32, memory: u64) -> ArenaConfig {
         ram_head_bytes: 256 << 10,
         small_min_alloc_bytes: 16,
         io_chunk_bytes: 1 << 20,
+        stream_bytes: 0,
         perverse: false,
     }
 }
@@ -185,13 +186,14 @@ fn memlock_limit_is_checked_before_mapping() {
             "--memlock=1048576",
         ])
         .arg(env!("CARGO_BIN_EXE_headroom"))
-        .args(["--memory", "64M", "--log-level", "warn"])
+        .args(["--memory", "64M", "--threads", "1", "--io-pool", "2M"])
+        .args(["--log-level", "warn"])
         .output()
         .expect("setpriv and prlimit (util-linux) run");
     let stderr = String::from_utf8_lossy(&out.stderr);
     assert_eq!(out.status.code(), Some(1), "{stderr}");
     assert!(
-        stderr.contains("locks 64 MiB")
+        stderr.contains("locks 66 MiB")
             && stderr.contains("allows 1 MiB")
             && stderr.contains("CAP_IPC_LOCK"),
         "{stderr}"

@@ -47,6 +47,7 @@ fn config(numa: NumaMode) -> ArenaConfig {
         ram_head_bytes: 256 << 10,
         small_min_alloc_bytes: 16,
         io_chunk_bytes: MIB,
+        stream_bytes: 0,
         perverse: false,
     }
 }

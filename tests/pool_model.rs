@@ -40,6 +40,7 @@ fn plan(rng: &mut Rng) -> MemoryPlan {
         ram_head_bytes: 256 << 10,
         small_min_alloc_bytes: 16,
         io_chunk_bytes: 1 << 20,
+        stream_bytes: 0,
         perverse: rng.chance(30),
     };
     MemoryPlan::new(&config, &three_nodes())

@@ -121,6 +121,41 @@ impl Arena {
         self.homes.iter().filter(|(k, _)| *k == kind).count()
     }
 
+    /// Takes `bytes` of the streaming reservation for one shard's pool, in whole blocks;
+    /// fewer when the reservation runs short.
+    pub fn take_stream_blocks(&self, bytes: u64) -> Vec<BlockId> {
+        if !self.plan.reservations().contains(&ReservationKind::Stream) {
+            return Vec::new();
+        }
+        let wanted = (bytes / self.plan.config.block_bytes) as usize;
+        let mut blocks = Vec::with_capacity(wanted);
+        self.pool
+            .with(|pool| pool.take(ReservationKind::Stream, wanted, &mut blocks));
+        blocks
+    }
+
+    /// Gives a shard's streaming blocks back (its pool is gone).
+    pub fn give_stream_blocks(&self, blocks: &[BlockId]) {
+        self.pool
+            .with(|pool| blocks.iter().for_each(|&block| pool.give(block)));
+    }
+
+    /// The address range of a block.
+    pub fn block_range(&self, block: BlockId) -> (usize, usize) {
+        (
+            self.table.addr_of(block),
+            self.plan.config.block_bytes as usize,
+        )
+    }
+
+    /// Every region's (address, length): what a ring registers.
+    pub fn region_ranges(&self) -> Vec<(usize, usize)> {
+        self.regions()
+            .iter()
+            .map(|r| (r.base_addr(), r.plan.bytes as usize))
+            .collect()
+    }
+
     /// One core's allocator.
     pub fn shard(self: &Arc<Arena>, index: usize) -> ShardArena {
         ShardArena::new(Arc::clone(self), index)

@@ -19,6 +19,8 @@ pub enum ReservationKind {
     Heads,
     /// Split mode: packed small objects only (`--small-memory`/`--small-sub-memory`).
     Small,
+    /// The shards' streaming pools (`--io-pool` each): large values move through them.
+    Stream,
 }
 
 impl ReservationKind {
@@ -27,6 +29,7 @@ impl ReservationKind {
             ReservationKind::Shared => "shared",
             ReservationKind::Heads => "heads",
             ReservationKind::Small => "small",
+            ReservationKind::Stream => "stream",
         }
     }
 }
@@ -71,6 +74,8 @@ pub struct ArenaConfig {
     pub ram_head_bytes: u64,
     pub small_min_alloc_bytes: u64,
     pub io_chunk_bytes: u64,
+    /// Every shard's streaming pool together, on the serving node (0: none).
+    pub stream_bytes: u64,
     pub perverse: bool,
 }
 
@@ -175,6 +180,9 @@ impl MemoryPlan {
             let small_sub = config.small_sub_memory_bytes;
             plan.add_reservation(ReservationKind::Small, small_local, small_sub, topology);
         }
+        if config.stream_bytes > 0 {
+            plan.add_reservation(ReservationKind::Stream, config.stream_bytes, 0, topology);
+        }
         plan
     }
 
@@ -188,7 +196,8 @@ impl MemoryPlan {
         let nodes: Vec<(Option<NodeId>, u64)> = match self.config.numa.serving_node() {
             None => vec![(None, local_bytes)],
             Some(serving) => {
-                let preferred = if self.config.perverse {
+                // Streaming pools stay beside the serving threads, --perverse or not.
+                let preferred = if self.config.perverse && reservation != ReservationKind::Stream {
                     topology
                         .farthest_from(serving)
                         .expect("--perverse was validated against a multi-node topology")
@@ -253,6 +262,15 @@ impl MemoryPlan {
 
     pub fn total_bytes(&self) -> u64 {
         self.regions.iter().map(|region| region.bytes).sum()
+    }
+
+    /// The bytes that hold cached data: everything but the streaming pools.
+    pub fn cache_bytes(&self) -> u64 {
+        self.regions
+            .iter()
+            .filter(|region| region.reservation != ReservationKind::Stream)
+            .map(|region| region.bytes)
+            .sum()
     }
 
     pub fn total_blocks(&self) -> u32 {

@@ -29,6 +29,8 @@ pub const MAX_BLOCK_BYTES: u64 = 1 << 30;
 pub const DEFAULT_MEMORY: ByteSize = ByteSize(64 << 20);
 pub const DEFAULT_RAM_HEAD: ByteSize = ByteSize(256 << 10);
 pub const DEFAULT_IO_CHUNK: ByteSize = ByteSize(1 << 20);
+/// The default streaming pool per shard, in chunks (before rounding up to whole blocks).
+pub const DEFAULT_IO_POOL_CHUNKS: u64 = 8;
 pub const DEFAULT_SMALL_MIN_ALLOC: u64 = 16;
 pub const DEFAULT_LISTEN: &str = "127.0.0.1:11211";
 pub const DEFAULT_MAX_CONNECTIONS: usize = 1024;
@@ -146,6 +148,18 @@ pub struct Cli {
     #[arg(long, value_name = "SIZE")]
     pub io_chunk: Option<ByteSize>,
 
+    /// Streaming pool per shard (large values move through it in --io-chunk pieces): whole
+    /// --block units, at least two chunks; mapped beside the arena on the serving node
+    /// [default: 8 chunks, rounded up to whole blocks].
+    #[arg(long, value_name = "SIZE")]
+    pub io_pool: Option<ByteSize>,
+
+    /// The io_uring data path: `on` registers the arena with a ring per shard (zero-copy head
+    /// sends, fixed-buffer segment I/O) and falls back to the plain path, saying why, when the
+    /// kernel refuses; `off` forces the plain path [default: on].
+    #[arg(long, value_name = "on|off")]
+    pub io_ring: Option<String>,
+
     /// Benchmark only: map the preferred regions on the node farthest from the serving node,
     /// inverting memory locality while threads stay put.
     #[arg(long)]
@@ -217,6 +231,8 @@ pub struct FileConfig {
     pub ram_head: Option<ByteSize>,
     pub small_min_alloc: Option<u64>,
     pub io_chunk: Option<ByteSize>,
+    pub io_pool: Option<ByteSize>,
+    pub io_ring: Option<String>,
     #[serde(default)]
     pub perverse: bool,
     pub listen: Option<String>,
@@ -289,6 +305,17 @@ pub enum ConfigError {
     IoChunkLargerThanBlock {
         io_chunk: u64,
         block: u64,
+    },
+    IoPoolNotBlockMultiple {
+        io_pool: u64,
+        block: u64,
+    },
+    IoPoolBelowTwoChunks {
+        io_pool: u64,
+        io_chunk: u64,
+    },
+    IoRing {
+        text: String,
     },
     BudgetBelowBlock {
         flag: &'static str,
@@ -401,6 +428,19 @@ impl fmt::Display for ConfigError {
                 b(io_chunk),
                 b(block)
             ),
+            IoPoolNotBlockMultiple { io_pool, block } => write!(
+                f,
+                "--io-pool {} must be a whole multiple of --block {}",
+                b(io_pool),
+                b(block)
+            ),
+            IoPoolBelowTwoChunks { io_pool, io_chunk } => write!(
+                f,
+                "--io-pool {} must hold at least two --io-chunk {} (one filling while one is sent)",
+                b(io_pool),
+                b(io_chunk)
+            ),
+            IoRing { text } => write!(f, "--io-ring '{text}' must be on or off"),
             BudgetBelowBlock { flag, bytes, block } => write!(
                 f,
                 "{flag} {} must be at least one --block ({})",
@@ -490,6 +530,10 @@ pub struct Settings {
     pub placement_policy: Policy,
     /// Evict least recently used large values when a segment is full (`--segment-eviction lru`).
     pub segment_eviction_lru: bool,
+    /// Each shard's streaming pool.
+    pub io_pool_bytes: u64,
+    /// Try the io_uring data path (`--io-ring on`).
+    pub io_ring: bool,
     pub dry_run: bool,
     pub log_level: String,
     /// Why the serving node is what it is (logged at start-up).
@@ -611,6 +655,30 @@ pub fn resolve_with_file(
     if io_chunk > block {
         return Err(ConfigError::IoChunkLargerThanBlock { io_chunk, block });
     }
+    let io_pool = match cli.io_pool.or(file.io_pool) {
+        Some(ByteSize(io_pool)) => io_pool,
+        None => (DEFAULT_IO_POOL_CHUNKS * io_chunk).next_multiple_of(block),
+    };
+    if io_pool % block != 0 {
+        return Err(ConfigError::IoPoolNotBlockMultiple { io_pool, block });
+    }
+    if io_pool < 2 * io_chunk {
+        return Err(ConfigError::IoPoolBelowTwoChunks { io_pool, io_chunk });
+    }
+    let io_ring = match cli
+        .io_ring
+        .clone()
+        .or_else(|| file.io_ring.clone())
+        .as_deref()
+    {
+        None | Some("on") => true,
+        Some("off") => false,
+        Some(other) => {
+            return Err(ConfigError::IoRing {
+                text: other.to_string(),
+            })
+        }
+    };
 
     let memory = cli.memory.or(file.memory).unwrap_or(DEFAULT_MEMORY).0;
     check_budget("--memory", memory, block, huge)?;
@@ -804,8 +872,11 @@ pub fn resolve_with_file(
             ram_head_bytes: ram_head,
             small_min_alloc_bytes: small_min_alloc,
             io_chunk_bytes: io_chunk,
+            stream_bytes: io_pool * threads as u64,
             perverse,
         },
+        io_pool_bytes: io_pool,
+        io_ring,
         listen,
         cpus: node_cpus[..threads].to_vec(),
         max_connections,

@@ -20,6 +20,7 @@ use super::large::{self, HeldLarge, LargeSet};
 use super::shard::{RemoteOp, ShardCtx, ShardReply, ShardRequest};
 use super::stats::write_stats;
 use super::unix_now;
+use super::wire::Wire;
 
 /// Read buffer a connection starts with (and shrinks back to when idle).
 const READ_BUFFER_BYTES: usize = 16 << 10;
@@ -479,11 +480,74 @@ where
 }
 
 /// Serves one connection until the client leaves, a protocol error closes it, it idles out,
-/// or the server stops.
+/// or the server stops. The socket is closed only after every ring operation on it is done.
 pub async fn serve(ctx: Rc<ShardCtx>, mut stream: TcpStream) {
     if let Err(err) = stream.set_nodelay(true) {
         tracing::debug!(%err, "TCP_NODELAY refused");
     }
+    let wire = Wire::new(&ctx, &stream);
+    let ended = serve_frames(&ctx, &mut stream, &wire).await;
+    wire.finish(ended == Ended::Cut).await;
+    if ended == Ended::Quit {
+        let _ = stream.close().await;
+    }
+}
+
+/// How a connection ended.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+enum Ended {
+    /// QUIT or a protocol error: replies written, close politely.
+    Quit,
+    /// The client left, idled out, or the server stops: anything in flight is cancelled.
+    Cut,
+}
+
+/// Writes `out[from..]`: on the ring the buffer itself when it is whole (it comes back for
+/// reuse), a copy of the tail otherwise.
+async fn write_out(
+    ctx: &ShardCtx,
+    stream: &mut TcpStream,
+    wire: &Wire,
+    idle: Option<Duration>,
+    out: &mut Vec<u8>,
+    from: usize,
+    to: usize,
+) -> Result<(), Ended> {
+    if to <= from {
+        return Ok(());
+    }
+    let len = to - from;
+    let whole = from == 0 && to == out.len();
+    let bytes = if whole {
+        std::mem::take(out)
+    } else {
+        out[from..to].to_vec()
+    };
+    let mut back = None;
+    let result = with_limits(ctx, idle, async {
+        let b = wire.write(stream, bytes).await?;
+        back = Some(b);
+        Ok(len.max(1))
+    })
+    .await;
+    if let (true, Some(mut b)) = (whole, back) {
+        b.clear();
+        *out = b;
+    }
+    match result {
+        Io::Done(_) => {
+            ctx.counters.borrow_mut().bytes_written += len as u64;
+            Ok(())
+        }
+        Io::TimedOut => {
+            ctx.counters.borrow_mut().idle_closed += 1;
+            Err(Ended::Cut)
+        }
+        Io::Closed | Io::Stopped => Err(Ended::Cut),
+    }
+}
+
+async fn serve_frames(ctx: &Rc<ShardCtx>, stream: &mut TcpStream, wire: &Wire) -> Ended {
     let idle = match ctx.shared.settings.idle_timeout_seconds {
         0 => None,
         seconds => Some(Duration::from_secs(seconds)),
@@ -499,7 +563,7 @@ pub async fn serve(ctx: Rc<ShardCtx>, mut stream: TcpStream) {
     loop {
         let read = {
             let Conn { buf, filled, .. } = &mut conn;
-            with_limits(&ctx, idle, stream.read(&mut buf[*filled..])).await
+            with_limits(ctx, idle, stream.read(&mut buf[*filled..])).await
         };
         match read {
             Io::Done(n) => {
@@ -508,57 +572,43 @@ pub async fn serve(ctx: Rc<ShardCtx>, mut stream: TcpStream) {
             }
             Io::TimedOut => {
                 ctx.counters.borrow_mut().idle_closed += 1;
-                return;
+                return Ended::Cut;
             }
-            Io::Closed | Io::Stopped => return,
+            Io::Closed | Io::Stopped => return Ended::Cut,
         }
         loop {
-            let after = conn.process(&ctx).await;
+            let after = conn.process(ctx).await;
             // Replies in order: bytes up to each large value, the large value streamed, ...
             let mut written = 0;
             for (at, get) in std::mem::take(&mut conn.larges) {
-                let bytes = &conn.out[written..at];
-                match with_limits(&ctx, idle, async {
-                    stream.write_all(bytes).await.map(|()| bytes.len().max(1))
-                })
-                .await
+                if let Err(ended) =
+                    write_out(ctx, stream, wire, idle, &mut conn.out, written, at).await
                 {
-                    Io::Done(_) => ctx.counters.borrow_mut().bytes_written += bytes.len() as u64,
-                    Io::TimedOut | Io::Closed | Io::Stopped => return,
+                    return ended;
                 }
                 written = at;
-                if let Err(err) = large::send_get(&ctx, &mut stream, idle, get).await {
+                if let Err(err) = large::send_get(ctx, stream, wire, idle, get).await {
                     tracing::debug!(%err, "large value not sent");
-                    return;
+                    return Ended::Cut;
                 }
             }
-            if conn.out.len() > written {
-                let bytes = &conn.out[written..];
-                match with_limits(&ctx, idle, async {
-                    stream.write_all(bytes).await.map(|()| bytes.len())
-                })
-                .await
-                {
-                    Io::Done(n) => ctx.counters.borrow_mut().bytes_written += n as u64,
-                    Io::TimedOut => {
-                        ctx.counters.borrow_mut().idle_closed += 1;
-                        return;
-                    }
-                    Io::Closed | Io::Stopped => return,
-                }
+            let end = conn.out.len();
+            if let Err(ended) =
+                write_out(ctx, stream, wire, idle, &mut conn.out, written, end).await
+            {
+                return ended;
             }
             conn.out.clear();
-            large::send_frees(&ctx);
+            large::send_frees(ctx);
             let after = match after {
                 After::LargeSet(set) => {
                     let buffered = &conn.buf[conn.consumed..conn.filled];
-                    match large::receive_set(&ctx, &mut stream, idle, buffered, &set, &mut conn.out)
-                        .await
+                    match large::receive_set(ctx, stream, idle, buffered, &set, &mut conn.out).await
                     {
                         Ok(used) => conn.consumed += used,
                         Err(err) => {
                             tracing::debug!(%err, "large value not received");
-                            return;
+                            return Ended::Cut;
                         }
                     }
                     After::Process
@@ -566,8 +616,7 @@ pub async fn serve(ctx: Rc<ShardCtx>, mut stream: TcpStream) {
                 other => other,
             };
             if matches!(after, After::Close) {
-                let _ = stream.close().await;
-                return;
+                return Ended::Quit;
             }
             // More whole frames may wait behind the output cap (or a large value); otherwise
             // read more.
@@ -578,7 +627,7 @@ pub async fn serve(ctx: Rc<ShardCtx>, mut stream: TcpStream) {
             }
         }
         if ctx.stop.fired() {
-            return;
+            return Ended::Cut;
         }
     }
 }

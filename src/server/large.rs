@@ -9,7 +9,7 @@ use std::rc::Rc;
 use std::sync::Arc;
 use std::time::Duration;
 
-use futures_lite::{AsyncReadExt, AsyncWriteExt};
+use futures_lite::AsyncReadExt;
 use glommio::net::TcpStream;
 
 use crate::placement::{LocalityHint, PlacementError, PlacementRequest, TargetId};
@@ -21,6 +21,7 @@ use crate::store::{KeyHasher, LargeLink, StoreOutcome};
 use super::conn::{with_limits, Io};
 use super::execute::LargeGet;
 use super::shard::{ShardCtx, ShardReply, ShardRequest};
+use super::wire::Wire;
 
 /// A SET, ADD or REPLACE whose value is being streamed to a segment.
 #[derive(Clone, Debug)]
@@ -452,6 +453,7 @@ pub async fn receive_set(
 pub async fn send_get(
     ctx: &Rc<ShardCtx>,
     stream: &mut TcpStream,
+    wire: &Wire,
     idle: Option<Duration>,
     held: HeldLarge,
 ) -> io::Result<()> {
@@ -471,8 +473,9 @@ pub async fn send_get(
     header.extend_from_slice(&get.key);
     header.extend_from_slice(&hit.head);
     // Time to first byte is a RAM hit's: the head leaves before the segment is touched.
+    let header_bytes = header.len() as u64;
     step(ctx, idle, async {
-        stream.write_all(&header).await.map(|()| header.len())
+        wire.write(stream, header).await.map(|h| h.len())
     })
     .await?;
     let (target, extent) = *hit.replicas.first().expect("a large item has a replica");
@@ -484,14 +487,18 @@ pub async fn send_get(
         ctx.files.read(ctx, target, extent, at, len, &mut chunk).await.inspect_err(|err| {
             tracing::error!(%err, "reading a large value from its segment failed; closing the connection");
         })?;
+        let mut back = None;
         step(ctx, idle, async {
-            stream.write_all(&chunk).await.map(|()| chunk.len())
+            let sent = wire.write(stream, std::mem::take(&mut chunk)).await?;
+            let n = sent.len();
+            back = Some(sent);
+            Ok(n)
         })
         .await?;
+        chunk = back.unwrap_or_default();
         at += len as u64;
     }
-    ctx.counters.borrow_mut().bytes_written +=
-        header.len() as u64 + hit.value_len - hit.head.len() as u64;
+    ctx.counters.borrow_mut().bytes_written += header_bytes + hit.value_len - hit.head.len() as u64;
     if ctx.shared.settings.segment_eviction_lru {
         // The read makes this value the most recently used one of its target.
         let ctx = Rc::clone(ctx);

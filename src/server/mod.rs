@@ -10,6 +10,7 @@ mod master;
 mod shard;
 mod stats;
 mod warm;
+mod wire;
 
 use std::net::SocketAddr;
 use std::rc::Rc;
@@ -92,6 +93,8 @@ pub struct Shared {
     pub(crate) finished: AtomicUsize,
     /// Shards that have read the warm-restart snapshot (the last one deletes it).
     pub(crate) restored: AtomicUsize,
+    /// Whether a refused io_uring ring has been logged (it is said once).
+    pub(crate) io_fallback_said: std::sync::atomic::AtomicBool,
     /// Store targets mounted at start, by placement target id.
     pub targets: Vec<MountedTarget>,
     /// The machine, for mounts at runtime.
@@ -210,6 +213,7 @@ pub fn start(settings: Settings, topology: &Topology) -> Result<Running, ServerE
         drained: AtomicUsize::new(0),
         finished: AtomicUsize::new(0),
         restored: AtomicUsize::new(0),
+        io_fallback_said: std::sync::atomic::AtomicBool::new(false),
         bound: (Mutex::new(None), Condvar::new()),
         targets,
         topology: topology.clone(),
@@ -323,12 +327,14 @@ async fn shard_main(
             shard: id,
         },
     );
+    let io = wire::ShardIo::setup(&shared, id);
     let ctx = Rc::new(ShardCtx::new(
         id,
         store,
         Arc::clone(&shared),
         senders,
         peers,
+        io,
     ));
     shard::spawn_receivers(&ctx, receivers);
     warm::restore(&ctx).await;
@@ -358,6 +364,7 @@ async fn shard_main(
     while shared.drained.load(Ordering::Acquire) < ctx.shards {
         glommio::timer::sleep(Duration::from_millis(5)).await;
     }
+    ctx.io.close(&shared).await;
     warm::write_part(&ctx).await;
     // Extents freed by the last requests reach the master before it stops.
     let frees = ctx.store.borrow_mut().take_pending_frees();

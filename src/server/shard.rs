@@ -197,6 +197,7 @@ pub struct ShardSnapshot {
     pub store: StoreStats,
     pub arena: ShardArenaStats,
     pub conn: ConnCounters,
+    pub io: super::wire::IoSnapshot,
 }
 
 /// Everything a shard's tasks share (single-threaded; `Rc`).
@@ -211,6 +212,8 @@ pub struct ShardCtx {
     pub files: SegmentFiles,
     /// The storage of every mounted target, by target id (`None`: unmounted).
     pub storage: RefCell<Vec<Option<TargetStorage>>>,
+    /// The ring (if any), the streaming pool, and the data path's counters.
+    pub io: super::wire::ShardIo,
     mesh: Rc<Senders<Message>>,
     peers: Peers,
     waiters: RefCell<HashMap<u64, LocalSender<ShardReply>>>,
@@ -224,6 +227,7 @@ impl ShardCtx {
         shared: Arc<Shared>,
         mesh: Senders<Message>,
         peers: Peers,
+        io: super::wire::ShardIo,
     ) -> ShardCtx {
         let storage = shared
             .targets
@@ -241,6 +245,7 @@ impl ShardCtx {
             stop: LocalEvent::new(),
             live_connections: Cell::new(0),
             files: SegmentFiles,
+            io,
             storage: RefCell::new(storage),
             waiters: RefCell::new(HashMap::new()),
             next_token: Cell::new(0),
@@ -437,6 +442,7 @@ impl ShardCtx {
             store: store.stats(),
             arena: store.arena().stats(),
             conn: self.counters.borrow().clone(),
+            io: self.io.snapshot(),
         }
     }
 

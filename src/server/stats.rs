@@ -1,4 +1,5 @@
-//! STAT: the general counters memcached clients expect, and the `settings` and `arena` groups.
+//! STAT: the general counters memcached clients expect, and the `settings`, `arena`, `io`,
+//! `segments` and `placement` groups.
 
 use std::sync::atomic::Ordering;
 
@@ -100,7 +101,7 @@ fn general(ctx: &ShardCtx, snapshots: &[ShardSnapshot]) -> Vec<(String, String)>
         ("bytes_written", conn.bytes_written.to_string()),
         (
             "limit_maxbytes",
-            shared.arena.plan().total_bytes().to_string(),
+            shared.arena.plan().cache_bytes().to_string(),
         ),
         ("threads", ctx.shards.to_string()),
         ("bytes", store.bytes.to_string()),
@@ -147,7 +148,7 @@ fn settings(ctx: &ShardCtx) -> Vec<(String, String)> {
     let pairs = [
         (
             "maxbytes",
-            ctx.shared.arena.plan().total_bytes().to_string(),
+            ctx.shared.arena.plan().cache_bytes().to_string(),
         ),
         ("maxconns", s.max_connections.to_string()),
         ("tcpport", s.listen.port().to_string()),
@@ -290,6 +291,12 @@ pub async fn write_stats(ctx: &ShardCtx, group: &[u8], opcode: u8, opaque: u32, 
                 placement(&master)
             }
         }
+        b"io" => gather(ctx)
+            .await
+            .iter()
+            .enumerate()
+            .flat_map(|(shard, s)| s.io.pairs(shard))
+            .collect(),
         b"arena" => {
             let snapshots = gather(ctx).await;
             let shards: Vec<_> = snapshots.iter().map(|s| s.arena.clone()).collect();

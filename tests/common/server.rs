@@ -23,8 +23,28 @@ impl Server {
 
     /// Starts a server on an existing data directory (a warm restart reuses one).
     pub fn start_in(data_dir: &std::path::Path, args: &[&str]) -> Server {
+        Server::start_command(&[], data_dir, args)
+    }
+
+    /// Starts the server under a command prefix (`setpriv ...` to run it as another user).
+    /// `HEADROOM_TEST_IO_RING=off` runs every test server on the plain data path.
+    pub fn start_command(prefix: &[&str], data_dir: &std::path::Path, args: &[&str]) -> Server {
         let data_dir = data_dir.to_path_buf();
-        let mut child = Command::new(env!("CARGO_BIN_EXE_headroom"))
+        let binary = env!("CARGO_BIN_EXE_headroom");
+        let mut command = match prefix.split_first() {
+            Some((program, rest)) => {
+                let mut c = Command::new(program);
+                c.args(rest).arg(binary);
+                c
+            }
+            None => Command::new(binary),
+        };
+        if let Ok(ring) = std::env::var("HEADROOM_TEST_IO_RING") {
+            if !args.contains(&"--io-ring") {
+                command.args(["--io-ring", &ring]);
+            }
+        }
+        let mut child = command
             .args(["--listen", "127.0.0.1:0", "--log-level", "info"])
             .arg("--data-dir")
             .arg(&data_dir)

@@ -1,0 +1,782 @@
+//! One io_uring ring per shard, beside glommio's own (DESIGN.md, "Spike notes"): glommio
+//! schedules, but it cannot register our memory or send zero-copy. This ring holds the arena as
+//! fixed buffers and runs the data path's socket sends and segment reads and writes.
+//!
+//! - **Driving**: the ring signals an eventfd on every completion; a glommio task reads that
+//!   eventfd (through glommio's own ring) and reaps. Every submission also reaps at once, so a
+//!   completion the kernel posts inline is seen without a wake-up.
+//! - **Bounded**: at most [`RING_IN_FLIGHT_MAX`] operations are in flight (a zero-copy send
+//!   counts until its notification); a submission beyond that waits for room. The completion
+//!   queue has room for every completion those can post (two for a zero-copy send, plus a
+//!   cancellation each), and an overflow is still detected and flushed, never waited on.
+//! - **Memory safety**: every operation owns the memory it uses ([`Buf`]) until its *last*
+//!   completion: dropping the future that waits for it (a timeout, a closing connection)
+//!   cancels the operation but keeps the memory alive until the kernel is done with it.
+//! - **Sockets**: [`Ring::quiesce`] waits until no operation on a descriptor is left, so a
+//!   connection is closed only after everything on it has completed.
+//!
+//! This is one of the modules that may hold `unsafe` (it touches a ring); each block says why
+//! it is sound.
+
+pub mod buffers;
+pub mod pool;
+
+use std::cell::{Cell, RefCell};
+use std::collections::{HashMap, VecDeque};
+use std::future::Future;
+use std::io;
+use std::os::fd::{AsRawFd, FromRawFd, OwnedFd, RawFd};
+use std::pin::Pin;
+use std::rc::Rc;
+use std::task::{Context, Poll, Waker};
+
+use io_uring::{cqueue, opcode, squeue, types, IoUring};
+
+pub use buffers::FixedBuffers;
+pub use pool::{PoolChunk, StreamPool};
+
+/// Most operations one shard's ring has in flight.
+pub const RING_IN_FLIGHT_MAX: usize = 256;
+/// `IORING_SEND_ZC_REPORT_USAGE`: the notification says whether the kernel copied anyway.
+const SEND_ZC_REPORT_USAGE: u16 = 1 << 3;
+/// `IORING_NOTIF_USAGE_ZC_COPIED`, in a notification's result.
+const NOTIF_USAGE_ZC_COPIED: u32 = 1 << 31;
+/// The user data of cancellation requests: their completions are only counted.
+const CANCEL_USER_DATA: u64 = u64::MAX;
+
+/// What an operation does, for the counters.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum OpKind {
+    Send,
+    SendZc,
+    ReadFixed,
+    WriteFixed,
+}
+
+impl OpKind {
+    pub const ALL: [OpKind; 4] = [
+        OpKind::Send,
+        OpKind::SendZc,
+        OpKind::ReadFixed,
+        OpKind::WriteFixed,
+    ];
+
+    pub fn name(self) -> &'static str {
+        match self {
+            OpKind::Send => "send",
+            OpKind::SendZc => "send_zc",
+            OpKind::ReadFixed => "read_fixed",
+            OpKind::WriteFixed => "write_fixed",
+        }
+    }
+}
+
+/// One ring's counters (STAT `io`).
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+pub struct RingStats {
+    /// Operations completed, by [`OpKind`] (index as in `OpKind::ALL`).
+    pub ops: [u64; 4],
+    /// Bytes moved, by kind.
+    pub bytes: [u64; 4],
+    /// Operations that completed with an error (a cancellation included).
+    pub errors: u64,
+    pub zc_notifications: u64,
+    /// Zero-copy notifications saying the kernel copied the bytes after all (always, on
+    /// loopback).
+    pub zc_copied: u64,
+    pub in_flight: u64,
+    pub in_flight_max: u64,
+    /// Times a submission waited for room.
+    pub full_waits: u64,
+    /// Times the completion queue had overflowed (the kernel kept the completions; they were
+    /// flushed).
+    pub cq_overflows: u64,
+    pub cancels: u64,
+    /// Eventfd wake-ups of the driver.
+    pub wakeups: u64,
+}
+
+/// Memory lent to an operation by its owner: valid until it is dropped, when the owner's
+/// release runs (an arena head's unpin, say).
+pub struct Lent {
+    ptr: *const u8,
+    len: usize,
+    release: Option<Box<dyn FnOnce()>>,
+}
+
+impl Lent {
+    /// # Safety
+    ///
+    /// `ptr..ptr + len` must stay mapped and must not be written or reused until `release`
+    /// has run (it runs when the last operation using these bytes is done).
+    pub unsafe fn new(ptr: *const u8, len: usize, release: Box<dyn FnOnce()>) -> Lent {
+        Lent {
+            ptr,
+            len,
+            release: Some(release),
+        }
+    }
+
+    pub fn as_slice(&self) -> &[u8] {
+        // SAFETY: `new`'s contract: the bytes stay valid and unchanged while this lives.
+        unsafe { std::slice::from_raw_parts(self.ptr, self.len) }
+    }
+}
+
+impl Drop for Lent {
+    fn drop(&mut self) {
+        if let Some(release) = self.release.take() {
+            release();
+        }
+    }
+}
+
+/// The memory of one operation, owned by the ring until the operation's last completion.
+pub enum Buf {
+    /// Heap bytes, not registered: sent with `SEND`.
+    Owned(Vec<u8>),
+    /// Bytes lent by their owner (shared by the pieces of a send that went out in parts).
+    Lent(Rc<Lent>),
+    /// A chunk of the shard's streaming pool (registered).
+    Chunk(PoolChunk),
+}
+
+impl Buf {
+    fn ptr(&self) -> *const u8 {
+        match self {
+            Buf::Owned(v) => v.as_ptr(),
+            Buf::Lent(l) => l.ptr,
+            Buf::Chunk(c) => c.as_ptr(),
+        }
+    }
+
+    fn len(&self) -> usize {
+        match self {
+            Buf::Owned(v) => v.len(),
+            Buf::Lent(l) => l.len,
+            Buf::Chunk(c) => c.len(),
+        }
+    }
+
+    /// The same memory as a shareable lent buffer: freed (or given back to its pool) when the
+    /// last holder drops it.
+    fn into_lent(self) -> Rc<Lent> {
+        match self {
+            Buf::Lent(l) => l,
+            Buf::Owned(v) => Rc::new(Lent::owned(v)),
+            Buf::Chunk(c) => {
+                let (ptr, len) = (c.as_ptr(), c.len());
+                // SAFETY: the chunk is owned by the release closure, so its bytes stay the
+                // pool's and unused by anyone else until the closure runs.
+                Rc::new(unsafe { Lent::new(ptr, len, Box::new(move || drop(c))) })
+            }
+        }
+    }
+}
+
+/// One operation's state, from submission to its last completion.
+struct Slot {
+    generation: u32,
+    busy: bool,
+    kind: OpKind,
+    fd: RawFd,
+    /// The operation's result (its first completion).
+    result: Option<i32>,
+    /// A notification is still to come (zero-copy sends).
+    notification_due: bool,
+    /// Nobody waits for the result any more: the slot frees itself at the last completion.
+    detached: bool,
+    waker: Option<Waker>,
+    buf: Option<Buf>,
+}
+
+impl Slot {
+    fn empty() -> Slot {
+        Slot {
+            generation: 0,
+            busy: false,
+            kind: OpKind::Send,
+            fd: -1,
+            result: None,
+            notification_due: false,
+            detached: false,
+            waker: None,
+            buf: None,
+        }
+    }
+
+    fn finished(&self) -> bool {
+        self.result.is_some() && !self.notification_due
+    }
+}
+
+fn user_data(index: usize, generation: u32) -> u64 {
+    (u64::from(generation) << 32) | index as u64
+}
+
+/// One shard's ring.
+pub struct Ring {
+    uring: RefCell<IoUring>,
+    eventfd: OwnedFd,
+    buffers: FixedBuffers,
+    slots: RefCell<Vec<Slot>>,
+    free: RefCell<Vec<usize>>,
+    /// Submissions waiting for room.
+    room_waiters: RefCell<VecDeque<Waker>>,
+    /// Operations in flight per descriptor, and who waits for one to reach zero.
+    fd_ops: RefCell<HashMap<RawFd, usize>>,
+    fd_waiters: RefCell<Vec<(RawFd, Waker)>>,
+    stats: RefCell<RingStats>,
+    stopping: Cell<bool>,
+}
+
+impl Ring {
+    /// Creates a ring and registers `buffers` with it. Fails (with the reason) when the kernel
+    /// refuses the ring or the registration: the caller then runs on the plain path.
+    pub fn new(buffers: FixedBuffers) -> Result<Rc<Ring>, String> {
+        let entries = RING_IN_FLIGHT_MAX as u32;
+        let uring = IoUring::builder()
+            .setup_cqsize(entries * 4)
+            .build(entries)
+            .map_err(|err| format!("io_uring_setup: {err}"))?;
+        // SAFETY: a plain eventfd syscall; the descriptor is owned right away.
+        let raw = unsafe { libc::eventfd(0, libc::EFD_CLOEXEC) };
+        if raw < 0 {
+            return Err(format!("eventfd: {}", io::Error::last_os_error()));
+        }
+        // SAFETY: `raw` is a fresh descriptor nobody else owns.
+        let eventfd = unsafe { OwnedFd::from_raw_fd(raw) };
+        uring
+            .submitter()
+            .register_eventfd(eventfd.as_raw_fd())
+            .map_err(|err| format!("registering the eventfd: {err}"))?;
+        if !buffers.is_empty() {
+            let iovecs: Vec<libc::iovec> = buffers
+                .pieces()
+                .iter()
+                .map(|&(start, len)| libc::iovec {
+                    iov_base: start as *mut libc::c_void,
+                    iov_len: len,
+                })
+                .collect();
+            // SAFETY: the pieces are the arena's mappings, which live as long as the process
+            // serves (the arena outlives every shard and its ring).
+            unsafe { uring.submitter().register_buffers(&iovecs) }.map_err(|err| {
+                format!(
+                    "registering {} bytes of arena as {} fixed buffers: {err}",
+                    buffers.total_bytes(),
+                    buffers.len()
+                )
+            })?;
+        }
+        Ok(Rc::new(Ring {
+            uring: RefCell::new(uring),
+            eventfd,
+            buffers,
+            slots: RefCell::new(Vec::new()),
+            free: RefCell::new(Vec::new()),
+            room_waiters: RefCell::new(VecDeque::new()),
+            fd_ops: RefCell::new(HashMap::new()),
+            fd_waiters: RefCell::new(Vec::new()),
+            stats: RefCell::new(RingStats::default()),
+            stopping: Cell::new(false),
+        }))
+    }
+
+    pub fn buffers(&self) -> &FixedBuffers {
+        &self.buffers
+    }
+
+    pub fn stats(&self) -> RingStats {
+        self.stats.borrow().clone()
+    }
+
+    /// Runs the completion driver on the current glommio executor until [`Ring::stop`].
+    pub fn spawn_driver(self: &Rc<Self>) -> glommio::task::JoinHandle<()> {
+        let ring = Rc::clone(self);
+        glommio::spawn_local(async move {
+            // SAFETY: dup of our own eventfd; the duplicate is owned by the glommio file.
+            let dup = unsafe { libc::dup(ring.eventfd.as_raw_fd()) };
+            if dup < 0 {
+                tracing::error!(err = %io::Error::last_os_error(), "ring driver: dup of the eventfd failed");
+                return;
+            }
+            // SAFETY: `dup` is a fresh descriptor handed to the file, which closes it.
+            let file = unsafe { glommio::io::BufferedFile::from_raw_fd(dup) };
+            while !ring.stopping.get() {
+                if let Err(err) = file.read_at(0, 8).await {
+                    tracing::error!(%err, "ring driver: reading the eventfd failed");
+                    break;
+                }
+                ring.stats.borrow_mut().wakeups += 1;
+                ring.reap();
+            }
+            let _ = file.close().await;
+        })
+        .detach()
+    }
+
+    /// Stops the driver (after [`Ring::drain`]).
+    pub fn stop(&self) {
+        self.stopping.set(true);
+        let one = 1u64;
+        // SAFETY: writes 8 bytes from a live u64 to our own eventfd.
+        unsafe {
+            libc::write(
+                self.eventfd.as_raw_fd(),
+                (&one as *const u64).cast(),
+                std::mem::size_of::<u64>(),
+            )
+        };
+    }
+
+    /// Waits until no operation is in flight.
+    pub async fn drain(&self) {
+        std::future::poll_fn(|cx| {
+            self.reap();
+            if self.stats.borrow().in_flight == 0 {
+                Poll::Ready(())
+            } else {
+                self.room_waiters.borrow_mut().push_back(cx.waker().clone());
+                Poll::Pending
+            }
+        })
+        .await
+    }
+
+    /// Cancels every operation on `fd` (their completions still arrive).
+    pub fn cancel_fd(&self, fd: RawFd) {
+        if self.fd_ops.borrow().get(&fd).copied().unwrap_or(0) == 0 {
+            return;
+        }
+        let cancel = opcode::AsyncCancel2::new(types::CancelBuilder::fd(types::Fd(fd)).all())
+            .build()
+            .user_data(CANCEL_USER_DATA);
+        self.push(&cancel);
+        self.stats.borrow_mut().cancels += 1;
+        self.reap();
+    }
+
+    /// Waits until every operation on `fd` has completed, notifications included.
+    pub async fn quiesce(&self, fd: RawFd) {
+        std::future::poll_fn(|cx| {
+            self.reap();
+            if self.fd_ops.borrow().get(&fd).copied().unwrap_or(0) == 0 {
+                Poll::Ready(())
+            } else {
+                self.fd_waiters.borrow_mut().push((fd, cx.waker().clone()));
+                Poll::Pending
+            }
+        })
+        .await
+    }
+
+    /// Sends all of `bytes` (plain `SEND`), in as many operations as the socket needs.
+    /// Returns the buffer for reuse (it is lost if the send failed midway).
+    pub async fn send_all(self: &Rc<Self>, fd: RawFd, bytes: Vec<u8>) -> io::Result<Vec<u8>> {
+        let total = bytes.len();
+        let mut buf = Buf::Owned(bytes);
+        let mut sent = 0;
+        while sent < total {
+            let at = sent;
+            let (result, back) = self
+                .submit(OpKind::Send, fd, buf, |b| {
+                    // SAFETY (of the pointer arithmetic): `at < len` of the owned buffer.
+                    opcode::Send::new(types::Fd(fd), b.ptr().wrapping_add(at), (total - at) as u32)
+                        .flags(libc::MSG_NOSIGNAL)
+                        .build()
+                })
+                .await;
+            sent += result?;
+            buf = back.expect("a plain send hands its buffer back");
+        }
+        match buf {
+            Buf::Owned(v) => Ok(v),
+            _ => unreachable!("send_all sends owned bytes"),
+        }
+    }
+
+    /// Sends all of `buf` with `SEND_ZC`, from its fixed buffer when it lies in one. Returns
+    /// once the bytes are queued; the memory is released when the kernel's notification says
+    /// it is done with it.
+    pub async fn send_zc_all(self: &Rc<Self>, fd: RawFd, buf: Buf) -> io::Result<()> {
+        let (ptr, total) = (buf.ptr(), buf.len());
+        let index = self.buffers.find(ptr as usize, total);
+        // A send that goes out in parts needs the memory until the last part's notification.
+        let shared = buf.into_lent();
+        let mut sent = 0;
+        while sent < total {
+            let at = sent;
+            let part = Buf::Lent(Rc::clone(&shared));
+            let (result, _) = self
+                .submit(OpKind::SendZc, fd, part, |_| {
+                    let mut op = opcode::SendZc::new(
+                        types::Fd(fd),
+                        ptr.wrapping_add(at),
+                        (total - at) as u32,
+                    )
+                    .flags(libc::MSG_NOSIGNAL)
+                    .zc_flags(SEND_ZC_REPORT_USAGE);
+                    if let Some(index) = index {
+                        op = op.buf_index(Some(index));
+                    }
+                    op.build()
+                })
+                .await;
+            sent += result?;
+        }
+        Ok(())
+    }
+
+    /// Reads `len` bytes at `offset` of `fd` into `chunk` (`READ_FIXED`; O_DIRECT wants the
+    /// chunk, the offset and the length aligned). Returns the chunk and the bytes read.
+    pub async fn read_fixed(
+        self: &Rc<Self>,
+        fd: RawFd,
+        chunk: PoolChunk,
+        len: usize,
+        offset: u64,
+    ) -> (io::Result<usize>, PoolChunk) {
+        assert!(len <= chunk.len());
+        let index = chunk.buf_index();
+        let (result, back) = self
+            .submit(OpKind::ReadFixed, fd, Buf::Chunk(chunk), |b| {
+                opcode::ReadFixed::new(types::Fd(fd), b.ptr() as *mut u8, len as u32, index)
+                    .offset(offset)
+                    .build()
+            })
+            .await;
+        match back {
+            Some(Buf::Chunk(chunk)) => (result, chunk),
+            _ => unreachable!("a read hands its chunk back"),
+        }
+    }
+
+    /// Writes the first `len` bytes of `chunk` at `offset` of `fd` (`WRITE_FIXED`).
+    pub async fn write_fixed(
+        self: &Rc<Self>,
+        fd: RawFd,
+        chunk: PoolChunk,
+        len: usize,
+        offset: u64,
+    ) -> (io::Result<usize>, PoolChunk) {
+        assert!(len <= chunk.len());
+        let index = chunk.buf_index();
+        let (result, back) = self
+            .submit(OpKind::WriteFixed, fd, Buf::Chunk(chunk), |b| {
+                opcode::WriteFixed::new(types::Fd(fd), b.ptr(), len as u32, index)
+                    .offset(offset)
+                    .build()
+            })
+            .await;
+        match back {
+            Some(Buf::Chunk(chunk)) => (result, chunk),
+            _ => unreachable!("a write hands its chunk back"),
+        }
+    }
+
+    /// Submits one operation on `buf` once there is room, and waits for its result. The
+    /// buffer comes back with the result unless a notification is still due (it is then
+    /// released at the notification).
+    async fn submit(
+        self: &Rc<Self>,
+        kind: OpKind,
+        fd: RawFd,
+        buf: Buf,
+        entry: impl FnOnce(&Buf) -> squeue::Entry,
+    ) -> (io::Result<usize>, Option<Buf>) {
+        self.room().await;
+        let (index, generation) = {
+            let mut slots = self.slots.borrow_mut();
+            let index = self.free.borrow_mut().pop().unwrap_or_else(|| {
+                slots.push(Slot::empty());
+                slots.len() - 1
+            });
+            let slot = &mut slots[index];
+            debug_assert!(!slot.busy);
+            slot.generation = slot.generation.wrapping_add(1);
+            slot.busy = true;
+            slot.kind = kind;
+            slot.fd = fd;
+            slot.result = None;
+            slot.notification_due = false;
+            slot.detached = false;
+            slot.waker = None;
+            slot.buf = Some(buf);
+            (index, slot.generation)
+        };
+        let sqe = {
+            let slots = self.slots.borrow();
+            entry(slots[index].buf.as_ref().expect("just stored"))
+                .user_data(user_data(index, generation))
+        };
+        *self.fd_ops.borrow_mut().entry(fd).or_default() += 1;
+        {
+            let mut stats = self.stats.borrow_mut();
+            stats.in_flight += 1;
+            stats.in_flight_max = stats.in_flight_max.max(stats.in_flight);
+        }
+        self.push(&sqe);
+        self.reap();
+        Op {
+            ring: Rc::clone(self),
+            index,
+            generation,
+            done: false,
+        }
+        .await
+    }
+
+    /// Queues and submits one entry.
+    fn push(&self, sqe: &squeue::Entry) {
+        let mut uring = self.uring.borrow_mut();
+        loop {
+            // SAFETY: every buffer an entry names is owned by its slot until the operation's
+            // last completion (or, for a cancellation, names nothing).
+            let pushed = unsafe { uring.submission().push(sqe) };
+            if pushed.is_ok() {
+                break;
+            }
+            if let Err(err) = uring.submit() {
+                tracing::error!(%err, "io_uring submit failed");
+            }
+        }
+        if let Err(err) = uring.submit() {
+            tracing::error!(%err, "io_uring submit failed");
+        }
+    }
+
+    /// Waits until fewer than [`RING_IN_FLIGHT_MAX`] operations are in flight.
+    async fn room(&self) {
+        let mut waited = false;
+        std::future::poll_fn(|cx| {
+            if (self.stats.borrow().in_flight as usize) < RING_IN_FLIGHT_MAX {
+                return Poll::Ready(());
+            }
+            if !waited {
+                waited = true;
+                self.stats.borrow_mut().full_waits += 1;
+            }
+            self.room_waiters.borrow_mut().push_back(cx.waker().clone());
+            self.reap();
+            Poll::Pending
+        })
+        .await
+    }
+
+    /// Takes every completion the kernel has posted (flushing an overflow first), records
+    /// results and notifications, wakes waiters and frees finished slots.
+    pub fn reap(&self) {
+        let mut completions = Vec::new();
+        {
+            let mut uring = self.uring.borrow_mut();
+            if uring.submission().cq_overflow() {
+                self.stats.borrow_mut().cq_overflows += 1;
+                // With IORING_FEAT_NODROP the kernel kept them; an enter flushes them.
+                let _ = uring.submit();
+            }
+            completions.extend(
+                uring
+                    .completion()
+                    .map(|c| (c.user_data(), c.result(), c.flags())),
+            );
+        }
+        if completions.is_empty() {
+            return;
+        }
+        let mut wake = Vec::new();
+        let mut release = Vec::new();
+        {
+            let mut slots = self.slots.borrow_mut();
+            let mut stats = self.stats.borrow_mut();
+            for (data, result, flags) in completions {
+                if data == CANCEL_USER_DATA {
+                    continue;
+                }
+                let (index, generation) = ((data & 0xFFFF_FFFF) as usize, (data >> 32) as u32);
+                let slot = &mut slots[index];
+                assert!(
+                    slot.busy && slot.generation == generation,
+                    "a completion for an operation that is not in flight"
+                );
+                if cqueue::notif(flags) {
+                    stats.zc_notifications += 1;
+                    if result as u32 & NOTIF_USAGE_ZC_COPIED != 0 {
+                        stats.zc_copied += 1;
+                    }
+                    slot.notification_due = false;
+                } else {
+                    slot.result = Some(result);
+                    slot.notification_due = cqueue::more(flags);
+                    let k = OpKind::ALL
+                        .iter()
+                        .position(|&k| k == slot.kind)
+                        .expect("a kind");
+                    stats.ops[k] += 1;
+                    if result >= 0 {
+                        stats.bytes[k] += result as u64;
+                    } else {
+                        stats.errors += 1;
+                    }
+                    if let Some(w) = slot.waker.take() {
+                        wake.push(w);
+                    }
+                }
+                if slot.finished() && slot.detached {
+                    release.extend(self.free_slot(&mut slots, &mut stats, index));
+                }
+            }
+        }
+        // Outside the borrows: a release may run an owner's code, a waker may poll at once.
+        drop(release);
+        for w in wake {
+            w.wake();
+        }
+        self.wake_room();
+    }
+
+    /// Frees a finished slot; returns its buffer (to be dropped outside the borrows).
+    fn free_slot(&self, slots: &mut [Slot], stats: &mut RingStats, index: usize) -> Option<Buf> {
+        let slot = &mut slots[index];
+        slot.busy = false;
+        slot.waker = None;
+        let buf = slot.buf.take();
+        stats.in_flight -= 1;
+        let fd = slot.fd;
+        let mut fd_ops = self.fd_ops.borrow_mut();
+        let left = fd_ops.get_mut(&fd).expect("counted at submission");
+        *left -= 1;
+        if *left == 0 {
+            fd_ops.remove(&fd);
+            let mut waiters = self.fd_waiters.borrow_mut();
+            let mut i = 0;
+            while i < waiters.len() {
+                if waiters[i].0 == fd {
+                    waiters.swap_remove(i).1.wake();
+                } else {
+                    i += 1;
+                }
+            }
+        }
+        self.free.borrow_mut().push(index);
+        buf
+    }
+
+    fn wake_room(&self) {
+        let waiters: Vec<Waker> = self.room_waiters.borrow_mut().drain(..).collect();
+        for w in waiters {
+            w.wake();
+        }
+    }
+}
+
+impl Drop for Ring {
+    fn drop(&mut self) {
+        let in_flight = self.stats.borrow().in_flight;
+        if in_flight > 0 {
+            // The memory of these operations is leaked rather than freed under the kernel.
+            tracing::error!(in_flight, "ring dropped with operations in flight");
+            for slot in self.slots.borrow_mut().iter_mut() {
+                if let Some(buf) = slot.buf.take() {
+                    std::mem::forget(buf);
+                }
+            }
+        }
+    }
+}
+
+impl Lent {
+    /// Heap bytes as a lent buffer (the release frees them).
+    fn owned(bytes: Vec<u8>) -> Lent {
+        let bytes = std::mem::ManuallyDrop::new(bytes);
+        let (ptr, len, cap) = (bytes.as_ptr(), bytes.len(), bytes.capacity());
+        let free = Box::new(move || {
+            // SAFETY: rebuilds the vector taken apart above, exactly once.
+            drop(unsafe { Vec::from_raw_parts(ptr as *mut u8, len, cap) });
+        });
+        // SAFETY: the vector's heap bytes live until the release above frees them.
+        unsafe { Lent::new(ptr, len, free) }
+    }
+}
+
+/// Waits for one operation's result; dropped early, it cancels the operation and leaves its
+/// memory to the slot until the kernel is done.
+struct Op {
+    ring: Rc<Ring>,
+    index: usize,
+    generation: u32,
+    done: bool,
+}
+
+impl Future for Op {
+    type Output = (io::Result<usize>, Option<Buf>);
+
+    fn poll(mut self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<Self::Output> {
+        let ring = Rc::clone(&self.ring);
+        let mut slots = ring.slots.borrow_mut();
+        let slot = &mut slots[self.index];
+        debug_assert!(slot.busy && slot.generation == self.generation);
+        let Some(result) = slot.result else {
+            slot.waker = Some(cx.waker().clone());
+            return Poll::Pending;
+        };
+        self.done = true;
+        let result = if result < 0 {
+            Err(io::Error::from_raw_os_error(-result))
+        } else {
+            Ok(result as usize)
+        };
+        if slot.finished() {
+            let mut stats = ring.stats.borrow_mut();
+            let buf = ring.free_slot(&mut slots, &mut stats, self.index);
+            drop(stats);
+            drop(slots);
+            ring.wake_room();
+            Poll::Ready((result, buf))
+        } else {
+            // The notification frees it.
+            slot.detached = true;
+            Poll::Ready((result, None))
+        }
+    }
+}
+
+impl Drop for Op {
+    fn drop(&mut self) {
+        if self.done {
+            return;
+        }
+        let cancel = {
+            let mut slots = self.ring.slots.borrow_mut();
+            let slot = &mut slots[self.index];
+            if !slot.busy || slot.generation != self.generation {
+                return;
+            }
+            slot.detached = true;
+            slot.waker = None;
+            !slot.finished()
+        };
+        if cancel {
+            let entry = opcode::AsyncCancel::new(user_data(self.index, self.generation))
+                .build()
+                .user_data(CANCEL_USER_DATA);
+            self.ring.push(&entry);
+            self.ring.stats.borrow_mut().cancels += 1;
+        }
+        // A result that already arrived (or arrives with this reap) frees the slot.
+        let finished = {
+            let slots = self.ring.slots.borrow();
+            let slot = &slots[self.index];
+            slot.busy && slot.generation == self.generation && slot.finished()
+        };
+        if finished {
+            let buf = {
+                let mut slots = self.ring.slots.borrow_mut();
+                let mut stats = self.ring.stats.borrow_mut();
+                self.ring.free_slot(&mut slots, &mut stats, self.index)
+            };
+            drop(buf);
+        }
+        self.ring.reap();
+    }
+}

@@ -1,0 +1,216 @@
+//! A shard's I/O equipment: its io_uring ring (when the kernel allows one), its streaming
+//! pool, and how a connection's bytes reach its socket.
+//!
+//! On the ring path every write goes through the
+//! shard's io_uring ring: reply buffers with `SEND`, arena heads and pool chunks with
+//! `SEND_ZC`. On the plain path (`--io-ring off`, or a ring the kernel refused) glommio
+//! writes them. A connection uses one path for its whole life, so ring writes and glommio
+//! writes are never in flight together on one socket; reads are always glommio's.
+
+use std::cell::RefCell;
+use std::io;
+use std::os::fd::{AsRawFd, RawFd};
+use std::rc::Rc;
+use std::sync::atomic::Ordering;
+
+use futures_lite::AsyncWriteExt;
+use glommio::net::TcpStream;
+
+use crate::arena::BlockId;
+use crate::ring::buffers::FIXED_BUFFER_MAX_BYTES;
+use crate::ring::{FixedBuffers, Ring, StreamPool};
+
+use super::shard::ShardCtx;
+use super::Shared;
+
+/// Counters of the choices the data path made (STAT `io`, beside the ring's own).
+#[derive(Clone, Debug, Default)]
+pub struct PathCounters {
+    /// Heads sent zero-copy from the arena.
+    pub heads_zero_copy: u64,
+    /// Heads copied into the reply (below the cut-off, or on the plain path).
+    pub heads_copied: u64,
+    /// Times the ring path wanted a fixed buffer and the memory was not registered.
+    pub fallbacks: u64,
+}
+
+/// What STAT `io` shows of one shard.
+#[derive(Clone, Debug, Default)]
+pub struct IoSnapshot {
+    pub path: String,
+    pub ring: Option<crate::ring::RingStats>,
+    pub counters: PathCounters,
+    /// Streaming pool chunks: total, free now.
+    pub pool_chunks: (usize, usize),
+}
+
+impl IoSnapshot {
+    /// `shardN_name value` pairs.
+    pub fn pairs(&self, shard: usize) -> Vec<(String, String)> {
+        let mut out = Vec::new();
+        let mut put = |name: &str, value: String| out.push((format!("shard{shard}_{name}"), value));
+        put("path", self.path.clone());
+        put("pool_chunks", self.pool_chunks.0.to_string());
+        put("pool_chunks_free", self.pool_chunks.1.to_string());
+        put("heads_zero_copy", self.counters.heads_zero_copy.to_string());
+        put("heads_copied", self.counters.heads_copied.to_string());
+        put("fallbacks", self.counters.fallbacks.to_string());
+        let ring = self.ring.clone().unwrap_or_default();
+        for (i, kind) in crate::ring::OpKind::ALL.iter().enumerate() {
+            put(&format!("ops_{}", kind.name()), ring.ops[i].to_string());
+            put(&format!("bytes_{}", kind.name()), ring.bytes[i].to_string());
+        }
+        put("op_errors", ring.errors.to_string());
+        put("zc_notifications", ring.zc_notifications.to_string());
+        put("zc_copied", ring.zc_copied.to_string());
+        put("in_flight", ring.in_flight.to_string());
+        put("in_flight_max", ring.in_flight_max.to_string());
+        put("ring_full_waits", ring.full_waits.to_string());
+        put("cq_overflows", ring.cq_overflows.to_string());
+        put("cancels", ring.cancels.to_string());
+        put("ring_wakeups", ring.wakeups.to_string());
+        out
+    }
+}
+
+/// One shard's ring, streaming pool and counters.
+pub struct ShardIo {
+    pub ring: Option<Rc<Ring>>,
+    pub pool: Rc<StreamPool>,
+    /// Which path runs, and why.
+    pub path: String,
+    pub counters: RefCell<PathCounters>,
+    stream_blocks: Vec<BlockId>,
+}
+
+impl ShardIo {
+    /// Takes this shard's streaming blocks and, unless `--io-ring off`, creates its ring with
+    /// the whole arena registered. A refused ring is said once per process, with the reason,
+    /// and the shard runs on the plain path.
+    pub fn setup(shared: &Shared, shard: usize) -> ShardIo {
+        let settings = &shared.settings;
+        let arena = &shared.arena;
+        let stream_blocks = arena.take_stream_blocks(settings.io_pool_bytes);
+        let ranges: Vec<(usize, usize)> = stream_blocks
+            .iter()
+            .map(|&b| arena.block_range(b))
+            .collect();
+        let (ring, path) = if !settings.io_ring {
+            (None, "plain (--io-ring off)".to_string())
+        } else {
+            let piece = FIXED_BUFFER_MAX_BYTES
+                - FIXED_BUFFER_MAX_BYTES % settings.arena.block_bytes as usize;
+            match FixedBuffers::cut(
+                &arena.region_ranges(),
+                piece
+                    .max(settings.arena.block_bytes as usize)
+                    .min(FIXED_BUFFER_MAX_BYTES),
+            )
+            .and_then(Ring::new)
+            {
+                Ok(ring) => {
+                    let path = format!(
+                        "ring ({} bytes of arena in {} fixed buffers)",
+                        ring.buffers().total_bytes(),
+                        ring.buffers().len()
+                    );
+                    (Some(ring), path)
+                }
+                Err(reason) => {
+                    if !shared.io_fallback_said.swap(true, Ordering::AcqRel) {
+                        tracing::warn!(shard, %reason, "the io_uring data path is unavailable; serving on the plain path");
+                    }
+                    (None, format!("plain ({reason})"))
+                }
+            }
+        };
+        if let Some(ring) = &ring {
+            ring.spawn_driver();
+        }
+        if shard == 0 {
+            tracing::info!(path = %path, io_pool_bytes = settings.io_pool_bytes, "data path");
+        }
+        // SAFETY: the blocks were taken out of the arena's pool for this shard alone, are
+        // aligned to the block size (a multiple of the chunk), and go back only in `close`,
+        // after every chunk has come home.
+        let pool = unsafe {
+            StreamPool::new(
+                &ranges,
+                settings.arena.io_chunk_bytes as usize,
+                ring.as_ref().map(|r| r.buffers()),
+            )
+        };
+        ShardIo {
+            ring,
+            pool,
+            path,
+            counters: RefCell::new(PathCounters::default()),
+            stream_blocks,
+        }
+    }
+
+    pub fn snapshot(&self) -> IoSnapshot {
+        IoSnapshot {
+            path: self.path.clone(),
+            ring: self.ring.as_ref().map(|r| r.stats()),
+            counters: self.counters.borrow().clone(),
+            pool_chunks: self.pool.counts(),
+        }
+    }
+
+    /// At shutdown: waits for the ring's last operations, stops its driver and gives the
+    /// streaming blocks back.
+    pub async fn close(&self, shared: &Shared) {
+        if let Some(ring) = &self.ring {
+            let drained = glommio::timer::timeout(std::time::Duration::from_secs(10), async {
+                ring.drain().await;
+                Ok(())
+            })
+            .await;
+            if drained.is_err() {
+                tracing::error!(stats = ?ring.stats(), "ring operations still in flight at shutdown");
+            }
+            ring.stop();
+        }
+        let (total, free) = self.pool.counts();
+        if total == free {
+            shared.arena.give_stream_blocks(&self.stream_blocks);
+        }
+    }
+}
+
+pub struct Wire {
+    ring: Option<Rc<Ring>>,
+    fd: RawFd,
+}
+
+impl Wire {
+    pub fn new(ctx: &ShardCtx, stream: &TcpStream) -> Wire {
+        Wire {
+            ring: ctx.io.ring.clone(),
+            fd: stream.as_raw_fd(),
+        }
+    }
+
+    /// Writes all of `bytes` and hands the buffer back for reuse.
+    pub async fn write(&self, stream: &mut TcpStream, bytes: Vec<u8>) -> io::Result<Vec<u8>> {
+        match &self.ring {
+            Some(ring) => ring.send_all(self.fd, bytes).await,
+            None => {
+                stream.write_all(&bytes).await?;
+                Ok(bytes)
+            }
+        }
+    }
+
+    /// Waits until no ring operation on the socket is left (cancelling them first when the
+    /// connection is being cut off), so the socket may be closed.
+    pub async fn finish(&self, cancel: bool) {
+        if let Some(ring) = &self.ring {
+            if cancel {
+                ring.cancel_fd(self.fd);
+            }
+            ring.quiesce(self.fd).await;
+        }
+    }
+}

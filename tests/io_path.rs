@@ -1,0 +1,142 @@
+//! The data path: the io_uring ring is on by default and its counters prove it ran;
+//! `--io-ring off` forces the plain path; a ring the kernel refuses (here: registration over an
+//! unprivileged user's memlock limit) is said once and the server serves on the plain path.
+
+mod common;
+
+use common::pattern;
+use common::server::{fresh_data_dir, Client, Server};
+
+/// `shardN_name` summed over shards.
+fn io_sum(c: &mut Client, name: &str) -> u64 {
+    c.stats("io")
+        .iter()
+        .filter(|(n, _)| n.split_once('_').is_some_and(|(_, rest)| rest == name))
+        .map(|(_, v)| v.parse::<u64>().unwrap())
+        .sum()
+}
+
+fn paths(c: &mut Client) -> Vec<String> {
+    c.stats("io")
+        .into_iter()
+        .filter(|(n, _)| n.ends_with("_path"))
+        .map(|(_, v)| v)
+        .collect()
+}
+
+/// Small and large values round trip, byte-exact.
+fn exercise(c: &mut Client) {
+    for i in 0..50u64 {
+        let value = pattern(i, 100 + 997 * i as usize);
+        assert_eq!(c.set(format!("k{i}").as_bytes(), &value, 0, 0).status, 0);
+        assert!(c.get(format!("k{i}").as_bytes()).value == value);
+    }
+    let big = pattern(7, (3 << 20) + 5);
+    assert_eq!(c.set_streamed(0x01, b"big", &big, 0).status, 0);
+    assert!(c.get(b"big").value == big);
+}
+
+fn is_root() -> bool {
+    nix::unistd::geteuid().is_root()
+}
+
+#[test]
+fn the_ring_path_is_on_by_default_and_counted() {
+    if !is_root() {
+        println!("skipped: this machine's memlock limit may refuse the ring for non-root users");
+        return;
+    }
+    let server = Server::start(&["--threads", "2", "--io-ring", "on"]);
+    let mut c = server.client();
+    exercise(&mut c);
+    assert!(
+        paths(&mut c).iter().all(|p| p.starts_with("ring")),
+        "{:?}",
+        paths(&mut c)
+    );
+    assert!(
+        io_sum(&mut c, "ops_send") > 0,
+        "replies went out through the ring"
+    );
+    assert!(io_sum(&mut c, "bytes_send") > 3 << 20);
+}
+
+#[test]
+fn io_ring_off_forces_the_plain_path() {
+    let server = Server::start(&["--threads", "2", "--io-ring", "off"]);
+    let mut c = server.client();
+    exercise(&mut c);
+    assert!(
+        paths(&mut c).iter().all(|p| p == "plain (--io-ring off)"),
+        "{:?}",
+        paths(&mut c)
+    );
+    for kind in ["send", "send_zc", "read_fixed", "write_fixed"] {
+        assert_eq!(
+            io_sum(&mut c, &format!("ops_{kind}")),
+            0,
+            "{kind} ran on the plain path"
+        );
+    }
+}
+
+#[test]
+fn a_refused_ring_is_said_once_and_the_plain_path_serves() {
+    if !is_root() {
+        println!("skipped: switching to an unprivileged user needs root");
+        return;
+    }
+    // An unprivileged user may lock 8 MiB here (the container's hard limit): enough for a
+    // 4 MiB arena and two 2 MiB streaming pools, not for registering them with every ring as well.
+    let dir = fresh_data_dir();
+    std::fs::create_dir_all(&dir).unwrap();
+    std::fs::set_permissions(&dir, std::os::unix::fs::PermissionsExt::from_mode(0o777)).unwrap();
+    let limit = nix::sys::resource::getrlimit(nix::sys::resource::Resource::RLIMIT_MEMLOCK)
+        .unwrap()
+        .1;
+    if limit == nix::sys::resource::RLIM_INFINITY || limit > 16 << 20 {
+        println!("skipped: the memlock hard limit ({limit}) lets an unprivileged ring register");
+        return;
+    }
+    let server = Server::start_command(
+        &[
+            "setpriv",
+            "--reuid=65534",
+            "--regid=65534",
+            "--clear-groups",
+        ],
+        &dir,
+        &[
+            "--threads",
+            "2",
+            "--memory",
+            "4M",
+            "--io-pool",
+            "2M",
+            "--io-ring",
+            "on",
+        ],
+    );
+    assert!(
+        server.logs("the io_uring data path is unavailable"),
+        "{}",
+        server.log_text()
+    );
+    let said = server
+        .log_text()
+        .matches("the io_uring data path is unavailable")
+        .count();
+    assert_eq!(said, 1, "said once, not per shard");
+    let mut c = server.client();
+    exercise(&mut c);
+    assert!(
+        paths(&mut c)
+            .iter()
+            .all(|p| p.starts_with("plain (registering")),
+        "{:?}",
+        paths(&mut c)
+    );
+    assert_eq!(io_sum(&mut c, "ops_send"), 0);
+    drop(server);
+    let _ = std::fs::remove_dir_all(&dir);
+}
