@@ -1,6 +1,6 @@
 //! The few system calls Headroom needs to map, bind, populate, lock and inspect memory (the
-//! arena's regions and memory segments). One of the modules that may hold `unsafe`: each call
-//! says why it is sound.
+//! arena's regions and memory segments), and to abort a socket. One of the modules that may
+//! hold `unsafe`: each call says why it is sound.
 
 use std::io;
 use std::ptr::{self, NonNull};
@@ -290,6 +290,27 @@ pub fn block_device_bytes(file: &std::fs::File) -> io::Result<u64> {
     let rc = unsafe { libc::ioctl(file.as_raw_fd(), BLKGETSIZE64, &mut bytes as *mut u64) };
     if rc == 0 {
         Ok(bytes)
+    } else {
+        Err(io::Error::last_os_error())
+    }
+}
+
+/// Aborts a TCP connection without closing its descriptor: `connect(AF_UNSPEC)` makes the
+/// kernel disconnect it (a reset), dropping whatever is still queued to send, so zero-copy
+/// sends from it get their notifications now rather than when a stalled peer reads.
+pub fn tcp_abort(fd: std::os::fd::RawFd) -> io::Result<()> {
+    // SAFETY: a zeroed sockaddr with family AF_UNSPEC is a valid argument of its stated size.
+    let rc = unsafe {
+        let mut addr: libc::sockaddr = std::mem::zeroed();
+        addr.sa_family = libc::AF_UNSPEC as libc::sa_family_t;
+        libc::connect(
+            fd,
+            &addr,
+            std::mem::size_of::<libc::sockaddr>() as libc::socklen_t,
+        )
+    };
+    if rc == 0 {
+        Ok(())
     } else {
         Err(io::Error::last_os_error())
     }

@@ -58,7 +58,20 @@ fn the_ring_path_is_on_by_default_and_counted() {
         io_sum(&mut c, "ops_send") > 0,
         "replies went out through the ring"
     );
-    assert!(io_sum(&mut c, "bytes_send") > 3 << 20);
+    // The 3 MiB value: written to the file segment and read back with fixed buffers, its
+    // segment part sent zero-copy.
+    let streamed = (3 << 20) + 5 - (256 << 10);
+    assert!(io_sum(&mut c, "bytes_write_fixed") >= (3 << 20) + 5);
+    assert!(io_sum(&mut c, "bytes_read_fixed") >= streamed);
+    assert!(io_sum(&mut c, "bytes_send_zc") >= streamed);
+    assert_eq!(io_sum(&mut c, "op_errors"), 0);
+    assert_eq!(io_sum(&mut c, "fallbacks"), 0);
+    // Every chunk came home (after the last notification).
+    std::thread::sleep(std::time::Duration::from_millis(100));
+    assert_eq!(
+        io_sum(&mut c, "pool_chunks"),
+        io_sum(&mut c, "pool_chunks_free")
+    );
 }
 
 #[test]
@@ -139,4 +152,32 @@ fn a_refused_ring_is_said_once_and_the_plain_path_serves() {
     assert_eq!(io_sum(&mut c, "ops_send"), 0);
     drop(server);
     let _ = std::fs::remove_dir_all(&dir);
+}
+
+/// A client that asks for a large value and never reads: the idle timeout cuts it, the
+/// connection is reset so its queued zero-copy sends are released, and every streaming chunk
+/// comes home with nothing left in flight.
+#[test]
+fn a_stalled_reader_gives_its_chunks_back_when_cut() {
+    let server = Server::start(&["--threads", "1", "--idle-timeout", "1"]);
+    let mut c = server.client();
+    let big = pattern(3, 48 << 20);
+    assert_eq!(c.set_streamed(0x01, b"big", &big, 0).status, 0);
+    let mut stalled = server.client();
+    stalled.send(&common::server::frame(0x00, &[], b"big", &[], 0, 1));
+    std::thread::sleep(std::time::Duration::from_secs(4));
+    let mut c = server.client();
+    assert_eq!(
+        c.stat("", "curr_connections"),
+        1,
+        "the stalled reader was not cut"
+    );
+    assert_eq!(io_sum(&mut c, "in_flight"), 0);
+    assert_eq!(
+        io_sum(&mut c, "pool_chunks"),
+        io_sum(&mut c, "pool_chunks_free")
+    );
+    drop(stalled);
+    // The value is intact for the next reader.
+    assert!(c.get(b"big").value == big);
 }

@@ -165,10 +165,8 @@ impl Buf {
             Buf::Lent(l) => l,
             Buf::Owned(v) => Rc::new(Lent::owned(v)),
             Buf::Chunk(c) => {
-                let (ptr, len) = (c.as_ptr(), c.len());
-                // SAFETY: the chunk is owned by the release closure, so its bytes stay the
-                // pool's and unused by anyone else until the closure runs.
-                Rc::new(unsafe { Lent::new(ptr, len, Box::new(move || drop(c))) })
+                let len = c.len();
+                Rc::new(Lent::from_chunk(c, 0, len))
             }
         }
     }
@@ -342,6 +340,11 @@ impl Ring {
             }
         })
         .await
+    }
+
+    /// Whether any operation on `fd` is in flight (a notification still due included).
+    pub fn busy(&self, fd: RawFd) -> bool {
+        self.fd_ops.borrow().get(&fd).copied().unwrap_or(0) > 0
     }
 
     /// Cancels every operation on `fd` (their completions still arrive).
@@ -686,6 +689,16 @@ impl Drop for Ring {
 }
 
 impl Lent {
+    /// `len` bytes of a pool chunk from `start`; the chunk goes back to its pool when this is
+    /// dropped.
+    pub fn from_chunk(chunk: PoolChunk, start: usize, len: usize) -> Lent {
+        assert!(start + len <= chunk.len(), "a range inside the chunk");
+        let ptr = chunk.as_ptr().wrapping_add(start);
+        // SAFETY: the chunk is owned by the release closure, so these bytes stay the pool's
+        // and untouched by anyone else until it runs.
+        unsafe { Lent::new(ptr, len, Box::new(move || drop(chunk))) }
+    }
+
     /// Heap bytes as a lent buffer (the release frees them).
     fn owned(bytes: Vec<u8>) -> Lent {
         let bytes = std::mem::ManuallyDrop::new(bytes);

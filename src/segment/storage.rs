@@ -60,6 +60,23 @@ impl MemStorage {
         }
     }
 
+    /// Lends `offset..offset + len` to a zero-copy send. `lease` must keep the extent from
+    /// being freed (and so rewritten) until it is dropped, which happens when the kernel is
+    /// done with the bytes; the storage itself is kept alive the same way.
+    pub fn lend(
+        self: &std::sync::Arc<Self>,
+        offset: u64,
+        len: usize,
+        lease: Box<dyn std::any::Any>,
+    ) -> crate::ring::Lent {
+        self.check(offset, len);
+        let ptr = self.mapping.base().as_ptr().wrapping_add(offset as usize);
+        let keep = (std::sync::Arc::clone(self), lease);
+        // SAFETY: in bounds of our mapping, which `keep` holds; the extent is published and
+        // leased until `keep` drops, so no writer touches these bytes meanwhile.
+        unsafe { crate::ring::Lent::new(ptr, len, Box::new(move || drop(keep))) }
+    }
+
     /// Copies bytes out of the segment.
     ///
     /// The caller must hold the extent against being freed (a lease) while it reads.
@@ -162,6 +179,12 @@ impl FileStorage {
     pub fn read_at(&self, buf: &mut sys::AlignedBuf, offset: u64) -> io::Result<()> {
         use std::os::unix::fs::FileExt;
         self.file.read_exact_at(buf.as_mut_slice(), offset)
+    }
+
+    /// The O_DIRECT descriptor, for the ring's fixed-buffer reads and writes (valid while this
+    /// storage lives).
+    pub fn raw_fd(&self) -> std::os::fd::RawFd {
+        std::os::fd::AsRawFd::as_raw_fd(&self.file)
     }
 
     /// Makes every completed write durable (O_DIRECT bypasses the page cache, not the device's

@@ -14,6 +14,7 @@ use glommio::net::TcpStream;
 
 use crate::placement::{LocalityHint, PlacementError, PlacementRequest, TargetId};
 use crate::proto::{PlacementHints, ResponseWriter, Status, StoreMode};
+use crate::ring::{Lent, PoolChunk};
 use crate::segment::storage::AlignedBuf;
 use crate::segment::{Extent, TargetStorage};
 use crate::store::{KeyHasher, LargeLink, StoreOutcome};
@@ -78,36 +79,82 @@ fn storage_of(ctx: &ShardCtx, target: TargetId) -> io::Result<TargetStorage> {
         })
 }
 
-/// Segment I/O for one shard. File segments are read and written with positioned O_DIRECT
-/// calls on glommio's blocking pool (glommio's own DMA reads failed on this machine's ext4 with
-/// EOPNOTSUPP from its iopoll probe).
+/// Where a large SET's bytes wait between the socket and the segment: a streaming pool chunk
+/// on the ring path (written with `WRITE_FIXED`), a heap buffer on the plain path.
+enum Staging {
+    Pool(PoolChunk),
+    Heap(Vec<u8>),
+}
+
+impl Staging {
+    fn bytes(&self) -> &[u8] {
+        match self {
+            Staging::Pool(chunk) => chunk.as_slice(),
+            Staging::Heap(v) => v,
+        }
+    }
+
+    fn bytes_mut(&mut self) -> &mut [u8] {
+        match self {
+            Staging::Pool(chunk) => chunk.as_mut_slice(),
+            Staging::Heap(v) => v,
+        }
+    }
+}
+
+/// Segment I/O for one shard. On the ring path file segments are read and written with
+/// `READ_FIXED`/`WRITE_FIXED` from streaming pool chunks; on the plain path with positioned
+/// O_DIRECT calls on glommio's blocking pool (glommio's own DMA reads failed on this machine's
+/// ext4 with EOPNOTSUPP from its iopoll probe). Memory segments are copied into and out of.
 pub struct SegmentFiles;
 
 impl SegmentFiles {
-    /// Writes `data` at `at` bytes into an extent. A final short chunk is padded to the
-    /// device alignment (the extent is whole granules, so the padding fits).
+    /// Writes the first `len` bytes of `staging` at `at` bytes into an extent, and hands the
+    /// staging back. A final short chunk is padded to the device alignment (the extent is
+    /// whole granules, so the padding fits).
     async fn write(
         &self,
         ctx: &ShardCtx,
         target: TargetId,
         extent: Extent,
         at: u64,
-        data: &[u8],
-    ) -> io::Result<()> {
-        match &storage_of(ctx, target)? {
-            TargetStorage::Mem(mem) => {
-                mem.write(extent.offset + at, data);
-                Ok(())
+        staging: Staging,
+        len: usize,
+    ) -> (io::Result<()>, Staging) {
+        let storage = match storage_of(ctx, target) {
+            Ok(storage) => storage,
+            Err(err) => return (Err(err), staging),
+        };
+        let offset = extent.offset + at;
+        match (&storage, staging) {
+            (TargetStorage::Mem(mem), staging) => {
+                mem.write(offset, &staging.bytes()[..len]);
+                (Ok(()), staging)
             }
-            TargetStorage::File(storage) => {
-                let align = storage.dio_align as usize;
-                let mut buf = AlignedBuf::zeroed(data.len().next_multiple_of(align), align);
-                buf.as_mut_slice()[..data.len()].copy_from_slice(data);
-                let storage = Arc::clone(storage);
-                let offset = extent.offset + at;
-                glommio::executor()
-                    .spawn_blocking(move || storage.write_at(&buf, offset))
-                    .await
+            (TargetStorage::File(file), Staging::Pool(mut chunk)) => {
+                let ring = ctx.io.ring.as_ref().expect("pool staging runs on the ring");
+                let padded = len.next_multiple_of(file.dio_align as usize);
+                chunk.as_mut_slice()[len..padded].fill(0);
+                let (written, chunk) = ring.write_fixed(file.raw_fd(), chunk, padded, offset).await;
+                let result = match written {
+                    Ok(n) if n == padded => Ok(()),
+                    Ok(n) => Err(io::Error::new(
+                        io::ErrorKind::WriteZero,
+                        format!("short segment write: {n} of {padded} bytes"),
+                    )),
+                    Err(err) => Err(err),
+                };
+                (result, Staging::Pool(chunk))
+            }
+            (TargetStorage::File(file), Staging::Heap(data)) => {
+                let align = file.dio_align as usize;
+                let mut buf = AlignedBuf::zeroed(len.next_multiple_of(align), align);
+                buf.as_mut_slice()[..len].copy_from_slice(&data[..len]);
+                let file = Arc::clone(file);
+                let result = glommio::executor()
+                    .spawn_blocking(move || file.write_at(&buf, offset))
+                    .await;
+                (result, Staging::Heap(data))
             }
         }
     }
@@ -130,21 +177,32 @@ impl SegmentFiles {
                 Ok(())
             }
             TargetStorage::File(storage) => {
-                // O_DIRECT wants aligned offsets and lengths: read the aligned span around it.
-                let align = storage.dio_align;
-                let offset = extent.offset + at;
-                let start = offset - offset % align;
-                let end = (offset + len as u64).next_multiple_of(align);
-                let mut buf = AlignedBuf::zeroed((end - start) as usize, align as usize);
-                let storage = Arc::clone(storage);
-                let buf = glommio::executor()
-                    .spawn_blocking(move || storage.read_at(&mut buf, start).map(|()| buf))
-                    .await?;
-                let skip = (offset - start) as usize;
-                out.extend_from_slice(&buf.as_slice()[skip..skip + len]);
-                Ok(())
+                self.read_file(storage, extent.offset + at, len, out).await
             }
         }
+    }
+
+    /// Reads `len` bytes at `offset` of a file segment with a blocking O_DIRECT read of the
+    /// aligned span around them.
+    async fn read_file(
+        &self,
+        storage: &Arc<crate::segment::FileStorage>,
+        offset: u64,
+        len: usize,
+        out: &mut Vec<u8>,
+    ) -> io::Result<()> {
+        out.clear();
+        let align = storage.dio_align;
+        let start = offset - offset % align;
+        let end = (offset + len as u64).next_multiple_of(align);
+        let mut buf = AlignedBuf::zeroed((end - start) as usize, align as usize);
+        let storage = Arc::clone(storage);
+        let buf = glommio::executor()
+            .spawn_blocking(move || storage.read_at(&mut buf, start).map(|()| buf))
+            .await?;
+        let skip = (offset - start) as usize;
+        out.extend_from_slice(&buf.as_slice()[skip..skip + len]);
+        Ok(())
     }
 }
 
@@ -351,7 +409,16 @@ pub async fn receive_set(
     let chunk_bytes = ctx.shared.settings.arena.io_chunk_bytes as usize;
     let head_bytes = op.value_len.min(ctx.shared.settings.arena.ram_head_bytes) as usize;
     let mut head = Vec::with_capacity(head_bytes);
-    let mut chunk = vec![0u8; chunk_bytes];
+    // A SET never waits for a chunk: with the pool dry it stages on the heap (plain path).
+    let mut staging = match ctx.io.ring.as_ref().and_then(|_| ctx.io.pool.try_take()) {
+        Some(chunk) => Staging::Pool(chunk),
+        None => {
+            if ctx.io.ring.is_some() {
+                ctx.io.counters.borrow_mut().fallbacks += 1;
+            }
+            Staging::Heap(vec![0u8; chunk_bytes])
+        }
+    };
     let mut received = 0u64;
     let mut used = 0usize;
     let mut checksum = 0u32;
@@ -361,6 +428,7 @@ pub async fn receive_set(
             let want = ((op.value_len - received) as usize).min(chunk_bytes);
             let mut filled = 0;
             while filled < want {
+                let chunk = staging.bytes_mut();
                 if used < from_buffer {
                     let n = (from_buffer - used).min(want - filled);
                     chunk[filled..filled + n].copy_from_slice(&buffered[used..used + n]);
@@ -372,20 +440,22 @@ pub async fn receive_set(
                         .map_err(Interrupted::Connection)?;
                 }
             }
+            let chunk = &staging.bytes()[..filled];
             if head.len() < head_bytes {
                 let take = (head_bytes - head.len()).min(filled);
                 head.extend_from_slice(&chunk[..take]);
             }
-            checksum = crc32c::crc32c_append(checksum, &chunk[..filled]);
+            checksum = crc32c::crc32c_append(checksum, chunk);
             // After a segment error the rest of the body is still read (and dropped), so the
             // connection stays in step and can be answered.
             if segment_error.is_none() {
                 for &(target, extent) in &replicas {
-                    if let Err(err) = ctx
+                    let (written, back) = ctx
                         .files
-                        .write(ctx, target, extent, received, &chunk[..filled])
-                        .await
-                    {
+                        .write(ctx, target, extent, received, staging, filled)
+                        .await;
+                    staging = back;
+                    if let Err(err) = written {
                         segment_error = Some(err);
                         break;
                     }
@@ -479,26 +549,40 @@ pub async fn send_get(
     })
     .await?;
     let (target, extent) = *hit.replicas.first().expect("a large item has a replica");
-    let chunk_bytes = ctx.shared.settings.arena.io_chunk_bytes as usize;
-    let mut at = hit.head.len() as u64;
-    let mut chunk = Vec::with_capacity(chunk_bytes);
-    while at < hit.value_len {
-        let len = ((hit.value_len - at) as usize).min(chunk_bytes);
-        ctx.files.read(ctx, target, extent, at, len, &mut chunk).await.inspect_err(|err| {
-            tracing::error!(%err, "reading a large value from its segment failed; closing the connection");
-        })?;
-        let mut back = None;
-        step(ctx, idle, async {
-            let sent = wire.write(stream, std::mem::take(&mut chunk)).await?;
-            let n = sent.len();
-            back = Some(sent);
-            Ok(n)
-        })
-        .await?;
-        chunk = back.unwrap_or_default();
-        at += len as u64;
-    }
-    ctx.counters.borrow_mut().bytes_written += header_bytes + hit.value_len - hit.head.len() as u64;
+    let (from, value_len) = (hit.head.len() as u64, hit.value_len);
+    let held = Rc::new(held);
+    let rest = Rest {
+        extent,
+        from,
+        value_len,
+    };
+    let sent = match (&ctx.io.ring, storage_of(ctx, target)?) {
+        (Some(ring), TargetStorage::File(file)) => {
+            send_file_ring(ctx, stream, wire, idle, ring, &file, rest).await
+        }
+        (Some(_), TargetStorage::Mem(mem)) => {
+            let mut at = from;
+            let chunk_bytes = ctx.shared.settings.arena.io_chunk_bytes;
+            loop {
+                if at >= value_len {
+                    break Ok(());
+                }
+                let len = (value_len - at).min(chunk_bytes) as usize;
+                let lent = mem.lend(extent.offset + at, len, Box::new(Rc::clone(&held)));
+                if let Err(err) = step(ctx, idle, async {
+                    wire.write_lent(stream, lent).await.map(|()| len.max(1))
+                })
+                .await
+                {
+                    break Err(err);
+                }
+                at += len as u64;
+            }
+        }
+        (None, _) => send_copied(ctx, stream, wire, idle, target, rest).await,
+    };
+    sent?;
+    ctx.counters.borrow_mut().bytes_written += header_bytes + value_len - from;
     if ctx.shared.settings.segment_eviction_lru {
         // The read makes this value the most recently used one of its target.
         let ctx = Rc::clone(ctx);
@@ -513,4 +597,132 @@ pub async fn send_get(
     }
     drop(held);
     Ok(())
+}
+
+/// The part of a large value that streams from its segment: `from..value_len` of `extent`.
+#[derive(Clone, Copy)]
+struct Rest {
+    extent: Extent,
+    from: u64,
+    value_len: u64,
+}
+
+/// Most chunks one GET reads ahead on the ring path.
+const READ_AHEAD_CHUNKS: usize = 4;
+
+/// Plain path: each chunk read (a blocking O_DIRECT read, or a copy from memory) into a heap
+/// buffer and written.
+async fn send_copied(
+    ctx: &Rc<ShardCtx>,
+    stream: &mut TcpStream,
+    wire: &Wire,
+    idle: Option<Duration>,
+    target: TargetId,
+    rest: Rest,
+) -> io::Result<()> {
+    let chunk_bytes = ctx.shared.settings.arena.io_chunk_bytes as usize;
+    let mut at = rest.from;
+    let mut chunk = Vec::with_capacity(chunk_bytes);
+    while at < rest.value_len {
+        let len = ((rest.value_len - at) as usize).min(chunk_bytes);
+        ctx.files.read(ctx, target, rest.extent, at, len, &mut chunk).await.inspect_err(|err| {
+            tracing::error!(%err, "reading a large value from its segment failed; closing the connection");
+        })?;
+        let mut back = None;
+        step(ctx, idle, async {
+            let sent = wire.write(stream, std::mem::take(&mut chunk)).await?;
+            let n = sent.len();
+            back = Some(sent);
+            Ok(n)
+        })
+        .await?;
+        chunk = back.unwrap_or_default();
+        at += len as u64;
+    }
+    Ok(())
+}
+
+/// Ring path for a file segment: up to [`READ_AHEAD_CHUNKS`] `READ_FIXED`s in flight into
+/// pool chunks, each chunk sent with `SEND_ZC` as soon as it and every chunk before it are in
+/// (the chunk goes back to the pool at the send's notification). A read never waits for a
+/// chunk while this GET holds others (that could deadlock two GETs): when the pool is dry and
+/// nothing is in flight, that chunk is read the plain way (counted as a fallback).
+async fn send_file_ring(
+    ctx: &Rc<ShardCtx>,
+    stream: &mut TcpStream,
+    wire: &Wire,
+    idle: Option<Duration>,
+    ring: &Rc<crate::ring::Ring>,
+    file: &Arc<crate::segment::FileStorage>,
+    rest: Rest,
+) -> io::Result<()> {
+    let pool = &ctx.io.pool;
+    let chunk_bytes = pool.chunk_bytes();
+    let align = file.dio_align;
+    let depth = READ_AHEAD_CHUNKS.min(pool.counts().0 / 2).max(1);
+    let mut reads = std::collections::VecDeque::new();
+    let mut next = rest.from;
+    loop {
+        while reads.len() < depth && next < rest.value_len {
+            let start = rest.extent.offset + next;
+            let aligned = start - start % align;
+            let skip = (start - aligned) as usize;
+            let len = ((rest.value_len - next) as usize).min(chunk_bytes - skip);
+            let Some(chunk) = pool.try_take() else {
+                break;
+            };
+            let read_len = (skip + len).next_multiple_of(align as usize);
+            let (ring, file) = (Rc::clone(ring), Arc::clone(file));
+            let read = glommio::spawn_local(async move {
+                let done = ring
+                    .read_fixed(file.raw_fd(), chunk, read_len, aligned)
+                    .await;
+                drop(file);
+                done
+            })
+            .detach();
+            reads.push_back((read, skip, len));
+            next += len as u64;
+        }
+        let Some((read, skip, len)) = reads.pop_front() else {
+            if next >= rest.value_len {
+                return Ok(());
+            }
+            // The pool is dry and nothing is in flight: this chunk goes the plain way.
+            ctx.io.counters.borrow_mut().fallbacks += 1;
+            let len = ((rest.value_len - next) as usize).min(chunk_bytes);
+            let mut chunk = Vec::new();
+            ctx.files
+                .read_file(file, rest.extent.offset + next, len, &mut chunk)
+                .await?;
+            step(ctx, idle, async {
+                wire.write(stream, chunk).await.map(|c| c.len().max(1))
+            })
+            .await?;
+            next += len as u64;
+            continue;
+        };
+        let (result, chunk) = read
+            .await
+            .ok_or_else(|| io::Error::other("a segment read was cancelled"))?;
+        match result {
+            Ok(n) if n >= skip + len => {}
+            Ok(n) => {
+                return Err(io::Error::new(
+                    io::ErrorKind::UnexpectedEof,
+                    format!("short segment read: {n} of {} bytes", skip + len),
+                ))
+            }
+            Err(err) => {
+                tracing::error!(%err, "reading a large value from its segment failed; closing the connection");
+                return Err(err);
+            }
+        }
+        step(ctx, idle, async {
+            wire.write_lent(stream, Lent::from_chunk(chunk, skip, len))
+                .await
+                .map(|()| len.max(1))
+        })
+        .await?;
+    }
 }

@@ -18,7 +18,7 @@ use glommio::net::TcpStream;
 
 use crate::arena::BlockId;
 use crate::ring::buffers::FIXED_BUFFER_MAX_BYTES;
-use crate::ring::{FixedBuffers, Ring, StreamPool};
+use crate::ring::{Buf, FixedBuffers, Lent, Ring, StreamPool};
 
 use super::shard::ShardCtx;
 use super::Shared;
@@ -203,14 +203,44 @@ impl Wire {
         }
     }
 
-    /// Waits until no ring operation on the socket is left (cancelling them first when the
-    /// connection is being cut off), so the socket may be closed.
-    pub async fn finish(&self, cancel: bool) {
-        if let Some(ring) = &self.ring {
-            if cancel {
-                ring.cancel_fd(self.fd);
-            }
-            ring.quiesce(self.fd).await;
+    /// Writes lent bytes (an arena head, a pool chunk, a memory segment's extent):
+    /// zero-copy on the ring, the memory released when the kernel is done with it.
+    pub async fn write_lent(&self, stream: &mut TcpStream, lent: Lent) -> io::Result<()> {
+        match &self.ring {
+            Some(ring) => ring.send_zc_all(self.fd, Buf::Lent(Rc::new(lent))).await,
+            None => stream.write_all(lent.as_slice()).await,
         }
     }
+
+    /// Waits until no ring operation on the socket is left, notifications included, so the
+    /// socket may be closed. A connection being cut off (client gone, idle, shutdown) has its
+    /// operations cancelled and the connection reset at once: zero-copy sends still queued
+    /// would otherwise hold their memory until a stalled peer reads. A polite close (QUIT)
+    /// lets the peer take what was sent for up to [`POLITE_CLOSE_SECONDS`] first.
+    pub async fn finish(&self, cut: bool) {
+        let Some(ring) = &self.ring else {
+            return;
+        };
+        if !cut {
+            let limit = std::time::Duration::from_secs(POLITE_CLOSE_SECONDS);
+            let drained = glommio::timer::timeout(limit, async {
+                ring.quiesce(self.fd).await;
+                Ok(())
+            })
+            .await;
+            if drained.is_ok() {
+                return;
+            }
+        }
+        if ring.busy(self.fd) {
+            ring.cancel_fd(self.fd);
+            if let Err(err) = crate::sys::tcp_abort(self.fd) {
+                tracing::debug!(%err, "resetting a connection with sends in flight");
+            }
+        }
+        ring.quiesce(self.fd).await;
+    }
 }
+
+/// How long a QUIT waits for its peer to take the replies before the connection is reset.
+pub const POLITE_CLOSE_SECONDS: u64 = 5;
