@@ -24,7 +24,7 @@ pub use plan::{ArenaConfig, Locality, MemoryPlan, NumaMode, RegionPlan, Reservat
 pub use region::{
     check_memlock, Backing, MapError, NumaMapper, Region, RegionMapper, UnlockedMapper,
 };
-pub use shard::{AdmissionHost, AllocError, HeadClass, Reserved, ShardArena};
+pub use shard::{AdmissionHost, AllocError, HeadClass, Reserved, SendPin, ShardArena};
 pub use stats::{ArenaStats, RegionStats, ReservationStats, ShardArenaStats};
 
 use batch::SharedPool;

@@ -481,6 +481,32 @@ impl ShardArena {
         }
     }
 
+    /// Pins a head for a zero-copy send of `len` bytes from `offset` into it: the returned
+    /// token is the only way to end that pin ([`ShardArena::unpin_sent`]), after the kernel
+    /// is done with the bytes.
+    pub fn pin_for_send(&mut self, loc: HeadLoc, offset: usize, len: usize) -> SendPin {
+        let range = self.range(loc, self.class_of(loc));
+        assert!(offset + len <= range.len(), "a send inside the head");
+        self.pin(loc);
+        let addr = self.mem.bytes(loc.block).as_ptr() as usize + range.start + offset;
+        SendPin {
+            loc,
+            addr,
+            len,
+            arena: self as *const ShardArena as usize,
+        }
+    }
+
+    /// Ends a send's pin (on the shard whose arena made it).
+    pub fn unpin_sent(&mut self, pin: SendPin) {
+        assert_eq!(
+            pin.arena, self as *const ShardArena as usize,
+            "{} unpinned by an arena that did not pin it",
+            pin.loc
+        );
+        self.unpin(pin.loc);
+    }
+
     pub fn is_pinned(&self, loc: HeadLoc) -> bool {
         self.pins.contains_key(&loc)
     }
@@ -620,5 +646,38 @@ impl ShardArena {
             };
             assert!(pinned > 0, "{loc} pinned but its block does not count it");
         }
+    }
+}
+
+/// A head pinned for a zero-copy send (ADR-0017): plain data, so it can travel to the shard
+/// that sends it and back to the one that unpins it. While it exists (unless it is lost, which
+/// only leaks the pin) the bytes it names neither move nor change.
+#[derive(Debug, PartialEq, Eq)]
+pub struct SendPin {
+    loc: HeadLoc,
+    addr: usize,
+    len: usize,
+    /// The arena that pinned it (checked at the unpin).
+    arena: usize,
+}
+
+impl SendPin {
+    pub fn len(&self) -> usize {
+        self.len
+    }
+
+    pub fn is_empty(&self) -> bool {
+        self.len == 0
+    }
+
+    /// Lends the pinned bytes to a send; `unpin` gets the pin back when the kernel is done
+    /// with them and must hand it to [`ShardArena::unpin_sent`] on the owning shard.
+    pub fn lend(self, unpin: Box<dyn FnOnce(SendPin)>) -> crate::ring::Lent {
+        let (addr, len) = (self.addr, self.len);
+        // SAFETY: the head is pinned until `unpin` ends the pin, which it can only do with
+        // this token, which the release hands over only after the last use of the bytes; a
+        // pinned head is never moved, freed or rewritten (compaction skips its block,
+        // eviction skips it, a free waits for the last unpin), and its block stays mapped.
+        unsafe { crate::ring::Lent::new(addr as *const u8, len, Box::new(move || unpin(self))) }
     }
 }

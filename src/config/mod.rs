@@ -29,6 +29,8 @@ pub const MAX_BLOCK_BYTES: u64 = 1 << 30;
 pub const DEFAULT_MEMORY: ByteSize = ByteSize(64 << 20);
 pub const DEFAULT_RAM_HEAD: ByteSize = ByteSize(256 << 10);
 pub const DEFAULT_IO_CHUNK: ByteSize = ByteSize(1 << 20);
+/// GET values from this size up leave zero-copy on the ring path (docs/benchmarks.md).
+pub const DEFAULT_ZERO_COPY_MIN: ByteSize = ByteSize(16 << 10);
 /// The default streaming pool per shard, in chunks (before rounding up to whole blocks).
 pub const DEFAULT_IO_POOL_CHUNKS: u64 = 8;
 pub const DEFAULT_SMALL_MIN_ALLOC: u64 = 16;
@@ -160,6 +162,12 @@ pub struct Cli {
     #[arg(long, value_name = "on|off")]
     pub io_ring: Option<String>,
 
+    /// On the ring path, GET values (and heads) of at least this size are sent zero-copy from
+    /// the arena, pinned until the kernel's notification; smaller ones are copied into the
+    /// reply (docs/benchmarks.md has the measurement behind the default) [default: 16K].
+    #[arg(long, value_name = "SIZE")]
+    pub zero_copy_min: Option<ByteSize>,
+
     /// Benchmark only: map the preferred regions on the node farthest from the serving node,
     /// inverting memory locality while threads stay put.
     #[arg(long)]
@@ -233,6 +241,7 @@ pub struct FileConfig {
     pub io_chunk: Option<ByteSize>,
     pub io_pool: Option<ByteSize>,
     pub io_ring: Option<String>,
+    pub zero_copy_min: Option<ByteSize>,
     #[serde(default)]
     pub perverse: bool,
     pub listen: Option<String>,
@@ -534,6 +543,8 @@ pub struct Settings {
     pub io_pool_bytes: u64,
     /// Try the io_uring data path (`--io-ring on`).
     pub io_ring: bool,
+    /// Smallest GET value sent zero-copy on the ring path.
+    pub zero_copy_min_bytes: u64,
     pub dry_run: bool,
     pub log_level: String,
     /// Why the serving node is what it is (logged at start-up).
@@ -877,6 +888,11 @@ pub fn resolve_with_file(
         },
         io_pool_bytes: io_pool,
         io_ring,
+        zero_copy_min_bytes: cli
+            .zero_copy_min
+            .or(file.zero_copy_min)
+            .unwrap_or(DEFAULT_ZERO_COPY_MIN)
+            .0,
         listen,
         cpus: node_cpus[..threads].to_vec(),
         max_connections,

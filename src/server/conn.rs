@@ -15,8 +15,9 @@ use glommio::net::TcpStream;
 use crate::proto::{decode_streaming, Decoded, FrameError, Request, ResponseWriter, Status};
 use crate::store::KeyHasher;
 
+use super::deferred::Held;
 use super::execute::execute_keyed;
-use super::large::{self, HeldLarge, LargeSet};
+use super::large::{self, LargeSet};
 use super::shard::{RemoteOp, ShardCtx, ShardReply, ShardRequest};
 use super::stats::write_stats;
 use super::unix_now;
@@ -35,12 +36,12 @@ enum Piece {
     Local { start: usize, end: usize },
     /// Op `index` of the batch sent to `shard`.
     Remote { shard: usize, index: usize },
-    /// A hit on a large value, run here: streamed in its place.
-    Large(HeldLarge),
+    /// A value sent by the connection itself (large, or lent zero-copy), run here.
+    Held(Held),
 }
 
-/// A batch's replies: bytes, op ends, and the ops that hit large values.
-type BatchReply = (Vec<u8>, Vec<u32>, Vec<(u32, HeldLarge)>);
+/// A batch's replies: bytes, op ends, and the values the connection sends itself.
+type BatchReply = (Vec<u8>, Vec<u32>, Vec<(u32, Held)>);
 
 /// A segment being assembled.
 #[derive(Default)]
@@ -49,8 +50,9 @@ struct Segment {
     local: Vec<u8>,
     /// Per shard: the frames to send and their ops.
     batches: Vec<(Vec<u8>, Vec<RemoteOp>)>,
-    /// Head bytes held for large values of this segment (they count against the output cap).
-    large_head_bytes: usize,
+    /// Bytes held for values the connection sends itself (large heads, pinned values): they
+    /// count against the output cap.
+    held_bytes: usize,
 }
 
 impl Segment {
@@ -86,13 +88,14 @@ impl Segment {
     }
 
     /// Sends the batches, waits for every reply, and appends all replies in order to `out`;
-    /// large values are noted in `larges` at the output offset where they are to be streamed.
+    /// values the connection sends itself are noted in `held` at their output offset.
     async fn finish(
         &mut self,
         ctx: &Rc<ShardCtx>,
         out: &mut Vec<u8>,
-        larges: &mut Vec<(usize, HeldLarge)>,
+        held: &mut Vec<(usize, Held)>,
     ) {
+        let lend_from = ctx.io.lend_from();
         let calls: Vec<_> = self
             .batches
             .iter_mut()
@@ -102,6 +105,7 @@ impl Segment {
                 let request = ShardRequest::Batch {
                     buf: std::mem::take(buf),
                     ops: std::mem::take(ops),
+                    lend_from,
                 };
                 (shard, request)
             })
@@ -113,37 +117,42 @@ impl Segment {
             pending.push((shard, ctx.start_call(shard, request).await));
         }
         for (shard, call) in pending {
-            if let ShardReply::Batch { out, ends, larges } = call.reply().await {
-                let held = larges
+            if let ShardReply::Batch {
+                out,
+                ends,
+                deferred,
+            } = call.reply().await
+            {
+                let parts = deferred
                     .into_iter()
-                    .map(|(i, get)| (i, HeldLarge::new(ctx, get)))
+                    .map(|(i, part)| (i, Held::new(ctx, part)))
                     .collect();
-                replies[shard] = Some((out, ends, held));
+                replies[shard] = Some((out, ends, parts));
             }
         }
         for piece in self.pieces.drain(..) {
             match piece {
                 Piece::Local { start, end } => out.extend_from_slice(&self.local[start..end]),
-                Piece::Large(get) => larges.push((out.len(), get)),
+                Piece::Held(part) => held.push((out.len(), part)),
                 Piece::Remote { shard, index } => {
-                    let (bytes, ends, remote_larges) =
+                    let (bytes, ends, remote_parts) =
                         replies[shard].as_mut().expect("a reply per batch");
-                    if let Some(at) = remote_larges.iter().position(|(i, _)| *i as usize == index) {
-                        let (_, get) = remote_larges.swap_remove(at);
-                        larges.push((out.len(), get));
-                        continue;
-                    }
                     let start = if index == 0 {
                         0
                     } else {
                         ends[index - 1] as usize
                     };
+                    // The op's own bytes (a lent value's header), then its part if it has one.
                     out.extend_from_slice(&bytes[start..ends[index] as usize]);
+                    if let Some(at) = remote_parts.iter().position(|(i, _)| *i as usize == index) {
+                        let (_, part) = remote_parts.swap_remove(at);
+                        held.push((out.len(), part));
+                    }
                 }
             }
         }
         self.local.clear();
-        self.large_head_bytes = 0;
+        self.held_bytes = 0;
     }
 }
 
@@ -166,8 +175,9 @@ struct Conn {
     /// Stream bytes still to discard (the rest of a rejected or too-large frame).
     skip: u64,
     out: Vec<u8>,
-    /// Large values to stream, at their offsets in `out` (each lease ends when it is dropped).
-    larges: Vec<(usize, HeldLarge)>,
+    /// Values the connection sends itself, at their offsets in `out` (each lease or pin ends
+    /// when it is dropped).
+    held: Vec<(usize, Held)>,
 }
 
 fn count(ctx: &ShardCtx, error: FrameError) {
@@ -200,7 +210,7 @@ impl Conn {
                     break;
                 }
             }
-            if self.out.len() + segment.local.len() + segment.large_head_bytes > OUTPUT_CAP_BYTES
+            if self.out.len() + segment.local.len() + segment.held_bytes > OUTPUT_CAP_BYTES
                 || segment.pieces.len() >= SEGMENT_MAX_FRAMES
             {
                 after = After::Process;
@@ -288,7 +298,7 @@ impl Conn {
                         Request::Flush { delay, quiet } => {
                             let (delay, quiet) = (*delay, *quiet);
                             self.consumed += consumed;
-                            segment.finish(ctx, &mut self.out, &mut self.larges).await;
+                            segment.finish(ctx, &mut self.out, &mut self.held).await;
                             for shard in (0..ctx.shards).filter(|&s| s != ctx.id) {
                                 ctx.call(shard, ShardRequest::Flush { delay }).await;
                             }
@@ -309,14 +319,14 @@ impl Conn {
                         Request::Stat { group } => {
                             let group = group.to_vec();
                             self.consumed += consumed;
-                            segment.finish(ctx, &mut self.out, &mut self.larges).await;
+                            segment.finish(ctx, &mut self.out, &mut self.held).await;
                             write_stats(ctx, &group, opcode, opaque, &mut self.out).await;
                             continue;
                         }
                         Request::Admin { command } => {
                             let command = command.to_vec();
                             self.consumed += consumed;
-                            segment.finish(ctx, &mut self.out, &mut self.larges).await;
+                            segment.finish(ctx, &mut self.out, &mut self.held).await;
                             let (status, text) = match super::admin::run(ctx, &command).await {
                                 Ok(text) => (Status::Ok, text),
                                 Err(reason) => (Status::InvalidArguments, reason),
@@ -355,7 +365,7 @@ impl Conn {
                                 opaque,
                             };
                             self.consumed += consumed;
-                            segment.finish(ctx, &mut self.out, &mut self.larges).await;
+                            segment.finish(ctx, &mut self.out, &mut self.held).await;
                             return After::LargeSet(set);
                         }
                         keyed => {
@@ -365,7 +375,7 @@ impl Conn {
                             if owner == ctx.id {
                                 let mut store = ctx.store.borrow_mut();
                                 let start = segment.local.len();
-                                let large = execute_keyed(
+                                let part = execute_keyed(
                                     &mut store,
                                     ctx.id,
                                     keyed,
@@ -373,20 +383,19 @@ impl Conn {
                                     opaque,
                                     now,
                                     &mut segment.local,
+                                    ctx.io.lend_from(),
                                 );
-                                match large {
-                                    Some(get) => {
-                                        let held = HeldLarge::new(ctx, get);
-                                        segment.large_head_bytes += held.head_bytes();
-                                        segment.pieces.push(Piece::Large(held));
-                                    }
-                                    None if segment.local.len() > start => {
-                                        segment.pieces.push(Piece::Local {
-                                            start,
-                                            end: segment.local.len(),
-                                        })
-                                    }
-                                    None => {}
+                                drop(store);
+                                if segment.local.len() > start {
+                                    segment.pieces.push(Piece::Local {
+                                        start,
+                                        end: segment.local.len(),
+                                    });
+                                }
+                                if let Some(part) = part {
+                                    let part = Held::new(ctx, part);
+                                    segment.held_bytes += part.held_bytes();
+                                    segment.pieces.push(Piece::Held(part));
                                 }
                             } else if let Request::TooLarge { key, drop_existing } = keyed {
                                 let drop_existing = *drop_existing;
@@ -410,7 +419,7 @@ impl Conn {
             }
         }
         if !segment.is_empty() {
-            segment.finish(ctx, &mut self.out, &mut self.larges).await;
+            segment.finish(ctx, &mut self.out, &mut self.held).await;
         }
         after
     }
@@ -558,7 +567,7 @@ async fn serve_frames(ctx: &Rc<ShardCtx>, stream: &mut TcpStream, wire: &Wire) -
         consumed: 0,
         skip: 0,
         out: Vec::new(),
-        larges: Vec::new(),
+        held: Vec::new(),
     };
     loop {
         let read = {
@@ -580,15 +589,19 @@ async fn serve_frames(ctx: &Rc<ShardCtx>, stream: &mut TcpStream, wire: &Wire) -
             let after = conn.process(ctx).await;
             // Replies in order: bytes up to each large value, the large value streamed, ...
             let mut written = 0;
-            for (at, get) in std::mem::take(&mut conn.larges) {
+            for (at, part) in std::mem::take(&mut conn.held) {
                 if let Err(ended) =
                     write_out(ctx, stream, wire, idle, &mut conn.out, written, at).await
                 {
                     return ended;
                 }
                 written = at;
-                if let Err(err) = large::send_get(ctx, stream, wire, idle, get).await {
-                    tracing::debug!(%err, "large value not sent");
+                let sent = match part {
+                    Held::Large(get) => large::send_get(ctx, stream, wire, idle, get).await,
+                    Held::Lent(lent) => send_lent(ctx, stream, wire, idle, lent).await,
+                };
+                if let Err(err) = sent {
+                    tracing::debug!(%err, "value not sent");
                     return Ended::Cut;
                 }
             }
@@ -629,5 +642,35 @@ async fn serve_frames(ctx: &Rc<ShardCtx>, stream: &mut TcpStream, wire: &Wire) -
         if ctx.stop.fired() {
             return Ended::Cut;
         }
+    }
+}
+
+/// Sends a value lent from the arena, zero-copy; its pin ends at the kernel's notification.
+async fn send_lent(
+    ctx: &ShardCtx,
+    stream: &mut TcpStream,
+    wire: &Wire,
+    idle: Option<Duration>,
+    lent: super::deferred::HeldLent,
+) -> std::io::Result<()> {
+    let len = lent.len();
+    let lent = lent.into_lent();
+    match with_limits(ctx, idle, async {
+        wire.write_lent(stream, lent).await.map(|()| len.max(1))
+    })
+    .await
+    {
+        Io::Done(_) => {
+            ctx.counters.borrow_mut().bytes_written += len as u64;
+            let mut counters = ctx.io.counters.borrow_mut();
+            counters.heads_zero_copy += 1;
+            counters.head_bytes_zero_copy += len as u64;
+            Ok(())
+        }
+        Io::TimedOut => {
+            ctx.counters.borrow_mut().idle_closed += 1;
+            Err(std::io::ErrorKind::TimedOut.into())
+        }
+        Io::Closed | Io::Stopped => Err(std::io::ErrorKind::UnexpectedEof.into()),
     }
 }

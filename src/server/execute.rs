@@ -1,6 +1,7 @@
 //! Running one keyed request against the owning shard's store and composing its reply,
 //! exactly as memcached's binary protocol answers.
 
+use crate::arena::SendPin;
 use crate::proto::{Request, ResponseWriter, Status};
 use crate::store::{ArithOutcome, DeleteOutcome, LargeHit, Lookup, Store, StoreOutcome};
 
@@ -17,10 +18,29 @@ pub struct LargeGet {
     pub owner: usize,
 }
 
+/// A GET hit whose value bytes leave zero-copy, straight from the arena, after the reply's
+/// header (already in the output): pinned on `owner` until the kernel is done with them.
+#[derive(Debug)]
+pub struct LentGet {
+    pub pin: SendPin,
+    pub owner: usize,
+}
+
+/// A reply part the connection sends itself, in its place among the other replies.
+#[derive(Debug)]
+pub enum Deferred {
+    /// A large value: header, head and the rest streamed from its segment.
+    Large(LargeGet),
+    /// A value sent zero-copy from the arena.
+    Lent(LentGet),
+}
+
 /// Runs a request that has a key (GET family, stores, DELETE, INCR/DECR, too-large stores)
 /// and appends its reply, if any, to `out`. Quiet requests reply only on errors (and GETQ
 /// family only on hits), as memcached does. A hit on a large value returns its [`LargeGet`]
-/// instead of a reply. `owner` is this store's shard.
+/// instead of a reply; with `lend_from`, a hit on a value of at least that many bytes appends
+/// only its header and returns the value pinned ([`LentGet`]). `owner` is this store's shard.
+#[allow(clippy::too_many_arguments)]
 pub fn execute_keyed(
     store: &mut Store,
     owner: usize,
@@ -29,7 +49,8 @@ pub fn execute_keyed(
     opaque: u32,
     now: u32,
     out: &mut Vec<u8>,
-) -> Option<LargeGet> {
+    lend_from: Option<usize>,
+) -> Option<Deferred> {
     let mut w = ResponseWriter::new(out);
     match *request {
         Request::Get {
@@ -41,13 +62,13 @@ pub fn execute_keyed(
         } => match store.lookup(key, touch, now, value) {
             Lookup::Large(hit) if value => {
                 let key = if with_key { key.to_vec() } else { Vec::new() };
-                return Some(LargeGet {
+                return Some(Deferred::Large(LargeGet {
                     opcode,
                     opaque,
                     key,
                     hit,
                     owner,
-                });
+                }));
             }
             Lookup::Large(hit) => {
                 // TOUCH: flags and CAS, no value.
@@ -68,7 +89,14 @@ pub fn execute_keyed(
                 );
                 w.body(&hit.flags.to_be_bytes());
                 w.body(key_part);
-                w.body(value_part);
+                let lend = lend_from.is_some_and(|min| value && value_part.len() >= min.max(1));
+                if !lend {
+                    w.body(value_part);
+                    return None;
+                }
+                let (at, len) = (hit.at, value_part.len());
+                let pin = store.pin_for_send(at, len);
+                return Some(Deferred::Lent(LentGet { pin, owner }));
             }
             Lookup::Miss if quiet => {}
             // GETK/GATK misses carry the key and no message; the others memcached's text.

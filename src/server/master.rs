@@ -224,7 +224,8 @@ fn serve(master: &mut Master, request: ShardRequest) -> ShardReply {
         | ShardRequest::AddStorage(_)
         | ShardRequest::DropTarget(_)
         | ShardRequest::RemoveStorage(_)
-        | ShardRequest::Release { .. } => unreachable!("shard requests never go to the master"),
+        | ShardRequest::Release { .. }
+        | ShardRequest::Unpin { .. } => unreachable!("shard requests never go to the master"),
     }
 }
 

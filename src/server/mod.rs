@@ -3,6 +3,7 @@
 
 mod admin;
 mod conn;
+mod deferred;
 mod event;
 mod execute;
 mod large;

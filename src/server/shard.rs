@@ -22,7 +22,7 @@ use crate::segment::{Extent, MountedTarget, SegmentSpec, TargetSpec, TargetStora
 use crate::store::{LargeLink, Store, StoreOutcome, StoreStats};
 
 use super::event::LocalEvent;
-use super::execute::{execute_keyed, LargeGet};
+use super::execute::{execute_keyed, Deferred};
 use super::large::SegmentFiles;
 use super::{unix_now, ConnCounters, Shared};
 
@@ -44,6 +44,9 @@ pub enum ShardRequest {
     Batch {
         buf: Vec<u8>,
         ops: Vec<RemoteOp>,
+        /// Values of at least this many bytes are pinned and lent to the caller's zero-copy
+        /// send instead of copied (the caller's ring decides).
+        lend_from: Option<usize>,
     },
     Flush {
         delay: u32,
@@ -111,6 +114,10 @@ pub enum ShardRequest {
     Release {
         lease: u64,
     },
+    /// To a key's owner: a zero-copy send of a value it pinned is done.
+    Unpin {
+        pin: crate::arena::SendPin,
+    },
 }
 
 /// One operation of a batch.
@@ -133,8 +140,8 @@ pub enum ShardReply {
     Batch {
         out: Vec<u8>,
         ends: Vec<u32>,
-        /// Ops that hit a large value: streamed by the caller in their place.
-        larges: Vec<(u32, LargeGet)>,
+        /// Ops whose value the caller sends itself (large, or lent), after the op's bytes.
+        deferred: Vec<(u32, Deferred)>,
     },
     Done,
     Linked(StoreOutcome),
@@ -300,9 +307,13 @@ impl ShardCtx {
 
     fn serve(&self, request: ShardRequest) -> ShardReply {
         match request {
-            ShardRequest::Batch { buf, ops } => {
+            ShardRequest::Batch {
+                buf,
+                ops,
+                lend_from,
+            } => {
                 let mut out = Vec::new();
-                let mut larges = Vec::new();
+                let mut deferred = Vec::new();
                 let mut head_bytes = 0;
                 let mut ends = Vec::with_capacity(ops.len());
                 let now = unix_now();
@@ -319,17 +330,28 @@ impl ShardCtx {
                                 ..
                             } = decode(frame, max_item)
                             {
-                                let large = execute_keyed(
+                                // Past one output cap of held bytes, values are copied.
+                                let lend = lend_from
+                                    .filter(|_| head_bytes <= super::conn::OUTPUT_CAP_BYTES);
+                                let part = execute_keyed(
                                     &mut store, self.id, &request, opcode, opaque, now, &mut out,
+                                    lend,
                                 );
-                                if let Some(mut large) = large {
-                                    // Heads are a latency device: past one output cap of them in a
-                                    // batch, the rest stream from their segment from byte 0.
-                                    head_bytes += large.hit.head.len();
-                                    if head_bytes > super::conn::OUTPUT_CAP_BYTES {
-                                        large.hit.head = Vec::new();
+                                match part {
+                                    Some(Deferred::Large(mut large)) => {
+                                        // Heads are a latency device: past one output cap of them
+                                        // in a batch, the rest stream from their segment from 0.
+                                        head_bytes += large.hit.head.len();
+                                        if head_bytes > super::conn::OUTPUT_CAP_BYTES {
+                                            large.hit.head = Vec::new();
+                                        }
+                                        deferred.push((ends.len() as u32, Deferred::Large(large)));
                                     }
-                                    larges.push((ends.len() as u32, large));
+                                    Some(Deferred::Lent(lent)) => {
+                                        head_bytes += lent.pin.len();
+                                        deferred.push((ends.len() as u32, Deferred::Lent(lent)));
+                                    }
+                                    None => {}
                                 }
                             }
                         }
@@ -343,13 +365,17 @@ impl ShardCtx {
                             let key = &buf[start as usize..end as usize];
                             let request = crate::proto::Request::TooLarge { key, drop_existing };
                             execute_keyed(
-                                &mut store, self.id, &request, opcode, opaque, now, &mut out,
+                                &mut store, self.id, &request, opcode, opaque, now, &mut out, None,
                             );
                         }
                     }
                     ends.push(out.len() as u32);
                 }
-                ShardReply::Batch { out, ends, larges }
+                ShardReply::Batch {
+                    out,
+                    ends,
+                    deferred,
+                }
             }
             ShardRequest::LinkLarge {
                 mode,
@@ -380,6 +406,10 @@ impl ShardCtx {
             },
             ShardRequest::Release { lease } => {
                 self.store.borrow_mut().release_lease(lease);
+                ShardReply::Done
+            }
+            ShardRequest::Unpin { pin } => {
+                self.store.borrow_mut().unpin_sent(pin);
                 ShardReply::Done
             }
             ShardRequest::Flush { delay } => {
@@ -453,11 +483,11 @@ impl ShardCtx {
         // The waiter may be gone (its connection closed): then the reply is dropped, but the
         // leases of any large values in it must still end.
         if let Err(glommio::GlommioError::Closed(glommio::ResourceType::Channel(
-            ShardReply::Batch { larges, .. },
+            ShardReply::Batch { deferred, .. },
         ))) = tx.try_send(reply)
         {
-            for (_, get) in larges {
-                super::large::release(self, &get);
+            for (_, part) in deferred {
+                drop(super::deferred::Held::new(self, part));
             }
         }
     }

@@ -26,10 +26,9 @@ use super::Shared;
 /// Counters of the choices the data path made (STAT `io`, beside the ring's own).
 #[derive(Clone, Debug, Default)]
 pub struct PathCounters {
-    /// Heads sent zero-copy from the arena.
+    /// Values (or heads) sent zero-copy from the arena, and their bytes.
     pub heads_zero_copy: u64,
-    /// Heads copied into the reply (below the cut-off, or on the plain path).
-    pub heads_copied: u64,
+    pub head_bytes_zero_copy: u64,
     /// Times the ring path wanted a fixed buffer and the memory was not registered.
     pub fallbacks: u64,
 }
@@ -53,7 +52,10 @@ impl IoSnapshot {
         put("pool_chunks", self.pool_chunks.0.to_string());
         put("pool_chunks_free", self.pool_chunks.1.to_string());
         put("heads_zero_copy", self.counters.heads_zero_copy.to_string());
-        put("heads_copied", self.counters.heads_copied.to_string());
+        put(
+            "head_bytes_zero_copy",
+            self.counters.head_bytes_zero_copy.to_string(),
+        );
         put("fallbacks", self.counters.fallbacks.to_string());
         let ring = self.ring.clone().unwrap_or_default();
         for (i, kind) in crate::ring::OpKind::ALL.iter().enumerate() {
@@ -81,6 +83,7 @@ pub struct ShardIo {
     pub path: String,
     pub counters: RefCell<PathCounters>,
     stream_blocks: Vec<BlockId>,
+    zero_copy_min_bytes: usize,
 }
 
 impl ShardIo {
@@ -146,7 +149,13 @@ impl ShardIo {
             path,
             counters: RefCell::new(PathCounters::default()),
             stream_blocks,
+            zero_copy_min_bytes: settings.zero_copy_min_bytes as usize,
         }
+    }
+
+    /// GET values from this size up are lent zero-copy (`None` on the plain path).
+    pub fn lend_from(&self) -> Option<usize> {
+        self.ring.as_ref().map(|_| self.zero_copy_min_bytes)
     }
 
     pub fn snapshot(&self) -> IoSnapshot {

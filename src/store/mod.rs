@@ -8,7 +8,7 @@ pub mod item;
 mod keys;
 mod stats;
 
-use crate::arena::{AllocError, HeadClass, HeadLoc, Reserved, ShardArena};
+use crate::arena::{AllocError, HeadClass, HeadLoc, Reserved, SendPin, ShardArena};
 use crate::placement::TargetId;
 use crate::proto::StoreMode;
 use crate::segment::Extent;
@@ -68,6 +68,9 @@ pub struct Hit<'a> {
     pub flags: u32,
     pub cas: u64,
     pub value: &'a [u8],
+    /// Where the value's bytes are: the arena allocation holding them and their offset in
+    /// it (for [`Store::pin_for_send`]).
+    pub at: (HeadLoc, usize),
 }
 
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -249,9 +252,12 @@ impl Store {
         item::set_referenced(record, true);
         let record = self.arena.bytes(loc);
         let meta = item::meta(record);
-        let value = match item::value_at(record) {
-            ValueAt::Inline => item::inline_value(record),
-            ValueAt::Fixed { slot, len } => &self.arena.bytes(slot)[..len as usize],
+        let (value, at) = match item::value_at(record) {
+            ValueAt::Inline => {
+                let value = item::inline_value(record);
+                (value, (loc, record.len() - value.len()))
+            }
+            ValueAt::Fixed { slot, len } => (&self.arena.bytes(slot)[..len as usize], (slot, 0)),
             ValueAt::Large => {
                 let large = item::large(record).expect("a large record");
                 // Only a reader of the value needs the head (TOUCH does not).
@@ -274,7 +280,19 @@ impl Store {
             flags: meta.flags,
             cas: meta.cas,
             value,
+            at,
         })
+    }
+
+    /// Pins the `len` value bytes a hit found at `at` for a zero-copy send: until the pin is
+    /// handed back to [`Store::unpin_sent`], an overwrite, delete, eviction or compaction
+    /// leaves those bytes alone (a free of them waits for the unpin).
+    pub fn pin_for_send(&mut self, at: (HeadLoc, usize), len: usize) -> SendPin {
+        self.arena.pin_for_send(at.0, at.1, len)
+    }
+
+    pub fn unpin_sent(&mut self, pin: SendPin) {
+        self.arena.unpin_sent(pin);
     }
 
     /// Evicts `key` if it is a large item with a replica at (`target`, `offset`) (the master's
