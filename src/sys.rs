@@ -94,6 +94,12 @@ impl Mapping {
                 libc::munmap((start + len) as *mut libc::c_void, tail);
             }
         }
+        // Ordinary memory stays on base pages even under THP `always`: zero-copy sends from
+        // huge pages stall (docs/io.md), and the ring tells huge from base by hugetlb alone.
+        // SAFETY: advice on the mapping just made; it changes no contents.
+        if unsafe { libc::madvise(start as *mut libc::c_void, len, libc::MADV_NOHUGEPAGE) } != 0 {
+            tracing::debug!(err = %io::Error::last_os_error(), "madvise(MADV_NOHUGEPAGE) refused");
+        }
         let base = NonNull::new(start as *mut u8).expect("aligned start inside a mapping");
         Ok(Mapping {
             base,

@@ -153,7 +153,7 @@ fn readers_see_whole_versions_while_writers_overwrite_delete_and_compact() {
         c.stat("", "evictions"),
         c.stats("io")
             .iter()
-            .filter(|(n, _)| n.ends_with("_heads_zero_copy"))
+            .filter(|(n, _)| n.ends_with("_heads_lent"))
             .map(|(_, v)| v.parse::<u64>().unwrap())
             .sum::<u64>()
     );
@@ -183,7 +183,7 @@ fn readers_see_whole_versions_while_writers_overwrite_delete_and_compact() {
         .iter()
         .any(|(n, v)| n.ends_with("_path") && v.starts_with("ring"))
     {
-        assert!(sum("_heads_zero_copy") > 0, "no value went out zero-copy");
+        assert!(sum("_heads_lent") > 0, "no value went out zero-copy");
         assert!(sum("_ops_send_zc") > 0);
     }
     assert_eq!(server.stop().code(), Some(0));

@@ -156,6 +156,16 @@ impl Arena {
             .collect()
     }
 
+    /// The (address, length) of every region on hugetlb pages: what a ring never sends
+    /// zero-copy from (docs/io.md).
+    pub fn huge_page_ranges(&self) -> Vec<(usize, usize)> {
+        self.regions()
+            .iter()
+            .filter(|r| matches!(r.backing, Backing::HugeTlb { .. }))
+            .map(|r| (r.base_addr(), r.plan.bytes as usize))
+            .collect()
+    }
+
     /// One core's allocator.
     pub fn shard(self: &Arc<Arena>, index: usize) -> ShardArena {
         ShardArena::new(Arc::clone(self), index)

@@ -84,6 +84,12 @@ pub struct RingStats {
     /// Zero-copy notifications saying the kernel copied the bytes after all (always, on
     /// loopback).
     pub zc_copied: u64,
+    /// Lent sends that went out as plain `SEND` because the bytes sit on huge pages
+    /// (zero-copy from huge pages stalls: docs/io.md).
+    pub lent_sends_huge_pages: u64,
+    /// Lent sends that went out as plain `SEND` because the connection's notifications said
+    /// the kernel copies anyway (loopback, a device without scatter-gather).
+    pub lent_sends_kernel_copies: u64,
     pub in_flight: u64,
     pub in_flight_max: u64,
     /// Times a submission waited for room.
@@ -94,6 +100,32 @@ pub struct RingStats {
     pub cancels: u64,
     /// Eventfd wake-ups of the driver.
     pub wakeups: u64,
+}
+
+/// Zero-copy sends a connection probes before it trusts what their notifications say.
+pub const ZC_PROBE_NOTIFICATIONS: u64 = 8;
+
+/// What one connection's zero-copy notifications said: once most of the first
+/// [`ZC_PROBE_NOTIFICATIONS`] report that the kernel copied anyway, the connection's lent
+/// bytes go out with plain `SEND` instead (cheaper when a copy happens regardless: docs/io.md).
+#[derive(Debug, Default)]
+pub struct ZcReport {
+    notifications: Cell<u64>,
+    copied: Cell<u64>,
+}
+
+impl ZcReport {
+    pub fn kernel_copies(&self) -> bool {
+        let n = self.notifications.get();
+        n >= ZC_PROBE_NOTIFICATIONS && self.copied.get() * 2 > n
+    }
+
+    fn record(&self, copied: bool) {
+        self.notifications.set(self.notifications.get() + 1);
+        if copied {
+            self.copied.set(self.copied.get() + 1);
+        }
+    }
 }
 
 /// Memory lent to an operation by its owner: valid until it is dropped, when the owner's
@@ -186,6 +218,8 @@ struct Slot {
     detached: bool,
     waker: Option<Waker>,
     buf: Option<Buf>,
+    /// Where a zero-copy send's notification is reported.
+    report: Option<Rc<ZcReport>>,
 }
 
 impl Slot {
@@ -200,6 +234,7 @@ impl Slot {
             detached: false,
             waker: None,
             buf: None,
+            report: None,
         }
     }
 
@@ -217,6 +252,8 @@ pub struct Ring {
     uring: RefCell<IoUring>,
     eventfd: OwnedFd,
     buffers: FixedBuffers,
+    /// Registered memory on huge pages (hugetlb or transparent): never sent zero-copy.
+    huge_page_ranges: Vec<(usize, usize)>,
     slots: RefCell<Vec<Slot>>,
     free: RefCell<Vec<usize>>,
     /// Submissions waiting for room.
@@ -231,7 +268,11 @@ pub struct Ring {
 impl Ring {
     /// Creates a ring and registers `buffers` with it. Fails (with the reason) when the kernel
     /// refuses the ring or the registration: the caller then runs on the plain path.
-    pub fn new(buffers: FixedBuffers) -> Result<Rc<Ring>, String> {
+    /// `huge_page_ranges` are the parts of that memory on huge pages.
+    pub fn new(
+        buffers: FixedBuffers,
+        huge_page_ranges: Vec<(usize, usize)>,
+    ) -> Result<Rc<Ring>, String> {
         let entries = RING_IN_FLIGHT_MAX as u32;
         let uring = IoUring::builder()
             .setup_cqsize(entries * 4)
@@ -271,6 +312,7 @@ impl Ring {
             uring: RefCell::new(uring),
             eventfd,
             buffers,
+            huge_page_ranges,
             slots: RefCell::new(Vec::new()),
             free: RefCell::new(Vec::new()),
             room_waiters: RefCell::new(VecDeque::new()),
@@ -383,7 +425,7 @@ impl Ring {
         while sent < total {
             let at = sent;
             let (result, back) = self
-                .submit(OpKind::Send, fd, buf, |b| {
+                .submit(OpKind::Send, fd, buf, None, |b| {
                     // SAFETY (of the pointer arithmetic): `at < len` of the owned buffer.
                     opcode::Send::new(types::Fd(fd), b.ptr().wrapping_add(at), (total - at) as u32)
                         .flags(libc::MSG_NOSIGNAL)
@@ -399,20 +441,37 @@ impl Ring {
         }
     }
 
-    /// Sends all of `buf` with `SEND_ZC`, from its fixed buffer when it lies in one. Returns
-    /// once the bytes are queued; the memory is released when the kernel's notification says
-    /// it is done with it.
-    pub async fn send_zc_all(self: &Rc<Self>, fd: RawFd, buf: Buf) -> io::Result<()> {
+    /// Sends all of the lent `buf` straight from its memory, without a user-space copy:
+    /// with `SEND_ZC` (from its fixed buffer when it lies in one) unless the bytes sit on huge
+    /// pages or the connection's `report` says the kernel copies anyway, then with plain
+    /// `SEND`. Returns once the bytes are queued; the memory is released when the kernel is
+    /// done with it (the notification, for a zero-copy send).
+    pub async fn send_lent_all(
+        self: &Rc<Self>,
+        fd: RawFd,
+        buf: Buf,
+        report: &Rc<ZcReport>,
+    ) -> io::Result<()> {
         let (ptr, total) = (buf.ptr(), buf.len());
+        let on_huge_pages = self
+            .huge_page_ranges
+            .iter()
+            .any(|&(start, len)| (ptr as usize) >= start && (ptr as usize) < start + len);
+        let zero_copy = !on_huge_pages && !report.kernel_copies();
+        if on_huge_pages {
+            self.stats.borrow_mut().lent_sends_huge_pages += 1;
+        } else if !zero_copy {
+            self.stats.borrow_mut().lent_sends_kernel_copies += 1;
+        }
         let index = self.buffers.find(ptr as usize, total);
-        // A send that goes out in parts needs the memory until the last part's notification.
+        // A send that goes out in parts needs the memory until the last part is done with it.
         let shared = buf.into_lent();
         let mut sent = 0;
         while sent < total {
             let at = sent;
             let part = Buf::Lent(Rc::clone(&shared));
-            let (result, _) = self
-                .submit(OpKind::SendZc, fd, part, |_| {
+            let (result, _) = if zero_copy {
+                self.submit(OpKind::SendZc, fd, part, Some(Rc::clone(report)), |_| {
                     let mut op = opcode::SendZc::new(
                         types::Fd(fd),
                         ptr.wrapping_add(at),
@@ -425,7 +484,15 @@ impl Ring {
                     }
                     op.build()
                 })
-                .await;
+                .await
+            } else {
+                self.submit(OpKind::Send, fd, part, None, |_| {
+                    opcode::Send::new(types::Fd(fd), ptr.wrapping_add(at), (total - at) as u32)
+                        .flags(libc::MSG_NOSIGNAL)
+                        .build()
+                })
+                .await
+            };
             sent += result?;
         }
         Ok(())
@@ -443,7 +510,7 @@ impl Ring {
         assert!(len <= chunk.len());
         let index = chunk.buf_index();
         let (result, back) = self
-            .submit(OpKind::ReadFixed, fd, Buf::Chunk(chunk), |b| {
+            .submit(OpKind::ReadFixed, fd, Buf::Chunk(chunk), None, |b| {
                 opcode::ReadFixed::new(types::Fd(fd), b.ptr() as *mut u8, len as u32, index)
                     .offset(offset)
                     .build()
@@ -466,7 +533,7 @@ impl Ring {
         assert!(len <= chunk.len());
         let index = chunk.buf_index();
         let (result, back) = self
-            .submit(OpKind::WriteFixed, fd, Buf::Chunk(chunk), |b| {
+            .submit(OpKind::WriteFixed, fd, Buf::Chunk(chunk), None, |b| {
                 opcode::WriteFixed::new(types::Fd(fd), b.ptr(), len as u32, index)
                     .offset(offset)
                     .build()
@@ -486,6 +553,7 @@ impl Ring {
         kind: OpKind,
         fd: RawFd,
         buf: Buf,
+        report: Option<Rc<ZcReport>>,
         entry: impl FnOnce(&Buf) -> squeue::Entry,
     ) -> (io::Result<usize>, Option<Buf>) {
         self.room().await;
@@ -506,6 +574,7 @@ impl Ring {
             slot.detached = false;
             slot.waker = None;
             slot.buf = Some(buf);
+            slot.report = report;
             (index, slot.generation)
         };
         let sqe = {
@@ -604,8 +673,12 @@ impl Ring {
                 );
                 if cqueue::notif(flags) {
                     stats.zc_notifications += 1;
-                    if result as u32 & NOTIF_USAGE_ZC_COPIED != 0 {
+                    let copied = result as u32 & NOTIF_USAGE_ZC_COPIED != 0;
+                    if copied {
                         stats.zc_copied += 1;
+                    }
+                    if let Some(report) = &slot.report {
+                        report.record(copied);
                     }
                     slot.notification_due = false;
                 } else {
@@ -644,6 +717,7 @@ impl Ring {
         slot.busy = false;
         slot.waker = None;
         let buf = slot.buf.take();
+        slot.report = None;
         stats.in_flight -= 1;
         let fd = slot.fd;
         let mut fd_ops = self.fd_ops.borrow_mut();

@@ -663,8 +663,8 @@ async fn send_lent(
         Io::Done(_) => {
             ctx.counters.borrow_mut().bytes_written += len as u64;
             let mut counters = ctx.io.counters.borrow_mut();
-            counters.heads_zero_copy += 1;
-            counters.head_bytes_zero_copy += len as u64;
+            counters.heads_lent += 1;
+            counters.head_bytes_lent += len as u64;
             Ok(())
         }
         Io::TimedOut => {

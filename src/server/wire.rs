@@ -18,7 +18,7 @@ use glommio::net::TcpStream;
 
 use crate::arena::BlockId;
 use crate::ring::buffers::FIXED_BUFFER_MAX_BYTES;
-use crate::ring::{Buf, FixedBuffers, Lent, Ring, StreamPool};
+use crate::ring::{Buf, FixedBuffers, Lent, Ring, StreamPool, ZcReport};
 
 use super::shard::ShardCtx;
 use super::Shared;
@@ -26,9 +26,10 @@ use super::Shared;
 /// Counters of the choices the data path made (STAT `io`, beside the ring's own).
 #[derive(Clone, Debug, Default)]
 pub struct PathCounters {
-    /// Values (or heads) sent zero-copy from the arena, and their bytes.
-    pub heads_zero_copy: u64,
-    pub head_bytes_zero_copy: u64,
+    /// Values (or heads) sent from their arena bytes, pinned, without a user-space copy
+    /// (`SEND_ZC`, or `SEND` where zero-copy does not pay), and their bytes.
+    pub heads_lent: u64,
+    pub head_bytes_lent: u64,
     /// Times the ring path wanted a fixed buffer and the memory was not registered.
     pub fallbacks: u64,
 }
@@ -51,11 +52,8 @@ impl IoSnapshot {
         put("path", self.path.clone());
         put("pool_chunks", self.pool_chunks.0.to_string());
         put("pool_chunks_free", self.pool_chunks.1.to_string());
-        put("heads_zero_copy", self.counters.heads_zero_copy.to_string());
-        put(
-            "head_bytes_zero_copy",
-            self.counters.head_bytes_zero_copy.to_string(),
-        );
+        put("heads_lent", self.counters.heads_lent.to_string());
+        put("head_bytes_lent", self.counters.head_bytes_lent.to_string());
         put("fallbacks", self.counters.fallbacks.to_string());
         let ring = self.ring.clone().unwrap_or_default();
         for (i, kind) in crate::ring::OpKind::ALL.iter().enumerate() {
@@ -65,6 +63,14 @@ impl IoSnapshot {
         put("op_errors", ring.errors.to_string());
         put("zc_notifications", ring.zc_notifications.to_string());
         put("zc_copied", ring.zc_copied.to_string());
+        put(
+            "lent_sends_huge_pages",
+            ring.lent_sends_huge_pages.to_string(),
+        );
+        put(
+            "lent_sends_kernel_copies",
+            ring.lent_sends_kernel_copies.to_string(),
+        );
         put("in_flight", ring.in_flight.to_string());
         put("in_flight_max", ring.in_flight_max.to_string());
         put("ring_full_waits", ring.full_waits.to_string());
@@ -109,7 +115,7 @@ impl ShardIo {
                     .max(settings.arena.block_bytes as usize)
                     .min(FIXED_BUFFER_MAX_BYTES),
             )
-            .and_then(Ring::new)
+            .and_then(|buffers| Ring::new(buffers, arena.huge_page_ranges()))
             {
                 Ok(ring) => {
                     let path = format!(
@@ -191,6 +197,8 @@ impl ShardIo {
 pub struct Wire {
     ring: Option<Rc<Ring>>,
     fd: RawFd,
+    /// What this connection's zero-copy notifications said.
+    zc: Rc<ZcReport>,
 }
 
 impl Wire {
@@ -198,6 +206,7 @@ impl Wire {
         Wire {
             ring: ctx.io.ring.clone(),
             fd: stream.as_raw_fd(),
+            zc: Rc::new(ZcReport::default()),
         }
     }
 
@@ -212,11 +221,15 @@ impl Wire {
         }
     }
 
-    /// Writes lent bytes (an arena head, a pool chunk, a memory segment's extent):
-    /// zero-copy on the ring, the memory released when the kernel is done with it.
+    /// Writes lent bytes (an arena head, a pool chunk, a memory segment's extent) from
+    /// where they are: on the ring with `SEND_ZC`, or `SEND` from huge pages or when the
+    /// kernel copies anyway; the memory is released when the kernel is done with it.
     pub async fn write_lent(&self, stream: &mut TcpStream, lent: Lent) -> io::Result<()> {
         match &self.ring {
-            Some(ring) => ring.send_zc_all(self.fd, Buf::Lent(Rc::new(lent))).await,
+            Some(ring) => {
+                ring.send_lent_all(self.fd, Buf::Lent(Rc::new(lent)), &self.zc)
+                    .await
+            }
             None => stream.write_all(lent.as_slice()).await,
         }
     }
