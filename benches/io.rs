@@ -325,23 +325,6 @@ fn send_series(memory: &Memory, len: usize, offsets: &[usize], count: usize, mod
         reap(&mut ring, &submitted_at, &mut notif_us);
     }
     let seconds = started.elapsed().as_secs_f64();
-    if std::env::var("IO_BENCH_DEBUG").is_ok() {
-        let (imax, max) =
-            notif_us
-                .iter()
-                .enumerate()
-                .fold((0, 0.0), |a, (i, v)| if *v > a.1 { (i, *v) } else { a });
-        let slow: Vec<usize> = notif_us
-            .iter()
-            .enumerate()
-            .filter(|(_, v)| **v > 10_000.0)
-            .map(|(i, _)| i)
-            .collect();
-        eprintln!(
-            "debug: {} notifs, max {max:.0} us at #{imax}, over 10 ms: {slow:?}, {seconds:.3}s",
-            notif_us.len()
-        );
-    }
     let cpu = thread_cpu_seconds() - cpu;
     let bytes = (len * count) as f64;
     let received = link.close();
@@ -420,7 +403,7 @@ fn primitives(rounds: usize, memories: &[&Memory]) {
 fn offsets(rounds: usize, memories: &[&Memory]) {
     println!("\n## SEND_ZC by offset inside a 2 MiB page (the spike saw hugetlb stall here)\n");
     println!("Per-send latency, submission to the completion; medians over {rounds} rounds of 500 sends.\n");
-    println!("| pages | head | offset | SEND_ZC p50 µs | SEND_ZC p99 µs | notification p50 µs | notification p99 µs | SEND p50 µs | SEND_ZC GB/s | SEND GB/s |");
+    println!("| pages | head | offset | SEND_ZC p50 µs | SEND_ZC p99 µs | notification p50 µs | notification max ms | SEND p50 µs | SEND_ZC GB/s | SEND GB/s |");
     println!("| --- | --- | --- | --- | --- | --- | --- | --- | --- | --- |");
     for memory in memories {
         for (len, offsets) in [
@@ -468,7 +451,7 @@ fn offsets(rounds: usize, memories: &[&Memory]) {
                     p(&zc, 0.5),
                     p(&zc, 0.99),
                     n(&zc, 0.5),
-                    n(&zc, 0.99),
+                    n(&zc, 1.0) / 1e3,
                     p(&send, 0.5),
                     median(zc.iter().map(|s| s.gbps).collect()),
                     median(send.iter().map(|s| s.gbps).collect()),
@@ -509,10 +492,416 @@ fn main() {
     if wants("offsets") {
         offsets(rounds, &memories);
     }
-    let _ = (
-        Duration::ZERO,
-        Stdio::null(),
-        std::any::type_name::<Child>(),
-        Command::new("true"),
+    if wants("heads") || wants("large") {
+        let dir = std::env::temp_dir().join(format!("headroom-io-bench-{}", std::process::id()));
+        std::fs::create_dir_all(&dir).expect("bench directory");
+        if wants("heads") {
+            server_heads(rounds, &dir);
+        }
+        if wants("large") {
+            server_large(rounds, &dir);
+        }
+        let _ = std::fs::remove_dir_all(&dir);
+    }
+}
+
+/// A headroom server started for the benchmark; stopped (SIGTERM) on drop.
+struct Server {
+    child: Child,
+    addr: std::net::SocketAddr,
+}
+
+impl Server {
+    fn start(data_dir: &std::path::Path, args: &[&str]) -> Server {
+        use std::io::BufRead;
+        std::fs::create_dir_all(data_dir).expect("data dir");
+        let mut child = Command::new(env!("CARGO_BIN_EXE_headroom"))
+            .args([
+                "--listen",
+                "127.0.0.1:0",
+                "--log-level",
+                "info",
+                "--data-dir",
+            ])
+            .arg(data_dir)
+            .args(args)
+            .stdin(Stdio::null())
+            .stdout(Stdio::null())
+            .stderr(Stdio::piped())
+            .spawn()
+            .expect("start headroom");
+        let stderr = child.stderr.take().unwrap();
+        let (tx, rx) = std::sync::mpsc::channel();
+        std::thread::spawn(move || {
+            for line in std::io::BufReader::new(stderr)
+                .lines()
+                .map_while(Result::ok)
+            {
+                if let Some(at) = line.find("listening on ") {
+                    let addr = line[at + 13..]
+                        .split_whitespace()
+                        .next()
+                        .unwrap()
+                        .to_string();
+                    let _ = tx.send(Ok(addr));
+                } else if line.contains("ERROR") || line.contains("error:") {
+                    let _ = tx.send(Err(line));
+                }
+            }
+        });
+        match rx.recv_timeout(Duration::from_secs(60)) {
+            Ok(Ok(addr)) => Server {
+                child,
+                addr: addr.parse().unwrap(),
+            },
+            other => {
+                let _ = child.kill();
+                panic!("headroom {args:?} did not start: {other:?}");
+            }
+        }
+    }
+
+    /// User + system CPU seconds of the whole server process so far.
+    fn cpu_seconds(&self) -> f64 {
+        let stat = std::fs::read_to_string(format!("/proc/{}/stat", self.child.id())).unwrap();
+        let fields: Vec<&str> = stat[stat.rfind(')').unwrap() + 2..].split(' ').collect();
+        // SAFETY: sysconf reads a constant.
+        let tick = unsafe { libc::sysconf(libc::_SC_CLK_TCK) } as f64;
+        (fields[11].parse::<f64>().unwrap() + fields[12].parse::<f64>().unwrap()) / tick
+    }
+
+    fn connect(&self) -> TcpStream {
+        let stream = TcpStream::connect(self.addr).expect("connect");
+        stream.set_nodelay(true).unwrap();
+        stream
+    }
+}
+
+impl Drop for Server {
+    fn drop(&mut self) {
+        // SAFETY: a signal to our own child.
+        unsafe { libc::kill(self.child.id() as i32, libc::SIGTERM) };
+        let _ = self.child.wait();
+    }
+}
+
+fn request(opcode: u8, extras: &[u8], key: &[u8], value: &[u8]) -> Vec<u8> {
+    let body = extras.len() + key.len() + value.len();
+    let mut out = Vec::with_capacity(24 + body);
+    out.extend_from_slice(&[0x80, opcode]);
+    out.extend_from_slice(&(key.len() as u16).to_be_bytes());
+    out.extend_from_slice(&[extras.len() as u8, 0, 0, 0]);
+    out.extend_from_slice(&(body as u32).to_be_bytes());
+    out.extend_from_slice(&[0; 12]);
+    out.extend_from_slice(extras);
+    out.extend_from_slice(key);
+    out.extend_from_slice(value);
+    out
+}
+
+/// Reads one response; returns (status, value length), checking the value's length and its
+/// first and last byte against `expect`.
+fn response(stream: &mut TcpStream, sink: &mut Vec<u8>, expect: Option<&[u8]>) -> (u16, usize) {
+    let mut header = [0u8; 24];
+    stream.read_exact(&mut header).expect("response header");
+    let status = u16::from_be_bytes([header[6], header[7]]);
+    let body = u32::from_be_bytes(header[8..12].try_into().unwrap()) as usize;
+    let skip = header[4] as usize + u16::from_be_bytes([header[2], header[3]]) as usize;
+    sink.resize(body, 0);
+    stream.read_exact(sink).expect("response body");
+    let value = &sink[skip..];
+    if let (Some(expect), 0) = (expect, status) {
+        assert_eq!(value.len(), expect.len(), "value length");
+        assert!(value[0] == expect[0] && value[value.len() - 1] == expect[expect.len() - 1]);
+    }
+    (status, value.len())
+}
+
+fn set(stream: &mut TcpStream, key: &[u8], value: &[u8]) {
+    let mut extras = [0u8; 8];
+    extras[..4].copy_from_slice(&7u32.to_be_bytes());
+    stream
+        .write_all(&request(0x01, &extras, key, value))
+        .unwrap();
+    let (status, _) = response(stream, &mut Vec::new(), None);
+    assert_eq!(status, 0, "SET of {} bytes failed", value.len());
+}
+
+fn value_of(len: usize, seed: usize) -> Vec<u8> {
+    (0..len)
+        .map(|i| ((i * 31 + seed * 7) % 251) as u8)
+        .collect()
+}
+
+/// One measured window of GETs: bytes of values per second and server CPU per GB.
+struct Window {
+    gbps: f64,
+    cpu_s_per_gb: f64,
+    ops_per_s: f64,
+}
+
+/// GETs `keys` round-robin for `seconds`, `depth` requests in flight on one connection.
+fn get_window(server: &Server, keys: &[(Vec<u8>, Vec<u8>)], depth: usize, seconds: f64) -> Window {
+    let mut stream = server.connect();
+    let mut sink = Vec::new();
+    let (mut bytes, mut ops, mut k) = (0usize, 0usize, 0usize);
+    let cpu = server.cpu_seconds();
+    let started = Instant::now();
+    while started.elapsed().as_secs_f64() < seconds {
+        let mut batch = Vec::new();
+        let mut expected = Vec::new();
+        for _ in 0..depth {
+            let (key, value) = &keys[k % keys.len()];
+            k += 1;
+            batch.extend_from_slice(&request(0x00, &[], key, &[]));
+            expected.push(value);
+        }
+        stream.write_all(&batch).unwrap();
+        for value in expected {
+            let (status, len) = response(&mut stream, &mut sink, Some(value));
+            assert_eq!(status, 0, "GET missed");
+            bytes += len;
+            ops += 1;
+        }
+    }
+    let elapsed = started.elapsed().as_secs_f64();
+    let cpu = server.cpu_seconds() - cpu;
+    Window {
+        gbps: bytes as f64 / elapsed / 1e9,
+        cpu_s_per_gb: cpu / (bytes as f64 / 1e9),
+        ops_per_s: ops as f64 / elapsed,
+    }
+}
+
+/// A STAT `io` figure summed over shards.
+fn io_stat(server: &Server, name: &str) -> u64 {
+    let mut stream = server.connect();
+    stream.write_all(&request(0x10, &[], b"io", &[])).unwrap();
+    let mut sink = Vec::new();
+    let mut total = 0;
+    loop {
+        let mut header = [0u8; 24];
+        stream.read_exact(&mut header).unwrap();
+        let key_len = u16::from_be_bytes([header[2], header[3]]) as usize;
+        let body = u32::from_be_bytes(header[8..12].try_into().unwrap()) as usize;
+        sink.resize(body, 0);
+        stream.read_exact(&mut sink).unwrap();
+        if key_len == 0 {
+            return total;
+        }
+        let key = String::from_utf8_lossy(&sink[..key_len]);
+        if key.split_once('_').is_some_and(|(_, rest)| rest == name) {
+            total += String::from_utf8_lossy(&sink[key_len..])
+                .parse::<u64>()
+                .unwrap_or(0);
+        }
+    }
+}
+
+fn lent_plain_sends(server: &Server) -> u64 {
+    io_stat(server, "lent_sends_kernel_copies") + io_stat(server, "lent_sends_huge_pages")
+}
+
+/// Heads through the real server: the plain path (copied into the reply, written by
+/// glommio), the ring with heads copied into the reply (SEND), and the ring with heads lent
+/// from the arena.
+fn server_heads(rounds: usize, dir: &std::path::Path) {
+    println!("\n## GET heads through the server: plain path, ring + copy, ring + lent\n");
+    println!(
+        "One shard (`--threads 1 --ram-head 1M --memory 256M`), one client connection, 4 GETs"
+    );
+    println!("in flight, 1.5 s windows; {rounds} rounds interleaved, medians. CPU is the server");
+    println!("process's, per GB of values served.\n");
+    let configs: [(&str, &[&str]); 3] = [
+        ("plain (--io-ring off)", &["--io-ring", "off"]),
+        (
+            "ring, copied + SEND (--zero-copy-min 4095M)",
+            &["--zero-copy-min", "4095M"],
+        ),
+        (
+            "ring, lent (--zero-copy-min 4K)",
+            &["--zero-copy-min", "4K"],
+        ),
+    ];
+    let servers: Vec<Server> = configs
+        .iter()
+        .enumerate()
+        .map(|(i, (_, args))| {
+            let mut all = vec![
+                "--threads",
+                "1",
+                "--ram-head",
+                "1M",
+                "--memory",
+                "256M",
+                "--io-pool",
+                "2M",
+            ];
+            all.extend_from_slice(args);
+            Server::start(&dir.join(format!("heads-{i}")), &all)
+        })
+        .collect();
+    println!("| head | path | GB/s | ops/s | server CPU s/GB | lent sends: SEND_ZC / SEND |");
+    println!("| --- | --- | --- | --- | --- | --- |");
+    for len in [4 * KIB, 16 * KIB, 64 * KIB, 128 * KIB, 256 * KIB, MIB] {
+        let count = (64 * MIB / len).clamp(16, 512);
+        let keys: Vec<(Vec<u8>, Vec<u8>)> = (0..count)
+            .map(|i| (format!("h{len}-{i}").into_bytes(), value_of(len, i)))
+            .collect();
+        for server in &servers {
+            let mut stream = server.connect();
+            for (key, value) in &keys {
+                set(&mut stream, key, value);
+            }
+        }
+        let before: Vec<(u64, u64)> = servers
+            .iter()
+            .map(|s| (io_stat(s, "ops_send_zc"), lent_plain_sends(s)))
+            .collect();
+        let mut windows: Vec<Vec<Window>> = servers.iter().map(|_| Vec::new()).collect();
+        for _ in 0..rounds {
+            for (i, server) in servers.iter().enumerate() {
+                windows[i].push(get_window(server, &keys, 4, 1.5));
+            }
+        }
+        for (i, server) in servers.iter().enumerate() {
+            let w = &windows[i];
+            println!(
+                "| {} | {} | {:.2} | {:.0} | {:.3} | {} / {} |",
+                size_name(len),
+                configs[i].0,
+                median(w.iter().map(|x| x.gbps).collect()),
+                median(w.iter().map(|x| x.ops_per_s).collect()),
+                median(w.iter().map(|x| x.cpu_s_per_gb).collect()),
+                io_stat(server, "ops_send_zc") - before[i].0,
+                lent_plain_sends(server) - before[i].1,
+            );
+        }
+    }
+}
+
+/// Sequential O_DIRECT read bandwidth of `path` over its first `bytes`: `depth` reads of
+/// `chunk` bytes in flight (io_uring, as the server reads), GB/s.
+fn device_read_gbps(path: &std::path::Path, bytes: usize, chunk: usize, depth: usize) -> f64 {
+    use std::os::unix::fs::OpenOptionsExt;
+    let file = std::fs::OpenOptions::new()
+        .read(true)
+        .custom_flags(libc::O_DIRECT)
+        .open(path)
+        .expect("open the segment O_DIRECT");
+    let memory = Memory::map(chunk * depth, Pages::Base).expect("buffers");
+    let mut ring = IoUring::new(64).unwrap();
+    let (mut next, mut done, mut in_flight) = (0usize, 0usize, 0usize);
+    let started = Instant::now();
+    while done < bytes {
+        while in_flight < depth && next < bytes {
+            let slot = (next / chunk) % depth;
+            let entry = opcode::Read::new(
+                types::Fd(file.as_raw_fd()),
+                memory.ptr.wrapping_add(slot * chunk),
+                chunk as u32,
+            )
+            .offset(next as u64)
+            .build();
+            // SAFETY: the buffer slot is not reused until its read completes.
+            unsafe { ring.submission().push(&entry).unwrap() };
+            next += chunk;
+            in_flight += 1;
+        }
+        ring.submit_and_wait(1).unwrap();
+        for cqe in ring.completion() {
+            assert!(cqe.result() > 0, "O_DIRECT read failed: {}", cqe.result());
+            done += chunk;
+            in_flight -= 1;
+        }
+    }
+    bytes as f64 / started.elapsed().as_secs_f64() / 1e9
+}
+
+/// Large-object GETs from a file segment, ring against plain path, beside the device's
+/// sequential read bandwidth measured on the same file in the same rounds.
+fn server_large(rounds: usize, dir: &std::path::Path) {
+    const OBJECT_BYTES: usize = 256 * MIB;
+    const OBJECTS: usize = 3;
+    println!("\n## Large-object GETs from a file segment, ring against plain path\n");
+    println!("{OBJECTS} objects of 256 MiB on the default 1 GiB O_DIRECT file segment, one shard,");
+    println!(
+        "one connection, one GET at a time; {rounds} rounds interleaved (device, ring, plain),"
+    );
+    println!("medians. Device: sequential O_DIRECT reads of the same segment file, as the server");
+    println!("reads (1 MiB, 4 in flight) and with 4 MiB reads 8 in flight.\n");
+    // The memory segment takes the device out: what loopback and the client allow.
+    let configs: [(&str, &[&str]); 3] = [
+        ("ring", &[]),
+        ("plain (--io-ring off)", &["--io-ring", "off"]),
+        (
+            "ring, memory segment instead",
+            &["--segment", "mem:size=1G,numa=0"],
+        ),
+    ];
+    let servers: Vec<(Server, std::path::PathBuf)> = configs
+        .iter()
+        .enumerate()
+        .map(|(i, (_, args))| {
+            let data = dir.join(format!("large-{i}"));
+            let mut all = vec!["--threads", "1"];
+            all.extend_from_slice(args);
+            (Server::start(&data, &all), data.join("segment-0"))
+        })
+        .collect();
+    let keys: Vec<(Vec<u8>, Vec<u8>)> = (0..OBJECTS)
+        .map(|i| (format!("large-{i}").into_bytes(), value_of(OBJECT_BYTES, i)))
+        .collect();
+    for (server, _) in &servers {
+        let mut stream = server.connect();
+        for (key, value) in &keys {
+            set(&mut stream, key, value);
+        }
+    }
+    let segment = &servers[0].1;
+    let (mut device, mut device_wide) = (Vec::new(), Vec::new());
+    let mut windows: Vec<Vec<Window>> = servers.iter().map(|_| Vec::new()).collect();
+    for _ in 0..rounds {
+        device.push(device_read_gbps(segment, OBJECTS * OBJECT_BYTES, MIB, 4));
+        device_wide.push(device_read_gbps(
+            segment,
+            OBJECTS * OBJECT_BYTES,
+            4 * MIB,
+            8,
+        ));
+        for (i, (server, _)) in servers.iter().enumerate() {
+            windows[i].push(get_window(server, &keys, 1, 3.0));
+        }
+    }
+    println!("| what | GB/s | server CPU s/GB |");
+    println!("| --- | --- | --- |");
+    println!(
+        "| device, 1 MiB x 4 in flight | {:.2} | - |",
+        median(device)
+    );
+    println!(
+        "| device, 4 MiB x 8 in flight | {:.2} | - |",
+        median(device_wide)
+    );
+    for (i, (name, _)) in configs.iter().enumerate() {
+        let w = &windows[i];
+        println!(
+            "| GET, {} | {:.2} | {:.3} |",
+            name,
+            median(w.iter().map(|x| x.gbps).collect()),
+            median(w.iter().map(|x| x.cpu_s_per_gb).collect())
+        );
+    }
+    let (server, _) = &servers[0];
+    println!(
+        "\nring server: read_fixed {} ops, send_zc {} ops, send {} ops, zc_copied {} of {} notifications, lent sends as SEND: {} (huge pages), {} (kernel copies); at most {} operations in flight.",
+        io_stat(server, "ops_read_fixed"),
+        io_stat(server, "ops_send_zc"),
+        io_stat(server, "ops_send"),
+        io_stat(server, "zc_copied"),
+        io_stat(server, "zc_notifications"),
+        io_stat(server, "lent_sends_huge_pages"),
+        io_stat(server, "lent_sends_kernel_copies"),
+        io_stat(server, "in_flight_max"),
     );
 }

@@ -42,6 +42,21 @@ fn every_invalid_combination_has_its_own_error_and_exit_2() {
         ),
         (
             ONE,
+            &["--io-pool", "3M"],
+            "--io-pool 3 MiB must be a whole multiple of --block 2 MiB",
+        ),
+        (
+            ONE,
+            &["--io-pool", "2M", "--io-chunk", "2M"],
+            "--io-pool 2 MiB must hold at least two --io-chunk 2 MiB",
+        ),
+        (
+            ONE,
+            &["--io-ring", "maybe"],
+            "--io-ring 'maybe' must be on or off",
+        ),
+        (
+            ONE,
             &["--ram-head", "96K"],
             "--ram-head 96 KiB must be a power of two",
         ),

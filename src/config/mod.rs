@@ -30,7 +30,7 @@ pub const DEFAULT_MEMORY: ByteSize = ByteSize(64 << 20);
 pub const DEFAULT_RAM_HEAD: ByteSize = ByteSize(256 << 10);
 pub const DEFAULT_IO_CHUNK: ByteSize = ByteSize(1 << 20);
 /// GET values from this size up leave zero-copy on the ring path (docs/benchmarks.md).
-pub const DEFAULT_ZERO_COPY_MIN: ByteSize = ByteSize(16 << 10);
+pub const DEFAULT_ZERO_COPY_MIN: ByteSize = ByteSize(128 << 10);
 /// The default streaming pool per shard, in chunks (before rounding up to whole blocks).
 pub const DEFAULT_IO_POOL_CHUNKS: u64 = 8;
 pub const DEFAULT_SMALL_MIN_ALLOC: u64 = 16;
@@ -162,9 +162,10 @@ pub struct Cli {
     #[arg(long, value_name = "on|off")]
     pub io_ring: Option<String>,
 
-    /// On the ring path, GET values (and heads) of at least this size are sent zero-copy from
-    /// the arena, pinned until the kernel's notification; smaller ones are copied into the
-    /// reply (docs/benchmarks.md has the measurement behind the default) [default: 16K].
+    /// On the ring path, GET values (and heads) of at least this size are sent straight from
+    /// the arena (SEND_ZC, or SEND from huge pages or where the kernel copies anyway), pinned
+    /// until the kernel is done; smaller ones are copied into the reply (docs/io.md has the
+    /// measurement behind the default) [default: 128K].
     #[arg(long, value_name = "SIZE")]
     pub zero_copy_min: Option<ByteSize>,
 

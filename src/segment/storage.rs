@@ -106,15 +106,46 @@ pub struct FileStorage {
     file: fs::File,
 }
 
+/// The O_DIRECT alignment of `path`: what `statx` reports (`STATX_DIOALIGN`), else the
+/// logical block size sysfs gives for the device behind it, else (said in the log) the common
+/// 4096.
 fn dio_alignment(path: &Path) -> u64 {
-    let c_path = match std::ffi::CString::new(path.as_os_str().as_encoded_bytes()) {
-        Ok(p) => p,
-        Err(_) => return DEFAULT_DIO_ALIGN_BYTES,
-    };
-    match sys::statx_dio_offset_align(&c_path) {
-        Some(align) if align.is_power_of_two() => u64::from(align).max(512),
-        _ => DEFAULT_DIO_ALIGN_BYTES,
+    let from_statx = std::ffi::CString::new(path.as_os_str().as_encoded_bytes())
+        .ok()
+        .and_then(|c_path| sys::statx_dio_offset_align(&c_path))
+        .filter(|align| align.is_power_of_two())
+        .map(|align| u64::from(align).max(512));
+    if let Some(align) = from_statx {
+        return align;
     }
+    if let Some(align) = sysfs_logical_block_bytes(path) {
+        return align;
+    }
+    tracing::warn!(
+        path = %path.display(),
+        "neither statx nor sysfs gives this segment's O_DIRECT alignment; assuming {DEFAULT_DIO_ALIGN_BYTES}"
+    );
+    DEFAULT_DIO_ALIGN_BYTES
+}
+
+/// `queue/logical_block_size` of the block device behind `path` (the device itself, or the
+/// one holding the file; a partition's queue is its parent's).
+fn sysfs_logical_block_bytes(path: &Path) -> Option<u64> {
+    let meta = fs::metadata(path).ok()?;
+    let dev = if meta.file_type().is_block_device() {
+        meta.rdev()
+    } else {
+        meta.dev()
+    };
+    let (major, minor) = (libc::major(dev), libc::minor(dev));
+    let base = PathBuf::from(format!("/sys/dev/block/{major}:{minor}"));
+    [
+        base.join("queue/logical_block_size"),
+        base.join("../queue/logical_block_size"),
+    ]
+    .iter()
+    .find_map(|p| fs::read_to_string(p).ok()?.trim().parse::<u64>().ok())
+    .filter(|bytes| bytes.is_power_of_two() && *bytes >= 512)
 }
 
 impl FileStorage {
