@@ -4,9 +4,11 @@
 //! (flags and rules), [`arena`] (the RAM arena of ADR-0008), [`segment`] (store targets and
 //! their extents, no keys), [`placement`] (pure placement decisions), [`proto`] (the wire
 //! format, no store), [`store`] (one shard's keys and items), [`server`] (shards, connections,
-//! the mesh). Each depends only on those before it; `docs/architecture.md` has the table.
+//! the mesh), and apart from them [`bench`] (the benchmark tool's library: it uses `placement`
+//! and `units`, and nothing depends on it). Each depends only on those before it; `docs/architecture.md` has the table.
 
 pub mod arena;
+pub mod bench;
 pub mod config;
 pub mod placement;
 pub mod proto;

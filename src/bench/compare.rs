@@ -1,0 +1,145 @@
+//! Side-by-side runs: the same load against two servers in interleaved rounds (A B A B ...),
+//! so drift on a shared machine lands on both; each figure is the median of its rounds.
+//! `ab` is Headroom against itself with `--perverse`; `vs` is Headroom against a peer.
+
+use std::path::Path;
+use std::process::Command;
+
+use super::load::{self, LoadConfig, LoadReport};
+use super::process::{self, Target};
+use super::report::{figures_of, Comparison, Figure};
+use super::stats::median;
+
+pub struct Side {
+    pub name: String,
+    pub target: Target,
+}
+
+/// Runs `rounds` rounds of `cfg` against A then B. Each side is prefilled (when asked) in
+/// its first round only; round `r` uses seed `cfg.seed + r` on both sides.
+pub fn interleave(
+    cfg: &LoadConfig,
+    a: &Side,
+    b: &Side,
+    rounds: usize,
+    notes: Vec<String>,
+) -> Result<Comparison, String> {
+    if rounds == 0 {
+        return Err("at least one round".into());
+    }
+    let mut results: [Vec<LoadReport>; 2] = [Vec::new(), Vec::new()];
+    for round in 0..rounds {
+        for (i, side) in [a, b].iter().enumerate() {
+            let mut run = cfg.clone();
+            run.seed = cfg.seed + round as u64;
+            run.prefill = cfg.prefill && round == 0;
+            if cfg.progress {
+                eprintln!("round {} of {rounds}: {}", round + 1, side.name);
+            }
+            let cpu = || side.target.cpu_seconds();
+            let report = load::run(&run, side.target.addr(), &cpu)
+                .map_err(|e| format!("{}: {e}", side.name))?;
+            results[i].push(report);
+        }
+    }
+    let [a_rounds, b_rounds] = results;
+    Ok(Comparison {
+        a: a.name.clone(),
+        b: b.name.clone(),
+        rounds,
+        figures: compare_figures(&a_rounds, &b_rounds),
+        notes,
+        a_rounds,
+        b_rounds,
+    })
+}
+
+/// Per figure: the median over rounds of each side, and their ratio.
+pub fn compare_figures(a: &[LoadReport], b: &[LoadReport]) -> Vec<Figure> {
+    let per_round = |rs: &[LoadReport]| -> Vec<Vec<(&'static str, f64)>> {
+        rs.iter().map(figures_of).collect()
+    };
+    let (fa, fb) = (per_round(a), per_round(b));
+    let names: Vec<&str> = fa
+        .first()
+        .map(|f| f.iter().map(|x| x.0).collect())
+        .unwrap_or_default();
+    names
+        .into_iter()
+        .filter_map(|name| {
+            let pick = |rounds: &[Vec<(&'static str, f64)>]| -> Option<f64> {
+                let values: Vec<f64> = rounds
+                    .iter()
+                    .filter_map(|r| r.iter().find(|x| x.0 == name).map(|x| x.1))
+                    .collect();
+                (!values.is_empty()).then(|| median(&values))
+            };
+            let (va, vb) = (pick(&fa)?, pick(&fb)?);
+            Some(Figure {
+                name: name.to_string(),
+                a: va,
+                b: vb,
+                ratio_b_over_a: if va == 0.0 {
+                    if vb == 0.0 {
+                        1.0
+                    } else {
+                        f64::INFINITY
+                    }
+                } else {
+                    vb / va
+                },
+            })
+        })
+        .collect()
+}
+
+/// Whether this machine says it is virtual (timings are then not hardware figures).
+pub fn hypervisor_note() -> Option<String> {
+    let cpuinfo = std::fs::read_to_string("/proc/cpuinfo").ok()?;
+    let virtual_machine = cpuinfo
+        .lines()
+        .any(|l| l.starts_with("flags") && l.split_whitespace().any(|f| f == "hypervisor"));
+    virtual_machine.then(|| {
+        "this machine runs under a hypervisor: its timings are those of a virtual machine, not hardware figures".to_string()
+    })
+}
+
+/// The `--perverse` A/B: Headroom with `args`, then with `args --perverse`, same serving
+/// CPUs. On a machine where `--perverse` cannot run, the server's own reason comes back.
+pub fn ab(
+    headroom: &Path,
+    args: &[String],
+    cfg: &LoadConfig,
+    rounds: usize,
+) -> Result<Comparison, String> {
+    let mut perverse = args.to_vec();
+    perverse.push("--perverse".into());
+    let dry = Command::new(headroom)
+        .args(&perverse)
+        .arg("--dry-run")
+        .output()
+        .map_err(|e| format!("cannot run {}: {e}", headroom.display()))?;
+    if !dry.status.success() {
+        let reason = String::from_utf8_lossy(&dry.stderr).trim().to_string();
+        return Err(format!("the server refuses --perverse here: {reason}"));
+    }
+    let normal = process::start_headroom(headroom, args)?;
+    let inverted = process::start_headroom(headroom, &perverse)?;
+    let mut notes = vec![
+        "A serves from memory on its own node first (local-first); B maps its preferred regions on the farthest node (--perverse); threads stay on the same CPUs".to_string(),
+    ];
+    notes.extend(hypervisor_note());
+    interleave(
+        cfg,
+        &Side {
+            name: "normal".into(),
+            target: Target::Started(normal),
+        },
+        &Side {
+            name: "--perverse".into(),
+            target: Target::Started(inverted),
+        },
+        rounds,
+        notes,
+    )
+}
