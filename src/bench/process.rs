@@ -94,7 +94,7 @@ pub fn start_headroom(binary: &Path, args: &[String]) -> Result<Started, String>
 }
 
 /// Starts a peer from a command line. `{port}` in it is replaced by a free port; a `memcached`
-/// command without one gets `-l 127.0.0.1 -p PORT` added.
+/// command without one gets `-l 127.0.0.1 -p PORT` added (and `-u nobody` when run as root).
 pub fn start_command(command: &str) -> Result<Started, String> {
     let port = free_port().map_err(|e| format!("no free port: {e}"))?;
     let mut words: Vec<String> = command.split_whitespace().map(str::to_string).collect();
@@ -115,6 +115,11 @@ pub fn start_command(command: &str) -> Result<Started, String> {
             "-p".into(),
             port.to_string(),
         ]);
+        // memcached refuses to run as root without a user to switch to.
+        // SAFETY: geteuid has no preconditions.
+        if unsafe { libc::geteuid() } == 0 && !words.iter().any(|w| w == "-u") {
+            words.extend(["-u".into(), "nobody".into()]);
+        }
     } else {
         return Err(format!(
             "say where '{command}' listens: put {{port}} where its port goes (memcached gets -p added)"

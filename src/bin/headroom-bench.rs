@@ -514,9 +514,9 @@ fn run(cli: Cli) -> Result<(), String> {
                     "  step {} {}: {} with {} free, largest hole {}: {}",
                     f.step,
                     f.key,
-                    ByteSize(f.size_bytes),
-                    ByteSize(f.free_bytes),
-                    ByteSize(f.largest_hole_bytes),
+                    replay::mib(f.size_bytes),
+                    replay::mib(f.free_bytes),
+                    replay::mib(f.largest_hole_bytes),
                     f.class
                 );
             }
@@ -669,7 +669,7 @@ fn placement(
             r.removes,
             r.failures.len(),
             r.fragmentation_failures,
-            ByteSize(r.largest_hole_p50_bytes),
+            replay::mib(r.largest_hole_p50_bytes),
             r.probe_fits,
             r.probes,
             r.fragmentation_p50,
@@ -686,9 +686,9 @@ fn placement(
         for f in &r.failures {
             println!(
                 "  {}: {} free, largest hole {}{}",
-                ByteSize(f.size_bytes),
-                ByteSize(f.free_bytes),
-                ByteSize(f.largest_hole_bytes),
+                replay::mib(f.size_bytes),
+                replay::mib(f.free_bytes),
+                replay::mib(f.largest_hole_bytes),
                 if f.fragmentation {
                     " (fragmentation)"
                 } else {
