@@ -95,8 +95,8 @@ impl fmt::Display for MapError {
                 free_bytes,
             } => write!(
                 f,
-                "{} has {} free but its regions need {}; lower --memory and the other budgets \
-                 or free memory there",
+                "{} has {} free (counting reclaimable page cache) but its regions need {}; \
+                 lower --memory and the other budgets or free memory there",
                 node.map_or("the machine".to_string(), |n| format!("node {n}")),
                 ByteSize(*free_bytes),
                 ByteSize(*needed_bytes)

@@ -30,7 +30,8 @@ pub struct Node {
     pub cpus: Vec<usize>,
     /// Free pages of the default huge page size in this node's own hugetlb pool, when known.
     pub huge_pages_free: Option<u64>,
-    /// Free memory on this node, when known.
+    /// Memory this node can give a new mapping, when known: free pages plus reclaimable page
+    /// cache and slab.
     pub mem_free_bytes: Option<u64>,
 }
 

@@ -54,13 +54,24 @@ fn huge_page_bytes(root: &Path) -> u64 {
     }
 }
 
-/// Parses one `Node N MemFree:  123 kB` line of a node's meminfo.
+/// Memory a node can give a new mapping, from its meminfo: free pages plus the page cache
+/// and slab the kernel can reclaim (clean file pages, `SReclaimable`). Counting only
+/// `MemFree` would refuse a budget on any machine whose idle memory sits in the page cache.
+/// Falls back to `MemFree` alone when the other lines are missing.
 fn node_mem_free_bytes(meminfo: &str) -> Option<u64> {
-    meminfo.lines().find_map(|line| {
-        let rest = line.split_once("MemFree:")?.1.trim();
-        let kib: u64 = rest.strip_suffix("kB")?.trim().parse().ok()?;
-        Some(kib * 1024)
-    })
+    let field = |name: &str| -> Option<u64> {
+        meminfo.lines().find_map(|line| {
+            let rest = line.split_once(name)?.1.trim();
+            let kib: u64 = rest.strip_suffix("kB")?.trim().parse().ok()?;
+            Some(kib * 1024)
+        })
+    };
+    let free = field("MemFree:")?;
+    let reclaimable = field("Active(file):").unwrap_or(0)
+        + field("Inactive(file):").unwrap_or(0)
+        + field("SReclaimable:").unwrap_or(0);
+    let unreclaimable_now = field("Dirty:").unwrap_or(0) + field("Writeback:").unwrap_or(0);
+    Some(free + reclaimable.saturating_sub(unreclaimable_now))
 }
 
 /// A device's NUMA node: the first `numa_node` file found walking up from the device
@@ -279,6 +290,14 @@ mod tests {
         assert_eq!(topo.node(1).unwrap().huge_pages_free, Some(8));
         assert_eq!(topo.node(0).unwrap().huge_pages_free, None);
         assert_eq!(topo.node(0).unwrap().mem_free_bytes, Some(512 * 1024));
+        assert_eq!(
+            node_mem_free_bytes(
+                "Node 0 MemFree: 100 kB\nNode 0 Active(file): 40 kB\nNode 0 Inactive(file): 60 kB\n\
+                 Node 0 Dirty: 30 kB\nNode 0 Writeback: 10 kB\nNode 0 SReclaimable: 20 kB\n"
+            ),
+            Some((100 + 40 + 60 + 20 - 30 - 10) * 1024),
+            "free plus clean page cache and reclaimable slab"
+        );
         assert_eq!(topo.huge_pages_free_total(), Some(8));
         assert_eq!(topo.node_of_block_device("nvme0n1"), Some(1));
         assert_eq!(topo.block_devices()[0].logical_block_bytes, Some(512));
