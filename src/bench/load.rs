@@ -1,7 +1,7 @@
 //! `headroom-bench load`: closed-loop load against any memcached-binary-protocol server.
 //! Each thread drives its connections in turn: a pipeline of requests written at once, then
-//! their replies read in order; a request's latency runs from the write of its pipeline to
-//! its reply. Values are a pattern of their key, so a GET that returns wrong bytes is counted.
+//! their replies read in order; a request's latency runs from the start of its pipeline's
+//! write to its reply. Values are a pattern of their key, so a GET that returns wrong bytes is counted.
 
 use std::net::SocketAddr;
 use std::sync::atomic::{AtomicU64, AtomicU8, Ordering};
@@ -365,6 +365,9 @@ fn drive(
             }
             let recording = phase.load(Ordering::Relaxed) == PHASE_MEASURE;
             ops.clear();
+            // A request's latency starts before its bytes are written: a large value's write
+            // blocks until the server has read most of it.
+            let sent_at = Instant::now();
             let mut queued = Ok(());
             for _ in 0..cfg.pipeline {
                 let op = workload.next_op();
@@ -378,7 +381,6 @@ fn drive(
                 });
                 ops.push(op);
             }
-            let sent_at = Instant::now();
             if let Err(e) = queued.and_then(|()| conn.flush()) {
                 fail(&mut report, format!("sending: {e}"));
                 alive[c] = false;
