@@ -12,6 +12,7 @@ pub mod buddy;
 pub mod bump;
 pub mod plan;
 pub mod pool;
+pub mod promote;
 pub mod region;
 pub mod shard;
 pub mod stats;
@@ -21,6 +22,7 @@ use std::sync::Arc;
 pub use block::{BlockId, BlockTable, HeadLoc};
 pub use bump::{CompactionReport, Relocation, SMALL_HEADER_BYTES};
 pub use plan::{ArenaConfig, Locality, MemoryPlan, NumaMode, RegionPlan, ReservationKind};
+pub use promote::{FixedMove, Heat, PromotionReport};
 pub use region::{
     check_memlock, Backing, MapError, NumaMapper, Region, RegionMapper, UnlockedMapper,
 };

@@ -13,6 +13,7 @@ use super::block::{BlockId, HeadLoc, TableMemory};
 use super::buddy::Buddy;
 use super::bump::{BlockMemory, Bump, CompactionReport, Relocation};
 use super::plan::ReservationKind;
+use super::promote::{pair_blocks, FixedMove, Heat, PromotionReport};
 use super::stats::{ShardArenaStats, ShardRegionStats};
 use super::Arena;
 
@@ -95,6 +96,13 @@ struct PinState {
 
 #[derive(Clone, Copy, Debug, Default)]
 struct Counters {
+    promotion_passes: u64,
+    promotion_exchanges: u64,
+    promotion_bytes_moved: u64,
+    promotion_skipped_pinned: u64,
+    /// Bytes of fixed heads read from local (rank 0) and foreign blocks.
+    head_bytes_read_local: u64,
+    head_bytes_read_foreign: u64,
     compactions: u64,
     compaction: CompactionReport,
     fixed_alloc_failures: u64,
@@ -119,6 +127,13 @@ pub struct ShardArena {
     buddy: Buddy,
     bump: Bump,
     pins: HashMap<HeadLoc, PinState>,
+    /// Access scores of fixed heads (absent: never read, score 0).
+    heat: HashMap<HeadLoc, Heat>,
+    /// Fixed slot -> the small record that points at it, and back (`link_fixed_owner`).
+    fixed_owner: HashMap<HeadLoc, HeadLoc>,
+    owned_slot: HashMap<HeadLoc, HeadLoc>,
+    /// One block of room for promotion's exchanges (allocated at the first one).
+    scratch: Vec<u8>,
     fixed_reservation: ReservationKind,
     small_reservation: ReservationKind,
     counters: Counters,
@@ -137,6 +152,10 @@ impl ShardArena {
             buddy: Buddy::new(config.block_bytes, config.ram_head_bytes),
             bump: Bump::new(config.block_bytes, config.small_min_alloc_bytes as u32),
             pins: HashMap::new(),
+            heat: HashMap::new(),
+            fixed_owner: HashMap::new(),
+            owned_slot: HashMap::new(),
+            scratch: Vec::new(),
             fixed_reservation: config.head_reservation(),
             small_reservation: config.small_reservation(),
             counters: Counters::default(),
@@ -271,9 +290,13 @@ impl ShardArena {
         payload_len: u32,
         relocate: &mut dyn FnMut(Relocation<'_>),
     ) -> CompactionReport {
+        let (owned, fixed_owner) = (&mut self.owned_slot, &mut self.fixed_owner);
         let report = self
             .bump
-            .compact_for(payload_len, None, &mut self.mem, relocate);
+            .compact_for(payload_len, None, &mut self.mem, &mut |moved| {
+                follow_owner(owned, fixed_owner, moved.from, moved.to);
+                relocate(moved)
+            });
         self.count_compaction(report);
         report
     }
@@ -310,9 +333,11 @@ impl ShardArena {
             }
             let exempt = host.evicting_block();
             if self.compaction_would_help_except(payload_len, exempt) {
+                let (owned, fixed_owner) = (&mut self.owned_slot, &mut self.fixed_owner);
                 let report =
                     self.bump
                         .compact_for(payload_len, exempt, &mut self.mem, &mut |moved| {
+                            follow_owner(owned, fixed_owner, moved.from, moved.to);
                             host.relocate(moved)
                         });
                 self.count_compaction(report);
@@ -534,6 +559,14 @@ impl ShardArena {
     }
 
     fn free_now(&mut self, loc: HeadLoc) {
+        // A freed slot loses its score and its owner; a freed record its slot link.
+        self.heat.remove(&loc);
+        if let Some(owner) = self.fixed_owner.remove(&loc) {
+            self.owned_slot.remove(&owner);
+        }
+        if let Some(slot) = self.owned_slot.remove(&loc) {
+            self.fixed_owner.remove(&slot);
+        }
         let emptied = if self.bump.owns(loc.block) {
             self.bump.free(loc, &mut self.mem)
         } else {
@@ -565,6 +598,161 @@ impl ShardArena {
             .collect();
         blocks.sort_unstable();
         blocks
+    }
+
+    /// Records that the small record `owner` points at the fixed slot `slot` (a value in a
+    /// fixed slot, a large value's head). Promotion moves slots only when every slot of both
+    /// blocks has an owner, and reports each move so the owner can be rewritten; compaction
+    /// moving the record keeps the link.
+    pub fn link_fixed_owner(&mut self, slot: HeadLoc, owner: HeadLoc) {
+        assert_eq!(
+            self.class_of(slot),
+            HeadClass::Fixed,
+            "{slot} is not a fixed slot"
+        );
+        assert_eq!(
+            self.class_of(owner),
+            HeadClass::Small,
+            "{owner} is not a record"
+        );
+        if let Some(old) = self.fixed_owner.insert(slot, owner) {
+            self.owned_slot.remove(&old);
+        }
+        if let Some(old) = self.owned_slot.insert(owner, slot) {
+            if old != slot {
+                self.fixed_owner.remove(&old);
+            }
+        }
+    }
+
+    /// The record linked to a fixed slot.
+    pub fn fixed_owner(&self, slot: HeadLoc) -> Option<HeadLoc> {
+        self.fixed_owner.get(&slot).copied()
+    }
+
+    /// A read of `served_bytes` from the fixed slot `slot` in decay period `period`: bumps its
+    /// score and counts the bytes as read from a local or a foreign block. O(1), no clock, no
+    /// other core.
+    pub fn touch_fixed(&mut self, slot: HeadLoc, period: u32, served_bytes: u64) {
+        self.heat.entry(slot).or_default().bump(period);
+        if self.buddy.rank_of(slot.block) == Some(0) {
+            self.counters.head_bytes_read_local += served_bytes;
+        } else {
+            self.counters.head_bytes_read_foreign += served_bytes;
+        }
+    }
+
+    /// A fixed slot's score as of `period`.
+    pub fn heat_of(&self, slot: HeadLoc, period: u32) -> u32 {
+        self.heat.get(&slot).map_or(0, |h| h.at(period))
+    }
+
+    /// The rank (0: local, the preferred region) of a fixed-head block this core holds.
+    pub fn fixed_rank(&self, block: BlockId) -> Option<usize> {
+        self.buddy.rank_of(block)
+    }
+
+    /// The promotion pass (`arena/promote.rs`): at most `budget` exchanges of a completely
+    /// occupied local block with colder heads and a completely occupied foreign block with
+    /// hotter ones. Returns every head it moved; the caller must point each owner at its new
+    /// slot before anything else reads them. Nothing to do with a single fixed-head region.
+    pub fn promote(&mut self, period: u32, budget: usize) -> PromotionReport {
+        let mut report = PromotionReport::default();
+        if self.ranks(self.fixed_reservation) < 2 || budget == 0 {
+            return report;
+        }
+        self.counters.promotion_passes += 1;
+        let head = self.ram_head_bytes() as u32;
+        let slots = self.buddy.chunks_per_block();
+        let (mut local, mut foreign) = (Vec::new(), Vec::new());
+        for (block, rank) in self.buddy.blocks() {
+            if !self.buddy.is_full(block) || self.buddy.unpublished(block) > 0 {
+                continue;
+            }
+            if self.buddy.pinned(block) > 0 {
+                report.skipped_pinned += 1;
+                continue;
+            }
+            let at = |i: u32| HeadLoc {
+                block,
+                offset: i * head,
+            };
+            if (0..slots).any(|i| !self.fixed_owner.contains_key(&at(i))) {
+                // A slot without a linked owner could not be rewritten: never move it.
+                debug_assert!(false, "{block}: a fixed slot without an owner");
+                continue;
+            }
+            let heat: u64 = (0..slots)
+                .map(|i| u64::from(self.heat_of(at(i), period)))
+                .sum();
+            if rank == 0 {
+                local.push((block, heat));
+            } else {
+                foreign.push((block, heat));
+            }
+        }
+        for (l, f) in pair_blocks(&local, &foreign, budget) {
+            self.exchange(l, f, &mut report);
+        }
+        self.counters.promotion_exchanges += report.exchanged.len() as u64;
+        self.counters.promotion_bytes_moved += report.bytes_moved;
+        self.counters.promotion_skipped_pinned += report.skipped_pinned;
+        report
+    }
+
+    /// Swaps the contents of two completely occupied, unpinned fixed-head blocks: their
+    /// bytes, their heads' scores and owner links. Their buddy state is that of any full
+    /// block, so it stays as it is.
+    fn exchange(&mut self, a: BlockId, b: BlockId, report: &mut PromotionReport) {
+        for block in [a, b] {
+            assert!(
+                self.buddy.is_full(block)
+                    && self.buddy.pinned(block) == 0
+                    && self.buddy.unpublished(block) == 0,
+                "{block} exchanged while not full, pinned or unpublished"
+            );
+        }
+        let block_bytes = self.arena.plan().config.block_bytes as usize;
+        self.scratch.resize(block_bytes, 0);
+        self.scratch.copy_from_slice(self.mem.bytes(a));
+        let from_b = self.mem.bytes(b).to_vec();
+        self.mem.bytes_mut(a).copy_from_slice(&from_b);
+        self.mem.bytes_mut(b).copy_from_slice(&self.scratch);
+        let head = self.ram_head_bytes() as u32;
+        for i in 0..self.buddy.chunks_per_block() {
+            let (sa, sb) = (
+                HeadLoc {
+                    block: a,
+                    offset: i * head,
+                },
+                HeadLoc {
+                    block: b,
+                    offset: i * head,
+                },
+            );
+            let (ha, hb) = (self.heat.remove(&sa), self.heat.remove(&sb));
+            if let Some(h) = ha {
+                self.heat.insert(sb, h);
+            }
+            if let Some(h) = hb {
+                self.heat.insert(sa, h);
+            }
+            let oa = self
+                .fixed_owner
+                .remove(&sa)
+                .expect("candidates have owners");
+            let ob = self
+                .fixed_owner
+                .remove(&sb)
+                .expect("candidates have owners");
+            for (owner, from, to) in [(oa, sa, sb), (ob, sb, sa)] {
+                self.fixed_owner.insert(to, owner);
+                self.owned_slot.insert(owner, to);
+                report.moves.push(FixedMove { owner, from, to });
+            }
+        }
+        report.exchanged.push((a, b));
+        report.bytes_moved += 2 * block_bytes as u64;
     }
 
     /// Whether a fixed-head block is completely occupied (a promotion candidate).
@@ -605,6 +793,12 @@ impl ShardArena {
             batch_refills: self.batch.refills,
             batch_returns: self.batch.returns,
             heads_pinned: self.pins.len() as u64,
+            promotion_passes: c.promotion_passes,
+            promotion_exchanges: c.promotion_exchanges,
+            promotion_bytes_moved: c.promotion_bytes_moved,
+            promotion_skipped_pinned: c.promotion_skipped_pinned,
+            head_bytes_read_local: c.head_bytes_read_local,
+            head_bytes_read_foreign: c.head_bytes_read_foreign,
         }
     }
 
@@ -635,6 +829,32 @@ impl ShardArena {
             assert!(
                 !self.arena.pool().with(|pool| pool.is_free(block)),
                 "{block} is free and held"
+            );
+        }
+        assert_eq!(
+            self.fixed_owner.len(),
+            self.owned_slot.len(),
+            "owner links are pairs"
+        );
+        for (&slot, &owner) in &self.fixed_owner {
+            assert_eq!(
+                self.owned_slot.get(&owner),
+                Some(&slot),
+                "{slot} <-> {owner} not mutual"
+            );
+            assert!(
+                self.buddy.is_allocated(slot.block, slot.offset, 0),
+                "{slot} linked but not live"
+            );
+            assert!(
+                self.bump.owns(owner.block),
+                "{owner}, owner of {slot}, is not a record"
+            );
+        }
+        for slot in self.heat.keys() {
+            assert!(
+                self.buddy.is_allocated(slot.block, slot.offset, 0),
+                "{slot} has a score but is not live"
             );
         }
         for (loc, pin) in &self.pins {
@@ -679,5 +899,18 @@ impl SendPin {
         // pinned head is never moved, freed or rewritten (compaction skips its block,
         // eviction skips it, a free waits for the last unpin), and its block stays mapped.
         unsafe { crate::ring::Lent::new(addr as *const u8, len, Box::new(move || unpin(self))) }
+    }
+}
+
+/// Compaction moved the small object `from` to `to`: if it owns a fixed slot, the link follows.
+fn follow_owner(
+    owned_slot: &mut HashMap<HeadLoc, HeadLoc>,
+    fixed_owner: &mut HashMap<HeadLoc, HeadLoc>,
+    from: HeadLoc,
+    to: HeadLoc,
+) {
+    if let Some(slot) = owned_slot.remove(&from) {
+        owned_slot.insert(to, slot);
+        fixed_owner.insert(slot, to);
     }
 }

@@ -47,6 +47,12 @@ pub struct ShardArenaStats {
     pub batch_refills: u64,
     pub batch_returns: u64,
     pub heads_pinned: u64,
+    pub promotion_passes: u64,
+    pub promotion_exchanges: u64,
+    pub promotion_bytes_moved: u64,
+    pub promotion_skipped_pinned: u64,
+    pub head_bytes_read_local: u64,
+    pub head_bytes_read_foreign: u64,
 }
 
 /// One region, across all cores.
@@ -108,6 +114,12 @@ impl ArenaStats {
             t.batch_refills += shard.batch_refills;
             t.batch_returns += shard.batch_returns;
             t.heads_pinned += shard.heads_pinned;
+            t.promotion_passes += shard.promotion_passes;
+            t.promotion_exchanges += shard.promotion_exchanges;
+            t.promotion_bytes_moved += shard.promotion_bytes_moved;
+            t.promotion_skipped_pinned += shard.promotion_skipped_pinned;
+            t.head_bytes_read_local += shard.head_bytes_read_local;
+            t.head_bytes_read_foreign += shard.head_bytes_read_foreign;
         }
         for reservation in &mut self.reservations {
             reservation.small_dead_bytes = self
@@ -181,6 +193,12 @@ impl ArenaStats {
             ("batch_refills", t.batch_refills),
             ("batch_returns", t.batch_returns),
             ("heads_pinned", t.heads_pinned),
+            ("promotion_passes", t.promotion_passes),
+            ("promotion_exchanges", t.promotion_exchanges),
+            ("promotion_bytes_moved", t.promotion_bytes_moved),
+            ("promotion_skipped_pinned", t.promotion_skipped_pinned),
+            ("head_bytes_read_local", t.head_bytes_read_local),
+            ("head_bytes_read_foreign", t.head_bytes_read_foreign),
         ] {
             out.push((name.to_string(), value.to_string()));
         }
