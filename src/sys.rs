@@ -226,6 +226,32 @@ impl Mapping {
     }
 }
 
+/// The NUMA node of the page holding `addr` in this process (`move_pages` as a query).
+pub fn node_of_address(addr: usize) -> io::Result<i32> {
+    let page = base_page_bytes();
+    let addrs = [(addr - addr % page) as *mut libc::c_void];
+    let mut status = [i32::MIN];
+    // SAFETY: a query (null target nodes) of one address; the kernel writes one status entry.
+    let rc = unsafe {
+        libc::syscall(
+            libc::SYS_move_pages,
+            0,
+            1 as libc::c_ulong,
+            addrs.as_ptr(),
+            ptr::null::<libc::c_int>(),
+            status.as_mut_ptr(),
+            0,
+        )
+    };
+    if rc != 0 {
+        return Err(io::Error::last_os_error());
+    }
+    if status[0] < 0 {
+        return Err(io::Error::from_raw_os_error(-status[0]));
+    }
+    Ok(status[0])
+}
+
 impl Drop for Mapping {
     fn drop(&mut self) {
         // SAFETY: we own the mapping; nothing borrowed from it outlives `self`.

@@ -57,6 +57,11 @@ fn every_invalid_combination_has_its_own_error_and_exit_2() {
         ),
         (
             ONE,
+            &["--promotion-half-life", "0"],
+            "--promotion-half-life must be at least 1 second",
+        ),
+        (
+            ONE,
             &["--ram-head", "96K"],
             "--ram-head 96 KiB must be a power of two",
         ),

@@ -4,6 +4,8 @@
 //! node, and `--perverse` maps the preferred region on the farthest node. Outside the VM these
 //! tests say so and return; the harness is what CI runs.
 
+mod common;
+
 use headroom::arena::{Arena, ArenaConfig, Backing, MemoryPlan, NumaMode, ReservationKind};
 use headroom::topology::{NodeId, Topology};
 
@@ -254,4 +256,150 @@ fn perverse_maps_the_preferred_region_on_the_farthest_node() {
         "perverse: serving node {serving}, preferred region on node {farthest} of {:?}",
         topo.node_ids()
     );
+}
+
+/// Score-based promotion on a real server: heads fill the local fixed-head blocks first and
+/// spill into node 1; reads make some foreign heads hot; a pass exchanges their blocks with
+/// local ones, and the kernel (`move_pages`, asked by the server for `ADMIN where`) then puts
+/// every hot head on node 0. Every GET is byte-exact before, during and after.
+#[test]
+fn promotion_brings_hot_heads_home() {
+    if !in_vm() {
+        return;
+    }
+    let binary = "/test/headroom";
+    if !std::path::Path::new(binary).exists() {
+        panic!("{binary} is missing: scripts/test-numa-vm passes it with NUMA_VM_FILES");
+    }
+    let _ = topology();
+    let dir = std::path::PathBuf::from("/tmp/promotion");
+    std::fs::create_dir_all(&dir).unwrap();
+    // Fixed heads: 2 blocks on node 0, 4 on node 1 (8 heads of 256 KiB each); records apart.
+    let server = common::server::Server::start_binary(
+        binary,
+        &[],
+        &dir,
+        &[
+            "--numa",
+            "0",
+            "--memory",
+            "4M",
+            "--sub-memory",
+            "8M",
+            "--small-memory",
+            "2M",
+            "--threads",
+            "1",
+            "--io-pool",
+            "2M",
+            "--segment",
+            "mem:size=16M,numa=0",
+            "--promotion-interval",
+            "0",
+        ],
+    );
+    let mut c = server.client();
+    // Exactly --ram-head: a fixed head (a smaller value may be packed with its record).
+    let value = |i: usize| common::pattern(i as u64, 256 << 10);
+    let keys: Vec<String> = (0..48).map(|i| format!("head{i:02}")).collect();
+    for (i, key) in keys.iter().enumerate() {
+        assert_eq!(c.set(key.as_bytes(), &value(i), 0, 0).status, 0, "{key}");
+    }
+    let general = c.stats("");
+    let evictions: Vec<_> = general
+        .iter()
+        .filter(|(n, _)| n == "evictions" || n == "curr_items")
+        .collect();
+    assert!(
+        general.iter().any(|(n, v)| n == "evictions" && v == "0"),
+        "filling evicted: {evictions:?} {:?}",
+        c.stats("arena")
+            .iter()
+            .filter(|(n, _)| n.starts_with("region"))
+            .collect::<Vec<_>>()
+    );
+    let check_all = |c: &mut common::server::Client| {
+        for (i, key) in keys.iter().enumerate() {
+            assert!(c.get(key.as_bytes()).value == value(i), "{key} changed");
+        }
+    };
+    let locate = |c: &mut common::server::Client, key: &str| -> (String, u32, i32) {
+        let r = c.call(&common::server::frame(
+            0x42,
+            &[],
+            format!("where {key}").as_bytes(),
+            &[],
+            0,
+            0,
+        ));
+        let text = String::from_utf8(r.value).unwrap();
+        assert_eq!(r.status, 0, "where {key}: {text}");
+        let field = |name: &str| -> String {
+            let words: Vec<&str> = text.split_whitespace().collect();
+            let at = words.iter().position(|w| *w == name).unwrap();
+            words[at + 1].to_string()
+        };
+        let block = field("slot").split('+').next().unwrap().to_string();
+        (
+            block,
+            field("rank").parse().unwrap(),
+            field("node").parse().unwrap(),
+        )
+    };
+    check_all(&mut c);
+    let places: Vec<(String, u32, i32)> = keys.iter().map(|k| locate(&mut c, k)).collect();
+    assert_eq!(
+        places.iter().filter(|p| p.1 == 0).count(),
+        16,
+        "local blocks fill first"
+    );
+    assert!(
+        places.iter().all(|p| (p.1 == 0) == (p.2 == 0)),
+        "rank 0 is node 0: {places:?}"
+    );
+    // The hot set: the heads of two foreign blocks.
+    let mut foreign_blocks: Vec<String> = places
+        .iter()
+        .filter(|p| p.1 != 0)
+        .map(|p| p.0.clone())
+        .collect();
+    foreign_blocks.sort();
+    foreign_blocks.dedup();
+    let hot_blocks = &foreign_blocks[..2];
+    let hot: Vec<usize> = (0..keys.len())
+        .filter(|&i| hot_blocks.contains(&places[i].0))
+        .collect();
+    assert_eq!(hot.len(), 16);
+    for _ in 0..6 {
+        for &i in &hot {
+            assert!(c.get(keys[i].as_bytes()).value == value(i));
+        }
+    }
+    let r = c.call(&common::server::frame(0x42, &[], b"promote", &[], 0, 0));
+    let text = String::from_utf8(r.value).unwrap();
+    assert_eq!(r.status, 0, "{text}");
+    assert!(text.starts_with("promoted: 2 block exchanges"), "{text}");
+    check_all(&mut c);
+    for &i in &hot {
+        let (_, rank, node) = locate(&mut c, &keys[i]);
+        assert_eq!((rank, node), (0, 0), "hot {} is not home", keys[i]);
+    }
+    // A second pass finds nothing more to do: the local blocks hold the hottest heads.
+    let r = c.call(&common::server::frame(0x42, &[], b"promote", &[], 0, 0));
+    assert!(String::from_utf8(r.value)
+        .unwrap()
+        .starts_with("promoted: 0 block exchanges"));
+    let stats = c.stats("arena");
+    let stat = |name: &str| -> u64 {
+        stats
+            .iter()
+            .find(|(n, _)| n == name)
+            .map(|(_, v)| v.parse().unwrap())
+            .unwrap()
+    };
+    assert_eq!(stat("promotion_exchanges"), 2);
+    assert_eq!(stat("promotion_bytes_moved"), 4 * 2 * MIB);
+    assert!(stat("head_bytes_read_foreign") >= 16 * 6 * (256 << 10));
+    check_all(&mut c);
+    assert_eq!(server.stop().code(), Some(0));
 }

@@ -70,6 +70,9 @@ fn config(rng: &mut Rng) -> ArenaConfig {
     }
 }
 
+/// (block, heat) of some blocks.
+type BlockHeats = Vec<(BlockId, u64)>;
+
 struct Harness {
     arena: ShardArena,
     model: Model,
@@ -257,7 +260,7 @@ impl Harness {
     }
 
     /// Heat of every completely occupied block with no pinned head, by locality.
-    fn full_block_heats(&self) -> (Vec<(BlockId, u64)>, Vec<(BlockId, u64)>) {
+    fn full_block_heats(&self) -> (BlockHeats, BlockHeats) {
         let block_bytes = self.arena.arena().plan().config.block_bytes;
         let mut heat: HashMap<BlockId, u64> = HashMap::new();
         for h in self.model.heads.values() {

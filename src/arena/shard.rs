@@ -647,6 +647,12 @@ impl ShardArena {
         self.heat.get(&slot).map_or(0, |h| h.at(period))
     }
 
+    /// The NUMA node the kernel reports for the page holding a fixed slot (`move_pages`).
+    pub fn slot_node(&self, slot: HeadLoc) -> std::io::Result<i32> {
+        let addr = self.mem.bytes(slot.block).as_ptr() as usize + slot.offset as usize;
+        crate::sys::node_of_address(addr)
+    }
+
     /// The rank (0: local, the preferred region) of a fixed-head block this core holds.
     pub fn fixed_rank(&self, block: BlockId) -> Option<usize> {
         self.buddy.rank_of(block)

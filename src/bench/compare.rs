@@ -24,6 +24,32 @@ pub fn interleave(
     rounds: usize,
     notes: Vec<String>,
 ) -> Result<Comparison, String> {
+    interleave_with(cfg, a, b, rounds, notes, false)
+}
+
+/// Headroom's STAT `arena` promotion figures: (bytes read local, foreign, exchanges).
+fn arena_figures(target: &Target) -> Option<(u64, u64, u64)> {
+    let mut conn =
+        super::client::Conn::connect(target.addr(), std::time::Duration::from_secs(10)).ok()?;
+    let stats = conn.stats("arena").ok()?;
+    let get = |name: &str| -> Option<u64> { stats.iter().find(|(n, _)| n == name)?.1.parse().ok() };
+    Some((
+        get("head_bytes_read_local")?,
+        get("head_bytes_read_foreign")?,
+        get("promotion_exchanges")?,
+    ))
+}
+
+/// As [`interleave`]; with `headroom_stats`, each round also records where Headroom's
+/// fixed-head reads were served from and the promotion exchanges it made.
+pub fn interleave_with(
+    cfg: &LoadConfig,
+    a: &Side,
+    b: &Side,
+    rounds: usize,
+    notes: Vec<String>,
+    headroom_stats: bool,
+) -> Result<Comparison, String> {
     if rounds == 0 {
         return Err("at least one round".into());
     }
@@ -37,8 +63,20 @@ pub fn interleave(
                 eprintln!("round {} of {rounds}: {}", round + 1, side.name);
             }
             let cpu = || side.target.cpu_seconds();
-            let report = load::run(&run, side.target.addr(), &cpu)
+            let before = headroom_stats
+                .then(|| arena_figures(&side.target))
+                .flatten();
+            let mut report = load::run(&run, side.target.addr(), &cpu)
                 .map_err(|e| format!("{}: {e}", side.name))?;
+            let after = headroom_stats
+                .then(|| arena_figures(&side.target))
+                .flatten();
+            if let (Some(b0), Some(b1)) = (before, after) {
+                let (local, foreign) = (b1.0 - b0.0, b1.1 - b0.1);
+                report.head_reads_local_share =
+                    Some(local as f64 / (local + foreign).max(1) as f64);
+                report.promotion_exchanges = Some(b1.2 - b0.2);
+            }
             results[i].push(report);
         }
     }
@@ -129,7 +167,8 @@ pub fn ab(
         "A serves from memory on its own node first (local-first); B maps its preferred regions on the farthest node (--perverse); threads stay on the same CPUs".to_string(),
     ];
     notes.extend(hypervisor_note());
-    interleave(
+    notes.push("head bytes read from local blocks: the share of fixed-head bytes served from rank 0 (the preferred region: the serving node for A, the farthest node for B), with the promotion exchanges each made during the round".into());
+    interleave_with(
         cfg,
         &Side {
             name: "normal".into(),
@@ -141,5 +180,6 @@ pub fn ab(
         },
         rounds,
         notes,
+        true,
     )
 }

@@ -92,6 +92,10 @@ pub struct LoadReport {
     pub value_bytes_sent: u64,
     /// Server CPU seconds per second of the run, when the bench started the server.
     pub server_cpu_per_second: Option<f64>,
+    /// Headroom only (`ab`): the share of fixed-head bytes read from local blocks during the
+    /// run, and the promotion exchanges it made (STAT `arena`, before and after).
+    pub head_reads_local_share: Option<f64>,
+    pub promotion_exchanges: Option<u64>,
     #[serde(skip)]
     pub get_latency: Latency,
     #[serde(skip)]

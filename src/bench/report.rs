@@ -45,6 +45,12 @@ pub fn figures_of(r: &LoadReport) -> Vec<(&'static str, f64)> {
         ("GET hit ratio", hit_ratio(r)),
         ("errors", r.errors() as f64),
     ];
+    if let Some(share) = r.head_reads_local_share {
+        out.push(("head bytes read from local blocks", share));
+    }
+    if let Some(n) = r.promotion_exchanges {
+        out.push(("promotion exchanges", n as f64));
+    }
     if let Some(cpu) = r.server_cpu_per_second {
         out.push(("server CPU s per s", cpu));
         out.push((

@@ -197,6 +197,20 @@ pub struct Cli {
     #[arg(long, value_name = "SECONDS")]
     pub idle_timeout: Option<u64>,
 
+    /// Promotion pass: every this many milliseconds each shard exchanges completely occupied
+    /// foreign fixed-head blocks holding hot heads with local ones holding cold heads; 0 never
+    /// (docs/arena.md) [default: 1000].
+    #[arg(long, value_name = "MS")]
+    pub promotion_interval: Option<u64>,
+
+    /// Most block exchanges per shard per promotion pass [default: 4].
+    #[arg(long, value_name = "BLOCKS")]
+    pub promotion_budget: Option<usize>,
+
+    /// A fixed head's access score halves every this many seconds [default: 10].
+    #[arg(long, value_name = "SECONDS")]
+    pub promotion_half_life: Option<u32>,
+
     /// Largest value accepted; larger ones get "too large". Values above --ram-head are
     /// streamed to segments, never buffered whole [default: 4095M].
     #[arg(long, value_name = "SIZE")]
@@ -250,6 +264,9 @@ pub struct FileConfig {
     pub threads: Option<usize>,
     pub max_connections: Option<usize>,
     pub idle_timeout: Option<u64>,
+    pub promotion_interval: Option<u64>,
+    pub promotion_budget: Option<usize>,
+    pub promotion_half_life: Option<u32>,
     pub max_item_size: Option<ByteSize>,
     #[serde(default, rename = "segment")]
     pub segments: Vec<SegmentSpec>,
@@ -327,6 +344,7 @@ pub enum ConfigError {
     IoRing {
         text: String,
     },
+    PromotionHalfLife,
     BudgetBelowBlock {
         flag: &'static str,
         bytes: u64,
@@ -451,6 +469,7 @@ impl fmt::Display for ConfigError {
                 b(io_chunk)
             ),
             IoRing { text } => write!(f, "--io-ring '{text}' must be on or off"),
+            PromotionHalfLife => write!(f, "--promotion-half-life must be at least 1 second"),
             BudgetBelowBlock { flag, bytes, block } => write!(
                 f,
                 "{flag} {} must be at least one --block ({})",
@@ -532,6 +551,10 @@ pub struct Settings {
     pub max_connections: usize,
     /// 0: never.
     pub idle_timeout_seconds: u64,
+    /// Milliseconds between promotion passes; 0: none.
+    pub promotion_interval_ms: u64,
+    pub promotion_budget_blocks: usize,
+    pub promotion_half_life_seconds: u32,
     pub max_item_bytes: u64,
     /// Store targets for large values (never empty: a default file segment otherwise).
     pub segments: Vec<SegmentSpec>,
@@ -666,6 +689,13 @@ pub fn resolve_with_file(
     }
     if io_chunk > block {
         return Err(ConfigError::IoChunkLargerThanBlock { io_chunk, block });
+    }
+    let promotion_half_life = cli
+        .promotion_half_life
+        .or(file.promotion_half_life)
+        .unwrap_or(10);
+    if promotion_half_life == 0 {
+        return Err(ConfigError::PromotionHalfLife);
     }
     let io_pool = match cli.io_pool.or(file.io_pool) {
         Some(ByteSize(io_pool)) => io_pool,
@@ -898,6 +928,12 @@ pub fn resolve_with_file(
         cpus: node_cpus[..threads].to_vec(),
         max_connections,
         idle_timeout_seconds: cli.idle_timeout.or(file.idle_timeout).unwrap_or(0),
+        promotion_interval_ms: cli
+            .promotion_interval
+            .or(file.promotion_interval)
+            .unwrap_or(1000),
+        promotion_budget_blocks: cli.promotion_budget.or(file.promotion_budget).unwrap_or(4),
+        promotion_half_life_seconds: promotion_half_life,
         max_item_bytes,
         segments,
         data_dir,

@@ -6,6 +6,8 @@
 //! mount <segment spec>        e.g. mount file:/data/seg7,size=64G,numa=1
 //! unmount prepare <target>    no new placements; reads go on
 //! unmount commit <target>     its objects leave every index; the target is forgotten
+//! promote                     every shard runs a promotion pass now (tests, operators)
+//! where <key>                 the key's fixed head: slot, rank, NUMA node (move_pages), score
 //! ```
 
 use std::rc::Rc;
@@ -89,8 +91,40 @@ pub async fn run(ctx: &Rc<ShardCtx>, command: &[u8]) -> Result<String, String> {
             tracing::info!(target = %id, objects = dropped, "segment unmounted");
             Ok(format!("unmounted {id}, {dropped} objects dropped"))
         }
+        ["promote"] => {
+            let (mut exchanges, mut bytes, mut skipped) = (0, 0, 0);
+            for reply in broadcast(ctx, || ShardRequest::Promote).await {
+                if let ShardReply::Promoted {
+                    exchanges: e,
+                    bytes_moved: b,
+                    skipped_pinned: s,
+                } = reply
+                {
+                    exchanges += e;
+                    bytes += b;
+                    skipped += s;
+                }
+            }
+            Ok(format!(
+                "promoted: {exchanges} block exchanges, {bytes} bytes moved, {skipped} blocks skipped for pins"
+            ))
+        }
+        ["where", key] => {
+            let key = key.as_bytes().to_vec();
+            let hash = ctx.store.borrow().hash(&key);
+            let owner = crate::store::KeyHasher::shard_of(hash, ctx.shards);
+            let reply = if owner == ctx.id {
+                ctx.serve_local(ShardRequest::Where(key))
+            } else {
+                ctx.call(owner, ShardRequest::Where(key)).await
+            };
+            match reply {
+                ShardReply::Located(located) => located,
+                _ => unreachable!("a shard answers where with a location"),
+            }
+        }
         _ => Err(format!(
-            "unknown command '{command}': use 'mount SPEC', 'unmount prepare TARGET' or 'unmount commit TARGET'"
+            "unknown command '{command}': use 'mount SPEC', 'unmount prepare TARGET', 'unmount commit TARGET', 'promote' or 'where KEY'"
         )),
     }
 }

@@ -225,7 +225,9 @@ fn serve(master: &mut Master, request: ShardRequest) -> ShardReply {
         | ShardRequest::DropTarget(_)
         | ShardRequest::RemoveStorage(_)
         | ShardRequest::Release { .. }
-        | ShardRequest::Unpin { .. } => unreachable!("shard requests never go to the master"),
+        | ShardRequest::Unpin { .. }
+        | ShardRequest::Promote
+        | ShardRequest::Where(_) => unreachable!("shard requests never go to the master"),
     }
 }
 

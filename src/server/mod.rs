@@ -326,6 +326,7 @@ async fn shard_main(
         StoreConfig {
             max_item_bytes: shared.settings.max_item_bytes,
             shard: id,
+            promotion_half_life_seconds: shared.settings.promotion_half_life_seconds,
         },
     );
     let io = wire::ShardIo::setup(&shared, id);
@@ -353,9 +354,11 @@ async fn shard_main(
         })
     };
     let sweeper = glommio::spawn_local(shard::sweep_loop(Rc::clone(&ctx)));
+    let promoter = glommio::spawn_local(shard::promotion_loop(Rc::clone(&ctx)));
     shard::accept_loop(Rc::clone(&ctx), listener).await;
     watcher.await;
     sweeper.await;
+    promoter.await;
     // Let this shard's connections finish their in-flight requests.
     while ctx.live_connections.get() > 0 {
         glommio::timer::sleep(Duration::from_millis(5)).await;

@@ -118,6 +118,10 @@ pub enum ShardRequest {
     Unpin {
         pin: crate::arena::SendPin,
     },
+    /// To every shard: run a promotion pass now.
+    Promote,
+    /// To a key's owner: where is the key's fixed head (ADMIN `where`)?
+    Where(Vec<u8>),
 }
 
 /// One operation of a batch.
@@ -160,6 +164,14 @@ pub enum ShardReply {
         extents: Vec<(TargetId, Extent)>,
     },
     PlacementStats(Box<MasterSnapshot>),
+    /// A promotion pass: exchanges, bytes moved, blocks skipped for pins.
+    Promoted {
+        exchanges: u64,
+        bytes_moved: u64,
+        skipped_pinned: u64,
+    },
+    /// The sentence answering ADMIN `where`.
+    Located(Result<String, String>),
 }
 
 /// A large value the master wants evicted to make room.
@@ -301,6 +313,22 @@ impl ShardCtx {
 
     /// Runs a request from another shard, synchronously.
     /// Runs a request here, as another shard would have it run (large links, leases).
+    /// One promotion pass on this shard's store, logged when it moved anything.
+    pub fn promote(&self) -> crate::arena::PromotionReport {
+        let budget = self.shared.settings.promotion_budget_blocks;
+        let report = self.store.borrow_mut().promote(budget, super::unix_now());
+        if !report.exchanged.is_empty() {
+            tracing::debug!(
+                shard = self.id,
+                exchanges = report.exchanged.len(),
+                bytes_moved = report.bytes_moved,
+                skipped_pinned = report.skipped_pinned,
+                "promotion: hot heads exchanged into local blocks"
+            );
+        }
+        report
+    }
+
     pub fn serve_local(&self, request: ShardRequest) -> ShardReply {
         self.serve(request)
     }
@@ -428,6 +456,15 @@ impl ShardCtx {
                 }
                 ShardReply::Done
             }
+            ShardRequest::Promote => {
+                let report = self.promote();
+                ShardReply::Promoted {
+                    exchanges: report.exchanged.len() as u64,
+                    bytes_moved: report.bytes_moved,
+                    skipped_pinned: report.skipped_pinned,
+                }
+            }
+            ShardRequest::Where(key) => ShardReply::Located(self.store.borrow().locate(&key)),
             ShardRequest::DropTarget(target) => {
                 let mut store = self.store.borrow_mut();
                 let items = store.drop_target(target);
@@ -518,6 +555,32 @@ pub fn send_reply(mesh: &Rc<Senders<Message>>, to: usize, token: u64, reply: Sha
             let _ = mesh.send_to(to, message).await;
         })
         .detach();
+    }
+}
+
+/// The promotion pass every `--promotion-interval` (never with 0, or with one fixed-head
+/// region, where the arena has nothing to exchange).
+pub async fn promotion_loop(ctx: Rc<ShardCtx>) {
+    let interval = ctx.shared.settings.promotion_interval_ms;
+    if interval == 0 {
+        return;
+    }
+    loop {
+        let stopped = futures_lite::future::or(
+            async {
+                glommio::timer::sleep(Duration::from_millis(interval)).await;
+                false
+            },
+            async {
+                ctx.stop.wait().await;
+                true
+            },
+        )
+        .await;
+        if stopped {
+            break;
+        }
+        ctx.promote();
     }
 }
 

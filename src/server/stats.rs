@@ -156,6 +156,12 @@ fn settings(ctx: &ShardCtx) -> Vec<(String, String)> {
         ("num_threads", ctx.shards.to_string()),
         ("item_size_max", s.max_item_bytes.to_string()),
         ("idle_timeout", s.idle_timeout_seconds.to_string()),
+        ("promotion_interval_ms", s.promotion_interval_ms.to_string()),
+        ("promotion_budget", s.promotion_budget_blocks.to_string()),
+        (
+            "promotion_half_life",
+            s.promotion_half_life_seconds.to_string(),
+        ),
         ("evictions", "on".to_string()),
         ("cas_enabled", "yes".to_string()),
         ("binding_protocol", "binary".to_string()),

@@ -85,6 +85,25 @@ pub fn write_large(record: &mut [u8], meta: Meta, key: &[u8], large: &LargeValue
     }
 }
 
+/// Points a record's fixed slot (a value's slot, or a large value's head copy) that is at
+/// `from` at `to` instead (promotion exchanged the slot's block).
+pub fn move_slot(record: &mut [u8], from: HeadLoc, to: HeadLoc) {
+    let at = RECORD_HEADER_BYTES + record[16] as usize;
+    let field = if record[17] & BIT_FIXED != 0 {
+        at
+    } else {
+        assert!(record[17] & BIT_LARGE != 0, "a record without a fixed slot");
+        at + 8
+    };
+    assert_eq!(
+        (u32_at(record, field), u32_at(record, field + 4)),
+        (from.block.0, from.offset),
+        "the record does not point at the slot that moved"
+    );
+    record[field..field + 4].copy_from_slice(&to.block.0.to_le_bytes());
+    record[field + 4..field + 8].copy_from_slice(&to.offset.to_le_bytes());
+}
+
 /// Forgets a large item's head copy (its slot is being freed); the value still streams whole
 /// from its segment.
 pub fn clear_large_head(record: &mut [u8]) {

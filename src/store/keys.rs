@@ -279,6 +279,18 @@ impl Keys {
             if let ValueAt::Fixed { slot, len } = item::value_at(arena.bytes(loc)) {
                 assert!(u64::from(len) <= arena.ram_head_bytes());
                 assert_eq!(arena.bytes(slot).len() as u64, arena.ram_head_bytes());
+                assert_eq!(
+                    arena.fixed_owner(slot),
+                    Some(loc),
+                    "{slot} not linked to {loc}"
+                );
+            }
+            if let Some(head) = item::large(arena.bytes(loc)).and_then(|l| l.head) {
+                assert_eq!(
+                    arena.fixed_owner(head),
+                    Some(loc),
+                    "{head} not linked to {loc}"
+                );
             }
             if let Some(large) = item::large(arena.bytes(loc)) {
                 assert!(large.value_len > arena.ram_head_bytes());

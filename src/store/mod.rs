@@ -28,6 +28,8 @@ pub struct StoreConfig {
     pub max_item_bytes: u64,
     /// Shard number, mixed into CAS values so they are unique across shards.
     pub shard: usize,
+    /// Fixed heads' access scores halve once per this many seconds (at least 1).
+    pub promotion_half_life_seconds: u32,
 }
 
 /// A large value already written to its extents, to be linked under a key.
@@ -250,6 +252,22 @@ impl Store {
             self.keys.stats.get_hits += 1;
         }
         item::set_referenced(record, true);
+        // A read of a value in a fixed slot (or a large value's head copy) bumps its score.
+        let period = self.promotion_period(now);
+        match item::value_at(self.arena.bytes(loc)) {
+            ValueAt::Fixed { slot, len } if touch.is_none() => {
+                self.arena.touch_fixed(slot, period, u64::from(len));
+            }
+            ValueAt::Large if lease => {
+                if let Some(large) = item::large(self.arena.bytes(loc)) {
+                    if let Some(slot) = large.head {
+                        let len = large.value_len.min(self.arena.ram_head_bytes());
+                        self.arena.touch_fixed(slot, period, len);
+                    }
+                }
+            }
+            _ => {}
+        }
         let record = self.arena.bytes(loc);
         let meta = item::meta(record);
         let (value, at) = match item::value_at(record) {
@@ -282,6 +300,49 @@ impl Store {
             value,
             at,
         })
+    }
+
+    /// Where `key`'s value (or head copy) sits in a fixed slot: the slot, its block's rank
+    /// (0: local), the NUMA node the kernel reports for its page, and its score now.
+    pub fn locate(&self, key: &[u8]) -> Result<String, String> {
+        let loc = self
+            .keys
+            .find(&self.arena, key)
+            .ok_or_else(|| "no such key".to_string())?;
+        let record = self.arena.bytes(loc);
+        let slot = match item::value_at(record) {
+            ValueAt::Fixed { slot, .. } => slot,
+            ValueAt::Large => item::large(record)
+                .and_then(|l| l.head)
+                .ok_or_else(|| "a large value without a head copy in RAM".to_string())?,
+            ValueAt::Inline => return Err("a small value, packed with its record".into()),
+        };
+        let node = self
+            .arena
+            .slot_node(slot)
+            .map_err(|e| format!("move_pages: {e}"))?;
+        let rank = self.arena.fixed_rank(slot.block).unwrap_or(usize::MAX);
+        let period = self.promotion_period(crate::server::unix_now());
+        Ok(format!(
+            "slot {slot} rank {rank} node {node} score {}",
+            self.arena.heat_of(slot, period)
+        ))
+    }
+
+    /// The score decay period `now` (seconds) falls in.
+    fn promotion_period(&self, now: u32) -> u32 {
+        now / self.config.promotion_half_life_seconds.max(1)
+    }
+
+    /// One promotion pass (`arena/promote.rs`) of at most `budget` block exchanges; every
+    /// record whose fixed slot moved is pointed at its new slot before this returns.
+    pub fn promote(&mut self, budget: usize, now: u32) -> crate::arena::PromotionReport {
+        let period = self.promotion_period(now);
+        let report = self.arena.promote(period, budget);
+        for m in &report.moves {
+            item::move_slot(self.arena.bytes_mut(m.owner), m.from, m.to);
+        }
+        report
     }
 
     /// Pins the `len` value bytes a hit found at `at` for a zero-copy send: until the pin is
@@ -450,6 +511,9 @@ impl Store {
         };
         item::write_large(self.arena.reserved_mut(&record), meta, key, &large);
         let loc = self.arena.publish(record);
+        if let Some(slot) = head_slot {
+            self.arena.link_fixed_owner(slot, loc);
+        }
         self.keys.stats.large_items += 1;
         self.keys.stats.large_bytes += value_len;
         // Admission may have evicted the item a REPLACE or CAS was aimed at.
@@ -534,10 +598,12 @@ impl Store {
             None => fill(&mut bytes[at..at + value_len]),
             Some(slot) => fill(&mut self.arena.reserved_mut(slot)[..value_len]),
         }
+        let slot = slot.map(|slot| self.arena.publish(slot));
+        let record = self.arena.publish(record);
         if let Some(slot) = slot {
-            self.arena.publish(slot);
+            self.arena.link_fixed_owner(slot, record);
         }
-        Ok(self.arena.publish(record))
+        Ok(record)
     }
 
     /// Admission of a record (`Some(len)`) or a fixed slot (`None`): compaction first, then

@@ -29,8 +29,17 @@ impl Server {
     /// Starts the server under a command prefix (`setpriv ...` to run it as another user).
     /// `HEADROOM_TEST_IO_RING=off` runs every test server on the plain data path.
     pub fn start_command(prefix: &[&str], data_dir: &std::path::Path, args: &[&str]) -> Server {
+        Server::start_binary(env!("CARGO_BIN_EXE_headroom"), prefix, data_dir, args)
+    }
+
+    /// As [`Server::start_command`], with another binary (the VM tests run `/test/headroom`).
+    pub fn start_binary(
+        binary: &str,
+        prefix: &[&str],
+        data_dir: &std::path::Path,
+        args: &[&str],
+    ) -> Server {
         let data_dir = data_dir.to_path_buf();
-        let binary = env!("CARGO_BIN_EXE_headroom");
         let mut command = match prefix.split_first() {
             Some((program, rest)) => {
                 let mut c = Command::new(program);
