@@ -151,6 +151,54 @@ fn bench_compaction(rounds: usize) -> (f64, f64, u64) {
 
 /// Headroom's RAM per item with the real store: (arena bytes of the blocks the items fill,
 /// index bytes) per item, after storing `count` items with 14-byte keys.
+/// Promotion: a pass exchanging `pairs` block pairs (2 MiB blocks, 256 KiB heads) on a
+/// synthetic two-node plan over unlocked memory: ms per pass and GB/s of block bytes moved.
+fn bench_promotion(rounds: usize, pairs: u64) -> (f64, f64) {
+    let block = 2u64 << 20;
+    let topology =
+        Topology::synthetic(&[1, 1], vec![vec![10, 21], vec![21, 10]], block).expect("topology");
+    let mut results = Vec::new();
+    let mut moved = 0;
+    for _ in 0..rounds {
+        let config = ArenaConfig {
+            numa: NumaMode::Explicit(0),
+            memory_bytes: pairs * block,
+            sub_memory_bytes: pairs * block,
+            small_memory_bytes: Some(2 * block),
+            small_sub_memory_bytes: 0,
+            block_bytes: block,
+            ram_head_bytes: 256 << 10,
+            small_min_alloc_bytes: 16,
+            io_chunk_bytes: 1 << 20,
+            stream_bytes: 0,
+            perverse: false,
+        };
+        let arena = Arena::map(MemoryPlan::new(&config, &topology), &UnlockedMapper, 1).unwrap();
+        let mut shard = arena.shard(0);
+        let mut foreign = Vec::new();
+        for i in 0..2 * pairs * 8 {
+            let slot = shard.try_reserve_fixed().expect("room for every head");
+            shard.reserved_mut(&slot).fill(i as u8);
+            let owner = shard.try_reserve_small(24).expect("room for the records");
+            let (slot, owner) = (shard.publish(slot), shard.publish(owner));
+            shard.link_fixed_owner(slot, owner);
+            if i >= pairs * 8 {
+                foreign.push(slot);
+            }
+        }
+        for &slot in &foreign {
+            shard.touch_fixed(slot, 1, 1);
+        }
+        let started = Instant::now();
+        let report = shard.promote(1, pairs as usize);
+        results.push(started.elapsed().as_secs_f64());
+        assert_eq!(report.exchanged.len() as u64, pairs, "every pair exchanged");
+        moved = report.bytes_moved;
+    }
+    let seconds = median(results);
+    (seconds * 1e3, moved as f64 / seconds / 1e9)
+}
+
 fn headroom_bytes_per_item(value: u32, granule: u64, count: u64) -> (f64, f64) {
     let arena = arena(256 << 20, granule);
     let hasher = headroom::store::KeyHasher::with_seed(1);
@@ -327,6 +375,10 @@ fn main() {
     println!(
         "compact {moved:5.2} GB/s moved, {scanned:5.2} GB/s of arena swept ({} moved per pass: 256 MiB of 100-byte objects, every other one dead)",
         ByteSize(bytes / (1 << 20) * (1 << 20))
+    );
+    let (pass_ms, gbps) = bench_promotion(rounds, 4);
+    println!(
+        "promote {pass_ms:7.2} ms per pass of 4 block exchanges ({gbps:5.2} GB/s of block bytes moved; 2 MiB blocks of 256 KiB heads, unlocked memory)"
     );
 
     println!("\nRAM per item, 14-byte key, 200,000 items (headroom: arena record + index entry)");

@@ -110,6 +110,9 @@ struct Counters {
     evictions_requested: u64,
 }
 
+/// Promotion swaps two blocks this many bytes at a time.
+const EXCHANGE_PIECE_BYTES: usize = 64 << 10;
+
 /// Numbers every `ShardArena`, so a reservation can name the one that made it.
 static NEXT_INSTANCE: AtomicU64 = AtomicU64::new(0);
 
@@ -132,7 +135,7 @@ pub struct ShardArena {
     /// Fixed slot -> the small record that points at it, and back (`link_fixed_owner`).
     fixed_owner: HashMap<HeadLoc, HeadLoc>,
     owned_slot: HashMap<HeadLoc, HeadLoc>,
-    /// One block of room for promotion's exchanges (allocated at the first one).
+    /// Room for promotion's exchanges, two pieces (allocated at the first one).
     scratch: Vec<u8>,
     fixed_reservation: ReservationKind,
     small_reservation: ReservationKind,
@@ -707,7 +710,7 @@ impl ShardArena {
     }
 
     /// Swaps the contents of two completely occupied, unpinned fixed-head blocks: their
-    /// bytes, their heads' scores and owner links. Their buddy state is that of any full
+    /// bytes (64 KiB at a time), their heads' scores and owner links. Their buddy state is that of any full
     /// block, so it stays as it is.
     fn exchange(&mut self, a: BlockId, b: BlockId, report: &mut PromotionReport) {
         for block in [a, b] {
@@ -718,12 +721,18 @@ impl ShardArena {
                 "{block} exchanged while not full, pinned or unpublished"
             );
         }
+        // Swap piece by piece through two cache-sized buffers: no block-sized allocation, and
+        // each piece is still in cache when it is written back.
         let block_bytes = self.arena.plan().config.block_bytes as usize;
-        self.scratch.resize(block_bytes, 0);
-        self.scratch.copy_from_slice(self.mem.bytes(a));
-        let from_b = self.mem.bytes(b).to_vec();
-        self.mem.bytes_mut(a).copy_from_slice(&from_b);
-        self.mem.bytes_mut(b).copy_from_slice(&self.scratch);
+        let piece = EXCHANGE_PIECE_BYTES.min(block_bytes);
+        self.scratch.resize(2 * piece, 0);
+        for at in (0..block_bytes).step_by(piece) {
+            let (from_a, from_b) = self.scratch.split_at_mut(piece);
+            from_a.copy_from_slice(&self.mem.bytes(a)[at..at + piece]);
+            from_b.copy_from_slice(&self.mem.bytes(b)[at..at + piece]);
+            self.mem.bytes_mut(a)[at..at + piece].copy_from_slice(from_b);
+            self.mem.bytes_mut(b)[at..at + piece].copy_from_slice(from_a);
+        }
         let head = self.ram_head_bytes() as u32;
         for i in 0..self.buddy.chunks_per_block() {
             let (sa, sb) = (
