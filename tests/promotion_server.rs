@@ -23,8 +23,23 @@ fn arena_stat(c: &mut Client, name: &str) -> u64 {
 
 #[test]
 fn reads_score_heads_and_one_node_has_nothing_to_promote() {
-    let server = Server::start(&["--threads", "2", "--promotion-interval", "50"]);
+    // Shards that poll before sleeping serve the same (and say so in STAT settings).
+    let server = Server::start(&[
+        "--threads",
+        "2",
+        "--promotion-interval",
+        "50",
+        "--spin-before-park",
+        "30",
+    ]);
     let mut c = server.client();
+    let settings = c.stats("settings");
+    assert!(settings
+        .iter()
+        .any(|(n, v)| n == "spin_before_park_us" && v == "30"));
+    assert!(settings
+        .iter()
+        .any(|(n, v)| n == "promotion_interval_ms" && v == "50"));
     let value = pattern(3, 256 << 10);
     assert_eq!(c.set(b"hot", &value, 0, 0).status, 0);
     assert_eq!(c.set(b"small", b"tiny", 0, 0).status, 0);

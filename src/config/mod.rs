@@ -197,6 +197,12 @@ pub struct Cli {
     #[arg(long, value_name = "SECONDS")]
     pub idle_timeout: Option<u64>,
 
+    /// Microseconds a shard keeps polling after it runs out of work before it sleeps: a
+    /// message from another shard or a new request then needs no wake-up (costs that much CPU
+    /// per idle moment; docs/benchmarks.md) [default: 0].
+    #[arg(long, value_name = "MICROS")]
+    pub spin_before_park: Option<u64>,
+
     /// Promotion pass: every this many milliseconds each shard exchanges completely occupied
     /// foreign fixed-head blocks holding hot heads with local ones holding cold heads; 0 never
     /// (docs/arena.md) [default: 1000].
@@ -264,6 +270,7 @@ pub struct FileConfig {
     pub threads: Option<usize>,
     pub max_connections: Option<usize>,
     pub idle_timeout: Option<u64>,
+    pub spin_before_park: Option<u64>,
     pub promotion_interval: Option<u64>,
     pub promotion_budget: Option<usize>,
     pub promotion_half_life: Option<u32>,
@@ -551,6 +558,8 @@ pub struct Settings {
     pub max_connections: usize,
     /// 0: never.
     pub idle_timeout_seconds: u64,
+    /// Microseconds a shard polls before sleeping; 0: it sleeps at once.
+    pub spin_before_park_micros: u64,
     /// Milliseconds between promotion passes; 0: none.
     pub promotion_interval_ms: u64,
     pub promotion_budget_blocks: usize,
@@ -928,6 +937,7 @@ pub fn resolve_with_file(
         cpus: node_cpus[..threads].to_vec(),
         max_connections,
         idle_timeout_seconds: cli.idle_timeout.or(file.idle_timeout).unwrap_or(0),
+        spin_before_park_micros: cli.spin_before_park.or(file.spin_before_park).unwrap_or(0),
         promotion_interval_ms: cli
             .promotion_interval
             .or(file.promotion_interval)

@@ -240,9 +240,14 @@ pub fn start(settings: Settings, topology: &Topology) -> Result<Running, ServerE
         let shared = Arc::clone(&shared);
         let mesh = mesh.clone();
         let ready = ready_tx.clone();
-        let handle = LocalExecutorBuilder::new(Placement::Fixed(cpu))
+        let mut builder = LocalExecutorBuilder::new(Placement::Fixed(cpu))
             .name(&format!("shard-{index}"))
-            .io_memory(EXECUTOR_IO_MEMORY_BYTES)
+            .io_memory(EXECUTOR_IO_MEMORY_BYTES);
+        let spin = shared.settings.spin_before_park_micros;
+        if spin > 0 {
+            builder = builder.spin_before_park(Duration::from_micros(spin));
+        }
+        let handle = builder
             .spawn(move || shard_main(index, shared, mesh, ready))
             .map_err(|err| ServerError::Executor(format!("CPU {cpu}: {err}")))?;
         handles.push(handle);

@@ -156,6 +156,7 @@ fn settings(ctx: &ShardCtx) -> Vec<(String, String)> {
         ("num_threads", ctx.shards.to_string()),
         ("item_size_max", s.max_item_bytes.to_string()),
         ("idle_timeout", s.idle_timeout_seconds.to_string()),
+        ("spin_before_park_us", s.spin_before_park_micros.to_string()),
         ("promotion_interval_ms", s.promotion_interval_ms.to_string()),
         ("promotion_budget", s.promotion_budget_blocks.to_string()),
         (
