@@ -14,9 +14,9 @@
 use std::io::{Read, Write};
 use std::net::{TcpListener, TcpStream};
 use std::os::fd::AsRawFd;
-use std::process::{Child, Command, Stdio};
-use std::time::{Duration, Instant};
+use std::time::Instant;
 
+use headroom::bench::process::{self, Started};
 use io_uring::{cqueue, opcode, types, IoUring};
 
 const KIB: usize = 1 << 10;
@@ -505,83 +505,28 @@ fn main() {
     }
 }
 
-/// A headroom server started for the benchmark; stopped (SIGTERM) on drop.
-struct Server {
-    child: Child,
-    addr: std::net::SocketAddr,
-}
+/// A headroom server started for the benchmark (`headroom::bench::process`); stopped on drop.
+struct Server(Started);
 
 impl Server {
     fn start(data_dir: &std::path::Path, args: &[&str]) -> Server {
-        use std::io::BufRead;
         std::fs::create_dir_all(data_dir).expect("data dir");
-        let mut child = Command::new(env!("CARGO_BIN_EXE_headroom"))
-            .args([
-                "--listen",
-                "127.0.0.1:0",
-                "--log-level",
-                "info",
-                "--data-dir",
-            ])
-            .arg(data_dir)
-            .args(args)
-            .stdin(Stdio::null())
-            .stdout(Stdio::null())
-            .stderr(Stdio::piped())
-            .spawn()
-            .expect("start headroom");
-        let stderr = child.stderr.take().unwrap();
-        let (tx, rx) = std::sync::mpsc::channel();
-        std::thread::spawn(move || {
-            for line in std::io::BufReader::new(stderr)
-                .lines()
-                .map_while(Result::ok)
-            {
-                if let Some(at) = line.find("listening on ") {
-                    let addr = line[at + 13..]
-                        .split_whitespace()
-                        .next()
-                        .unwrap()
-                        .to_string();
-                    let _ = tx.send(Ok(addr));
-                } else if line.contains("ERROR") || line.contains("error:") {
-                    let _ = tx.send(Err(line));
-                }
-            }
-        });
-        match rx.recv_timeout(Duration::from_secs(60)) {
-            Ok(Ok(addr)) => Server {
-                child,
-                addr: addr.parse().unwrap(),
-            },
-            other => {
-                let _ = child.kill();
-                panic!("headroom {args:?} did not start: {other:?}");
-            }
-        }
+        let mut all: Vec<String> = vec!["--log-level".into(), "info".into(), "--data-dir".into()];
+        all.push(data_dir.display().to_string());
+        all.extend(args.iter().map(|a| a.to_string()));
+        let binary = std::path::Path::new(env!("CARGO_BIN_EXE_headroom"));
+        Server(process::start_headroom(binary, &all).unwrap_or_else(|e| panic!("{e}")))
     }
 
     /// User + system CPU seconds of the whole server process so far.
     fn cpu_seconds(&self) -> f64 {
-        let stat = std::fs::read_to_string(format!("/proc/{}/stat", self.child.id())).unwrap();
-        let fields: Vec<&str> = stat[stat.rfind(')').unwrap() + 2..].split(' ').collect();
-        // SAFETY: sysconf reads a constant.
-        let tick = unsafe { libc::sysconf(libc::_SC_CLK_TCK) } as f64;
-        (fields[11].parse::<f64>().unwrap() + fields[12].parse::<f64>().unwrap()) / tick
+        process::process_cpu_seconds(self.0.pid()).expect("the server's /proc stat")
     }
 
     fn connect(&self) -> TcpStream {
-        let stream = TcpStream::connect(self.addr).expect("connect");
+        let stream = TcpStream::connect(self.0.addr).expect("connect");
         stream.set_nodelay(true).unwrap();
         stream
-    }
-}
-
-impl Drop for Server {
-    fn drop(&mut self) {
-        // SAFETY: a signal to our own child.
-        unsafe { libc::kill(self.child.id() as i32, libc::SIGTERM) };
-        let _ = self.child.wait();
     }
 }
 

@@ -75,12 +75,7 @@ fn replay(policy: Policy, sequence: &[Vec<u64>]) -> Outcome {
             match placer.place(&req) {
                 Ok(placed) => step.extend(placed.replicas),
                 Err(_) => {
-                    let free = placer.targets().map(|(_, t)| t.alloc.free_bytes()).sum();
-                    let largest = placer
-                        .targets()
-                        .map(|(_, t)| t.alloc.largest_free_region())
-                        .max()
-                        .unwrap();
+                    let (free, largest) = placer.free_and_largest_hole();
                     failures.push((size, free, largest));
                 }
             }

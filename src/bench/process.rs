@@ -46,6 +46,10 @@ pub struct Started {
 }
 
 impl Started {
+    pub fn pid(&self) -> u32 {
+        self.child.id()
+    }
+
     /// The last lines the server wrote to stderr.
     pub fn log_tail(&self, lines: usize) -> Vec<String> {
         let log = self.log.lock().unwrap();

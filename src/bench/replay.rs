@@ -219,12 +219,7 @@ pub fn replay(
     let mut alloc_ns = Vec::new();
     let (mut holes, mut fragmentation, mut live_spread) = (Vec::new(), Vec::new(), Vec::new());
     let mut probe = |placer: &Placer, report: &mut ReplayReport| {
-        let free: u64 = placer.targets().map(|(_, t)| t.alloc.free_bytes()).sum();
-        let largest = placer
-            .targets()
-            .map(|(_, t)| t.alloc.largest_free_region())
-            .max()
-            .unwrap_or(0);
+        let (free, largest) = placer.free_and_largest_hole();
         let live: Vec<f64> = placer
             .targets()
             .map(|(_, t)| t.alloc.used_bytes() as f64)
@@ -276,12 +271,7 @@ pub fn replay(
                         live.insert(event.key.clone(), placed.replicas);
                     }
                     Err(_) => {
-                        let free = placer.targets().map(|(_, t)| t.alloc.free_bytes()).sum();
-                        let largest = placer
-                            .targets()
-                            .map(|(_, t)| t.alloc.largest_free_region())
-                            .max()
-                            .unwrap_or(0);
+                        let (free, largest) = placer.free_and_largest_hole();
                         let fragmentation = free >= event.size_bytes;
                         report.fragmentation_failures += u64::from(fragmentation);
                         report.failures.push(Failure {

@@ -322,6 +322,24 @@ fn headroom_binary(given: &Option<PathBuf>) -> PathBuf {
     given.clone().unwrap_or_else(process::default_headroom)
 }
 
+/// A running server at `--server`, or a Headroom started with the arguments after `--`.
+fn target_of(
+    server: &Option<SocketAddr>,
+    headroom: &Option<PathBuf>,
+    server_args: &[String],
+) -> Result<Target, String> {
+    match server {
+        Some(addr) => Ok(Target::Address(*addr)),
+        None if server_args.is_empty() => {
+            Err("give --server ADDR, or Headroom's arguments after -- to start one".into())
+        }
+        None => Ok(Target::Started(process::start_headroom(
+            &headroom_binary(headroom),
+            server_args,
+        )?)),
+    }
+}
+
 fn run(cli: Cli) -> Result<(), String> {
     match &cli.command {
         Cmd::Load {
@@ -331,18 +349,7 @@ fn run(cli: Cli) -> Result<(), String> {
             server_args,
         } => {
             let cfg = load.config()?;
-            let target = match server {
-                Some(addr) => Target::Address(*addr),
-                None if server_args.is_empty() => {
-                    return Err(
-                        "give --server ADDR, or Headroom's arguments after -- to start one".into(),
-                    )
-                }
-                None => Target::Started(process::start_headroom(
-                    &headroom_binary(headroom),
-                    server_args,
-                )?),
-            };
+            let target = target_of(server, headroom, server_args)?;
             println!("# load against {}: {}", target.addr(), load.describe());
             let cpu = || target.cpu_seconds();
             let result = load::run(&cfg, target.addr(), &cpu)?;
@@ -452,18 +459,7 @@ fn run(cli: Cli) -> Result<(), String> {
                 steps: 6,
                 ..RlPattern::default()
             })?;
-            let target = match server {
-                Some(addr) => Target::Address(*addr),
-                None if server_args.is_empty() => {
-                    return Err(
-                        "give --server ADDR, or Headroom's arguments after -- to start one".into(),
-                    )
-                }
-                None => Target::Started(process::start_headroom(
-                    &headroom_binary(headroom),
-                    server_args,
-                )?),
-            };
+            let target = target_of(server, headroom, server_args)?;
             println!(
                 "# RL pattern live against {}: {} ranks, {} steps, keys {}-{} per rank of {}-{}, whole object {}-{}, removed {} steps later",
                 target.addr(),

@@ -292,6 +292,17 @@ impl Placer {
         self.targets.get(id.0 as usize).and_then(Option::as_ref)
     }
 
+    /// Free bytes over every target, and the largest hole in any one of them: what a failed
+    /// placement is reported with (enough free bytes and no hole: fragmentation).
+    pub fn free_and_largest_hole(&self) -> (u64, u64) {
+        self.targets().fold((0, 0), |(free, largest), (_, t)| {
+            (
+                free + t.alloc.free_bytes(),
+                largest.max(t.alloc.largest_free_region()),
+            )
+        })
+    }
+
     pub fn targets(&self) -> impl Iterator<Item = (TargetId, &Target)> {
         self.targets
             .iter()

@@ -122,12 +122,7 @@ fn serve(master: &mut Master, request: ShardRequest) -> ShardReply {
                     tracing::debug!(target: "placement", size = req.size, targets = %chosen.join(","), "put_allocated");
                 }
                 Err(err) => {
-                    let free: u64 = placer.targets().map(|(_, t)| t.alloc.free_bytes()).sum();
-                    let largest = placer
-                        .targets()
-                        .map(|(_, t)| t.alloc.largest_free_region())
-                        .max()
-                        .unwrap_or(0);
+                    let (free, largest) = placer.free_and_largest_hole();
                     tracing::debug!(target: "placement", size = req.size, free, largest_hole = largest, %err, "alloc_failed");
                 }
             }

@@ -565,23 +565,24 @@ pub async fn promotion_loop(ctx: Rc<ShardCtx>) {
     if interval == 0 {
         return;
     }
-    loop {
-        let stopped = futures_lite::future::or(
-            async {
-                glommio::timer::sleep(Duration::from_millis(interval)).await;
-                false
-            },
-            async {
-                ctx.stop.wait().await;
-                true
-            },
-        )
-        .await;
-        if stopped {
-            break;
-        }
+    while tick_or_stop(&ctx, Duration::from_millis(interval)).await {
         ctx.promote();
     }
+}
+
+/// Sleeps `period`; `false` when the shard is told to stop meanwhile.
+async fn tick_or_stop(ctx: &ShardCtx, period: Duration) -> bool {
+    futures_lite::future::or(
+        async {
+            glommio::timer::sleep(period).await;
+            true
+        },
+        async {
+            ctx.stop.wait().await;
+            false
+        },
+    )
+    .await
 }
 
 /// Receives from every peer: runs requests, delivers replies.
@@ -656,21 +657,7 @@ pub async fn accept_loop(ctx: Rc<ShardCtx>, listener: TcpListener) {
 /// Bounded background sweep of expired items, once a second.
 pub async fn sweep_loop(ctx: Rc<ShardCtx>) {
     const SWEEP_ITEMS_PER_TICK: usize = 10_000;
-    loop {
-        let stopped = futures_lite::future::or(
-            async {
-                glommio::timer::sleep(Duration::from_secs(1)).await;
-                false
-            },
-            async {
-                ctx.stop.wait().await;
-                true
-            },
-        )
-        .await;
-        if stopped {
-            break;
-        }
+    while tick_or_stop(&ctx, Duration::from_secs(1)).await {
         ctx.store
             .borrow_mut()
             .sweep_expired(SWEEP_ITEMS_PER_TICK, unix_now());
