@@ -162,10 +162,10 @@ pub struct Cli {
     #[arg(long, value_name = "on|off")]
     pub io_ring: Option<String>,
 
-    /// On the ring path, GET values held in RAM of at least this size are sent straight from
-    /// the arena (SEND_ZC, or SEND from huge pages or where the kernel copies anyway), pinned
-    /// until the kernel is done; smaller ones are copied into the reply (docs/io.md has the
-    /// measurement behind the default) [default: 128K].
+    /// On the ring path, GET values (and large values' heads) held in RAM of at least this
+    /// size are sent straight from the arena (SEND_ZC, or SEND from huge pages or where the
+    /// kernel copies anyway), pinned until the kernel is done; smaller ones are copied into
+    /// the reply (docs/io.md has the measurement behind the default) [default: 128K].
     #[arg(long, value_name = "SIZE")]
     pub zero_copy_min: Option<ByteSize>,
 

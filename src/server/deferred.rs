@@ -70,7 +70,7 @@ impl Drop for HeldLent {
 }
 
 /// Ends a send pin on the shard that made it.
-fn unpin(ctx: &Rc<ShardCtx>, owner: usize, pin: SendPin) {
+pub(super) fn unpin(ctx: &Rc<ShardCtx>, owner: usize, pin: SendPin) {
     if owner != ctx.id {
         let ctx = Rc::clone(ctx);
         glommio::spawn_local(async move {

@@ -7,15 +7,24 @@ use crate::store::{ArithOutcome, DeleteOutcome, LargeHit, Lookup, Store, StoreOu
 
 /// A GET-family hit on a large item: its reply is streamed by the connection (head from RAM,
 /// the rest from the segment), in its place among the other replies.
-#[derive(Clone, Debug)]
+#[derive(Debug)]
 pub struct LargeGet {
     pub opcode: u8,
     pub opaque: u32,
     /// The key, for GETK/GATK.
     pub key: Vec<u8>,
     pub hit: LargeHit,
-    /// The shard holding the lease.
+    /// The head copy pinned for a zero-copy send (then `hit.head` is empty).
+    pub head_pin: Option<SendPin>,
+    /// The shard holding the lease (and the pin).
     pub owner: usize,
+}
+
+impl LargeGet {
+    /// Bytes of the value sent from RAM before the segment is read.
+    pub fn head_len(&self) -> usize {
+        self.hit.head.len() + self.head_pin.as_ref().map_or(0, SendPin::len)
+    }
 }
 
 /// A GET hit whose value bytes leave zero-copy, straight from the arena, after the reply's
@@ -60,13 +69,23 @@ pub fn execute_keyed(
             touch,
             value,
         } => match store.lookup(key, touch, now, value) {
-            Lookup::Large(hit) if value => {
+            Lookup::Large(mut hit) if value => {
                 let key = if with_key { key.to_vec() } else { Vec::new() };
+                // The head copy is lent pinned like any value of its size, or copied out.
+                let mut head_pin = None;
+                if let Some((slot, len)) = hit.head_at {
+                    if lend_from.is_some_and(|min| len >= min.max(1)) {
+                        head_pin = Some(store.pin_for_send((slot, 0), len));
+                    } else {
+                        hit.head = store.fixed_bytes(slot, len).to_vec();
+                    }
+                }
                 return Some(Deferred::Large(LargeGet {
                     opcode,
                     opaque,
                     key,
                     hit,
+                    head_pin,
                     owner,
                 }));
             }

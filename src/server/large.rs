@@ -252,14 +252,17 @@ impl HeldLarge {
         }
     }
 
-    /// Head bytes held in memory for it.
+    /// Head bytes held in memory for it (copied, or pinned in the owner's arena).
     pub fn head_bytes(&self) -> usize {
-        self.get.hit.head.len()
+        self.get.head_len()
     }
 }
 
 impl Drop for HeldLarge {
     fn drop(&mut self) {
+        if let Some(pin) = self.get.head_pin.take() {
+            super::deferred::unpin(&self.ctx, self.get.owner, pin);
+        }
         release(&self.ctx, &self.get);
     }
 }
@@ -525,8 +528,11 @@ pub async fn send_get(
     stream: &mut TcpStream,
     wire: &Wire,
     idle: Option<Duration>,
-    held: HeldLarge,
+    mut held: HeldLarge,
 ) -> io::Result<()> {
+    // A pinned head goes out lent, right after the header; its pin ends with the send.
+    let head_pin = held.get.head_pin.take();
+    let head_len = held.get.hit.head.len() + head_pin.as_ref().map_or(0, |p| p.len());
     let get = &held.get;
     let hit = &get.hit;
     let mut header = Vec::with_capacity(64 + get.key.len() + hit.head.len());
@@ -548,8 +554,24 @@ pub async fn send_get(
         wire.write(stream, header).await.map(|h| h.len())
     })
     .await?;
+    if let Some(pin) = head_pin {
+        let len = pin.len();
+        {
+            let mut counters = ctx.io.counters.borrow_mut();
+            counters.heads_lent += 1;
+            counters.head_bytes_lent += len as u64;
+        }
+        let (unpin_ctx, owner) = (Rc::clone(ctx), get.owner);
+        let lent = pin.lend(Box::new(move |pin| {
+            super::deferred::unpin(&unpin_ctx, owner, pin)
+        }));
+        step(ctx, idle, async {
+            wire.write_lent(stream, lent).await.map(|()| len.max(1))
+        })
+        .await?;
+    }
     let (target, extent) = *hit.replicas.first().expect("a large item has a replica");
-    let (from, value_len) = (hit.head.len() as u64, hit.value_len);
+    let (from, value_len) = (head_len as u64, hit.value_len);
     let held = Rc::new(held);
     let rest = Rest {
         extent,

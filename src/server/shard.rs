@@ -369,9 +369,12 @@ impl ShardCtx {
                                     Some(Deferred::Large(mut large)) => {
                                         // Heads are a latency device: past one output cap of them
                                         // in a batch, the rest stream from their segment from 0.
-                                        head_bytes += large.hit.head.len();
+                                        head_bytes += large.head_len();
                                         if head_bytes > super::conn::OUTPUT_CAP_BYTES {
                                             large.hit.head = Vec::new();
+                                            if let Some(pin) = large.head_pin.take() {
+                                                store.unpin_sent(pin);
+                                            }
                                         }
                                         deferred.push((ends.len() as u32, Deferred::Large(large)));
                                     }

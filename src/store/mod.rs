@@ -58,7 +58,11 @@ pub struct LargeHit {
     pub cas: u64,
     pub value_len: u64,
     pub replicas: Vec<(TargetId, Extent)>,
-    /// The first bytes of the value from RAM (empty when there is no head copy).
+    /// The head copy in RAM, when a reader asked for the value: its fixed slot and how many
+    /// of the value's first bytes it holds.
+    pub head_at: Option<(HeadLoc, usize)>,
+    /// Those bytes, once the caller copied them ([`Store::fixed_bytes`]); empty when the head
+    /// is lent pinned instead, or when there is no head copy.
     pub head: Vec<u8>,
     /// Held extents, to release when the reader is done.
     pub lease: Option<u64>,
@@ -279,9 +283,9 @@ impl Store {
             ValueAt::Large => {
                 let large = item::large(record).expect("a large record");
                 // Only a reader of the value needs the head (TOUCH does not).
-                let head = large.head.filter(|_| lease).map_or_else(Vec::new, |slot| {
+                let head_at = large.head.filter(|_| lease).map(|slot| {
                     let len = (large.value_len.min(self.arena.ram_head_bytes())) as usize;
-                    self.arena.bytes(slot)[..len].to_vec()
+                    (slot, len)
                 });
                 let lease = lease.then(|| self.keys.lease(&large.replicas));
                 return Lookup::Large(LargeHit {
@@ -289,7 +293,8 @@ impl Store {
                     cas: meta.cas,
                     value_len: large.value_len,
                     replicas: large.replicas,
-                    head,
+                    head_at,
+                    head: Vec::new(),
                     lease,
                 });
             }
@@ -343,6 +348,11 @@ impl Store {
             item::move_slot(self.arena.bytes_mut(m.owner), m.from, m.to);
         }
         report
+    }
+
+    /// The first `len` bytes of a fixed slot (a large value's head copy, to copy out).
+    pub fn fixed_bytes(&self, slot: HeadLoc, len: usize) -> &[u8] {
+        &self.arena.bytes(slot)[..len]
     }
 
     /// Pins the `len` value bytes a hit found at `at` for a zero-copy send: until the pin is
