@@ -5,33 +5,8 @@
 
 mod common;
 
-use common::pattern;
 use common::server::Server;
-
-const NR_HUGEPAGES: &str = "/proc/sys/vm/nr_hugepages";
-
-/// Adds huge pages to the pool and puts the old count back on drop.
-struct HugePages {
-    old: String,
-}
-
-impl HugePages {
-    fn add(pages: u64) -> Option<HugePages> {
-        let old = std::fs::read_to_string(NR_HUGEPAGES)
-            .ok()?
-            .trim()
-            .to_string();
-        let now: u64 = old.parse().ok()?;
-        std::fs::write(NR_HUGEPAGES, (now + pages).to_string()).ok()?;
-        Some(HugePages { old })
-    }
-}
-
-impl Drop for HugePages {
-    fn drop(&mut self) {
-        let _ = std::fs::write(NR_HUGEPAGES, &self.old);
-    }
-}
+use common::{pattern, HugePages};
 
 #[test]
 fn lent_bytes_on_huge_pages_go_out_with_plain_send() {

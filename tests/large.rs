@@ -7,15 +7,7 @@ mod common;
 use std::io::{Read, Write};
 
 use common::pattern;
-use common::server::{frame, set_extras, Client, Server};
-
-fn used(c: &mut Client) -> u64 {
-    c.stats("segments")
-        .iter()
-        .filter(|(n, _)| n.ends_with("_used"))
-        .map(|(_, v)| v.parse::<u64>().unwrap())
-        .sum()
-}
+use common::server::{frame, set_extras, Server};
 
 fn round_trips(args: &[&str]) {
     let server = Server::start(args);
@@ -33,7 +25,7 @@ fn round_trips(args: &[&str]) {
         assert_eq!(got.value.len(), len);
         assert!(got.value == value, "{len}-byte value came back different");
     }
-    let before = used(&mut c);
+    let before = c.segment_used();
     assert!(before >= 70 << 20);
     // Overwrite with a small value and delete: the extents go back to the master.
     assert_eq!(c.set(b"large-3", b"small now", 0, 0).status, 0);
@@ -41,7 +33,7 @@ fn round_trips(args: &[&str]) {
     assert_eq!(c.call(&frame(0x04, &[], b"large-2", &[], 0, 0)).status, 0);
     assert_eq!(c.get(b"large-2").status, 1);
     std::thread::sleep(std::time::Duration::from_millis(200));
-    let after = used(&mut c);
+    let after = c.segment_used();
     assert!(
         after <= before - (69 << 20),
         "extents not freed: {before} -> {after}"
@@ -64,7 +56,7 @@ fn large_values_round_trip_through_a_memory_segment() {
 fn an_aborted_set_leaves_nothing_behind() {
     let server = Server::start(&["--threads", "1"]);
     let mut c = server.client();
-    let before = used(&mut c);
+    let before = c.segment_used();
     {
         let mut d = server.client();
         let mut head = frame(0x01, &set_extras(0, 0), b"half", &[], 0, 1);
@@ -79,7 +71,7 @@ fn an_aborted_set_leaves_nothing_behind() {
         "a half-written value must never be visible"
     );
     assert_eq!(
-        used(&mut c),
+        c.segment_used(),
         before,
         "the aborted SET's extent was not freed"
     );

@@ -18,14 +18,6 @@ fn set_large(c: &mut Client, key: &[u8], len: usize) -> common::server::Response
     c.recv().expect("a reply")
 }
 
-fn used(c: &mut Client) -> u64 {
-    c.stats("segments")
-        .iter()
-        .filter(|(n, _)| n.ends_with("_used"))
-        .map(|(_, v)| v.parse::<u64>().unwrap())
-        .sum()
-}
-
 fn rss_kib(pid: u32) -> u64 {
     let s = std::fs::read_to_string(format!("/proc/{pid}/status")).unwrap();
     s.lines()
@@ -60,7 +52,7 @@ fn stops_within(server: Server, limit: Duration) -> bool {
 fn lease_leak(threads: &str) {
     let server = Server::start(&["--threads", threads, "--segment", "mem:size=256M,numa=0"]);
     let mut c = server.client();
-    let before = used(&mut c);
+    let before = c.segment_used();
     assert_eq!(set_large(&mut c, b"big", 8 << 20).status, 0);
     {
         let mut d = server.client();
@@ -76,9 +68,9 @@ fn lease_leak(threads: &str) {
     std::thread::sleep(Duration::from_millis(500));
     assert_eq!(c.call(&frame(0x04, &[], b"big", &[], 0, 0)).status, 0);
     std::thread::sleep(Duration::from_millis(500));
-    let _ = used(&mut c); // lets pending frees go out
+    let _ = c.segment_used(); // lets pending frees go out
     std::thread::sleep(Duration::from_millis(300));
-    let after = used(&mut c);
+    let after = c.segment_used();
     assert_eq!(after, before, "extents leaked: {before} -> {after}");
 }
 
@@ -116,7 +108,7 @@ fn a_stalled_large_set_is_closed_by_the_idle_timeout_and_shutdown() {
     let closed = d.closed();
     eprintln!("closed by idle timeout: {closed} after {:?}", t.elapsed());
     let mut c = server.client();
-    eprintln!("segment used while stalled: {}", used(&mut c));
+    eprintln!("segment used while stalled: {}", c.segment_used());
     drop(c);
     let stopped = stops_within(server, Duration::from_secs(5));
     assert!(closed, "idle timeout did not close a stalled large SET");
@@ -184,16 +176,16 @@ fn pipelined_large_gets_stay_within_the_output_cap() {
 fn swept_large_items_free_their_extents_at_once() {
     let server = Server::start(&["--threads", "1", "--segment", "mem:size=256M,numa=0"]);
     let mut c = server.client();
-    let before = used(&mut c);
+    let before = c.segment_used();
     let mut head = frame(0x01, &set_extras(0, 1), b"exp", &[], 0, 1);
     head[8..12].copy_from_slice(&((8 + 3 + (8 << 20)) as u32).to_be_bytes());
     c.send(&head);
     c.stream.write_all(&vec![1u8; 8 << 20]).unwrap();
     assert_eq!(c.recv().unwrap().status, 0);
     std::thread::sleep(Duration::from_secs(4));
-    let first = used(&mut c);
+    let first = c.segment_used();
     std::thread::sleep(Duration::from_millis(200));
-    let second = used(&mut c);
+    let second = c.segment_used();
     eprintln!("before {before} first STAT {first} second STAT {second}");
     assert_eq!(first, before, "swept extents wait for unrelated traffic");
 }
@@ -202,7 +194,7 @@ fn swept_large_items_free_their_extents_at_once() {
 fn a_single_large_get_then_close_does_not_leak() {
     let server = Server::start(&["--threads", "1", "--segment", "mem:size=256M,numa=0"]);
     let mut c = server.client();
-    let before = used(&mut c);
+    let before = c.segment_used();
     assert_eq!(set_large(&mut c, b"big", 8 << 20).status, 0);
     {
         let mut d = server.client();
@@ -213,9 +205,9 @@ fn a_single_large_get_then_close_does_not_leak() {
     std::thread::sleep(Duration::from_millis(500));
     assert_eq!(c.call(&frame(0x04, &[], b"big", &[], 0, 0)).status, 0);
     std::thread::sleep(Duration::from_millis(300));
-    let _ = used(&mut c);
+    let _ = c.segment_used();
     std::thread::sleep(Duration::from_millis(300));
-    assert_eq!(used(&mut c), before);
+    assert_eq!(c.segment_used(), before);
 }
 
 #[test]

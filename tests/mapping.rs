@@ -2,14 +2,17 @@
 //! /proc/sys/vm/nr_hugepages when root, the old value restored) and the fallback path (no
 //! pages), both verified by reading back where every page sits.
 
+mod common;
+
 use std::sync::Mutex;
+
+use common::{HugePages, NR_HUGEPAGES};
 
 use headroom::arena::{Arena, ArenaConfig, Backing, MemoryPlan, NumaMode};
 use headroom::topology::Topology;
 
 /// nr_hugepages is machine-wide: tests that change it take turns.
 static HUGEPAGES: Mutex<()> = Mutex::new(());
-const NR_HUGEPAGES: &str = "/proc/sys/vm/nr_hugepages";
 
 fn is_root() -> bool {
     nix::unistd::geteuid().is_root()
@@ -18,28 +21,6 @@ fn is_root() -> bool {
 /// Whether this run must exercise the root-only paths (CI runs as root and sets it).
 fn root_required() -> bool {
     std::env::var_os("HEADROOM_REQUIRE_ROOT_TESTS").is_some()
-}
-
-/// Sets nr_hugepages and puts the old value back on drop, even when the test fails.
-struct HugePages {
-    old: String,
-}
-
-impl HugePages {
-    fn set(pages: u64) -> HugePages {
-        let old = std::fs::read_to_string(NR_HUGEPAGES)
-            .unwrap()
-            .trim()
-            .to_string();
-        std::fs::write(NR_HUGEPAGES, pages.to_string()).unwrap();
-        HugePages { old }
-    }
-}
-
-impl Drop for HugePages {
-    fn drop(&mut self) {
-        let _ = std::fs::write(NR_HUGEPAGES, &self.old);
-    }
 }
 
 fn config(node: u32, memory: u64) -> ArenaConfig {

@@ -43,14 +43,6 @@ fn assert_all_back(c: &mut Client) {
     }
 }
 
-fn used(c: &mut Client) -> u64 {
-    c.stats("segments")
-        .iter()
-        .filter(|(n, _)| n.ends_with("_used"))
-        .map(|(_, v)| v.parse::<u64>().unwrap())
-        .sum()
-}
-
 fn snapshot_parts(dir: &Path) -> Vec<std::path::PathBuf> {
     let Ok(entries) = std::fs::read_dir(dir.join("snapshot")) else {
         return Vec::new();
@@ -79,7 +71,7 @@ fn large_values_survive_a_clean_restart_byte_exact() {
         0
     );
     std::thread::sleep(std::time::Duration::from_millis(100));
-    let used_before = used(&mut c);
+    let used_before = c.segment_used();
     assert_eq!(server.stop().code(), Some(0));
     assert!(!snapshot_parts(&dir).is_empty(), "no snapshot written");
 
@@ -98,7 +90,7 @@ fn large_values_survive_a_clean_restart_byte_exact() {
     );
     assert_eq!(c.get(b"gone").status, 1, "a deleted value came back");
     assert_eq!(
-        used(&mut c),
+        c.segment_used(),
         used_before,
         "restored extents are claimed, no more, no less"
     );
@@ -150,7 +142,7 @@ fn a_crash_restarts_empty() {
             "{key} came back after a crash"
         );
     }
-    assert_eq!(used(&mut c), 0);
+    assert_eq!(c.segment_used(), 0);
     drop(server);
     let _ = std::fs::remove_dir_all(&dir);
 }
@@ -177,7 +169,7 @@ fn a_damaged_snapshot_starts_empty_with_a_warning() {
     for &(key, _, _) in VALUES {
         assert_eq!(c.get(key.as_bytes()).status, 1);
     }
-    assert_eq!(used(&mut c), 0);
+    assert_eq!(c.segment_used(), 0);
     assert_eq!(c.set(b"still", b"works", 0, 0).status, 0);
     drop(server);
     let _ = std::fs::remove_dir_all(&dir);
@@ -249,7 +241,7 @@ fn a_segment_mounted_with_another_size_is_not_trusted() {
             "{key} trusted on a resized segment"
         );
     }
-    assert_eq!(used(&mut c), 0);
+    assert_eq!(c.segment_used(), 0);
     drop(server);
     let _ = std::fs::remove_dir_all(&dir);
 }

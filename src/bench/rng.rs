@@ -33,6 +33,16 @@ impl Rng {
         low + self.below(high - low + 1)
     }
 
+    /// True `percent` times in a hundred.
+    pub fn chance(&mut self, percent: u64) -> bool {
+        self.below(100) < percent
+    }
+
+    /// One of `items`, uniformly; `None` when there are none.
+    pub fn pick<'a, T>(&mut self, items: &'a [T]) -> Option<&'a T> {
+        (!items.is_empty()).then(|| &items[self.below(items.len() as u64) as usize])
+    }
+
     /// Log-uniform in `[low, high]`: sizes spread evenly over orders of magnitude.
     pub fn log_uniform(&mut self, low: u64, high: u64) -> u64 {
         assert!(0 < low && low <= high);

@@ -507,19 +507,8 @@ impl Ring {
         len: usize,
         offset: u64,
     ) -> (io::Result<usize>, PoolChunk) {
-        assert!(len <= chunk.len());
-        let index = chunk.buf_index();
-        let (result, back) = self
-            .submit(OpKind::ReadFixed, fd, Buf::Chunk(chunk), None, |b| {
-                opcode::ReadFixed::new(types::Fd(fd), b.ptr() as *mut u8, len as u32, index)
-                    .offset(offset)
-                    .build()
-            })
-            .await;
-        match back {
-            Some(Buf::Chunk(chunk)) => (result, chunk),
-            _ => unreachable!("a read hands its chunk back"),
-        }
+        self.chunk_io(OpKind::ReadFixed, fd, chunk, len, offset)
+            .await
     }
 
     /// Writes the first `len` bytes of `chunk` at `offset` of `fd` (`WRITE_FIXED`).
@@ -530,18 +519,38 @@ impl Ring {
         len: usize,
         offset: u64,
     ) -> (io::Result<usize>, PoolChunk) {
+        self.chunk_io(OpKind::WriteFixed, fd, chunk, len, offset)
+            .await
+    }
+
+    /// One positioned fixed-buffer read or write of a pool chunk; the chunk comes back.
+    async fn chunk_io(
+        self: &Rc<Self>,
+        kind: OpKind,
+        fd: RawFd,
+        chunk: PoolChunk,
+        len: usize,
+        offset: u64,
+    ) -> (io::Result<usize>, PoolChunk) {
         assert!(len <= chunk.len());
         let index = chunk.buf_index();
         let (result, back) = self
-            .submit(OpKind::WriteFixed, fd, Buf::Chunk(chunk), None, |b| {
-                opcode::WriteFixed::new(types::Fd(fd), b.ptr(), len as u32, index)
-                    .offset(offset)
-                    .build()
+            .submit(kind, fd, Buf::Chunk(chunk), None, |b| {
+                let (fd, len) = (types::Fd(fd), len as u32);
+                match kind {
+                    OpKind::ReadFixed => opcode::ReadFixed::new(fd, b.ptr() as *mut u8, len, index)
+                        .offset(offset)
+                        .build(),
+                    OpKind::WriteFixed => opcode::WriteFixed::new(fd, b.ptr(), len, index)
+                        .offset(offset)
+                        .build(),
+                    _ => unreachable!("chunk I/O is a fixed read or write"),
+                }
             })
             .await;
         match back {
             Some(Buf::Chunk(chunk)) => (result, chunk),
-            _ => unreachable!("a write hands its chunk back"),
+            _ => unreachable!("chunk I/O hands its chunk back"),
         }
     }
 

@@ -256,37 +256,32 @@ impl Store {
             self.keys.stats.get_hits += 1;
         }
         item::set_referenced(record, true);
-        // A read of a value in a fixed slot (or a large value's head copy) bumps its score.
+        // A read of a value in a fixed slot (or of a large value's head copy) bumps the slot's
+        // score (promotion).
         let period = self.promotion_period(now);
-        match item::value_at(self.arena.bytes(loc)) {
-            ValueAt::Fixed { slot, len } if touch.is_none() => {
-                self.arena.touch_fixed(slot, period, u64::from(len));
-            }
-            ValueAt::Large if lease => {
-                if let Some(large) = item::large(self.arena.bytes(loc)) {
-                    if let Some(slot) = large.head {
-                        let len = large.value_len.min(self.arena.ram_head_bytes());
-                        self.arena.touch_fixed(slot, period, len);
-                    }
-                }
-            }
-            _ => {}
-        }
-        let record = self.arena.bytes(loc);
-        let meta = item::meta(record);
-        let (value, at) = match item::value_at(record) {
+        let meta = item::meta(self.arena.bytes(loc));
+        let (value, at) = match item::value_at(self.arena.bytes(loc)) {
             ValueAt::Inline => {
+                let record = self.arena.bytes(loc);
                 let value = item::inline_value(record);
                 (value, (loc, record.len() - value.len()))
             }
-            ValueAt::Fixed { slot, len } => (&self.arena.bytes(slot)[..len as usize], (slot, 0)),
+            ValueAt::Fixed { slot, len } => {
+                if touch.is_none() {
+                    self.arena.touch_fixed(slot, period, u64::from(len));
+                }
+                (&self.arena.bytes(slot)[..len as usize], (slot, 0))
+            }
             ValueAt::Large => {
-                let large = item::large(record).expect("a large record");
+                let large = item::large(self.arena.bytes(loc)).expect("a large record");
                 // Only a reader of the value needs the head (TOUCH does not).
                 let head_at = large.head.filter(|_| lease).map(|slot| {
                     let len = (large.value_len.min(self.arena.ram_head_bytes())) as usize;
                     (slot, len)
                 });
+                if let Some((slot, len)) = head_at {
+                    self.arena.touch_fixed(slot, period, len as u64);
+                }
                 let lease = lease.then(|| self.keys.lease(&large.replicas));
                 return Lookup::Large(LargeHit {
                     flags: meta.flags,
@@ -526,7 +521,19 @@ impl Store {
         }
         self.keys.stats.large_items += 1;
         self.keys.stats.large_bytes += value_len;
-        // Admission may have evicted the item a REPLACE or CAS was aimed at.
+        self.link_checked(key, loc, mode, cas, new_cas)
+    }
+
+    /// Links a freshly written item, unless it was a REPLACE or CAS whose target admission
+    /// evicted meanwhile: then the new item is freed and the answer is "not found".
+    fn link_checked(
+        &mut self,
+        key: &[u8],
+        loc: HeadLoc,
+        mode: StoreMode,
+        cas: u64,
+        new_cas: u64,
+    ) -> StoreOutcome {
         let still_there = self.keys.find(&self.arena, key).is_some();
         if !still_there && (cas != 0 || matches!(mode, StoreMode::Replace)) {
             self.keys.free_item(&mut self.arena, loc);
@@ -697,16 +704,7 @@ impl Store {
             self.write_item(key, meta, value.len(), |dst| dst.copy_from_slice(value))
         };
         match outcome {
-            Ok(loc) => {
-                // Admission may have evicted the item a REPLACE or CAS was aimed at.
-                let still_there = self.keys.find(&self.arena, key).is_some();
-                if !still_there && (cas != 0 || matches!(mode, StoreMode::Replace)) {
-                    self.keys.free_item(&mut self.arena, loc);
-                    return StoreOutcome::NotFound;
-                }
-                self.link(key, loc);
-                StoreOutcome::Stored { cas: new_cas }
-            }
+            Ok(loc) => self.link_checked(key, loc, mode, cas, new_cas),
             Err(outcome) => {
                 if matches!(outcome, StoreOutcome::TooLarge) {
                     self.keys.stats.too_large += 1;

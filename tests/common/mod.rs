@@ -5,35 +5,10 @@ pub mod server;
 
 use std::time::{SystemTime, UNIX_EPOCH};
 
-/// SplitMix64: tiny, fast, and the same sequence for the same seed on every machine.
-pub struct Rng(u64);
-
-impl Rng {
-    pub fn new(seed: u64) -> Rng {
-        Rng(seed)
-    }
-
-    pub fn next_u64(&mut self) -> u64 {
-        self.0 = self.0.wrapping_add(0x9E37_79B9_7F4A_7C15);
-        let mut z = self.0;
-        z = (z ^ (z >> 30)).wrapping_mul(0xBF58_476D_1CE4_E5B9);
-        z = (z ^ (z >> 27)).wrapping_mul(0x94D0_49BB_1331_11EB);
-        z ^ (z >> 31)
-    }
-
-    /// Uniform in `0..n` (n > 0).
-    pub fn below(&mut self, n: u64) -> u64 {
-        self.next_u64() % n
-    }
-
-    pub fn chance(&mut self, percent: u64) -> bool {
-        self.below(100) < percent
-    }
-
-    pub fn pick<'a, T>(&mut self, items: &'a [T]) -> Option<&'a T> {
-        (!items.is_empty()).then(|| &items[self.below(items.len() as u64) as usize])
-    }
-}
+/// The seeded generator the library's benchmarks use (SplitMix64): the same sequence for the
+/// same seed on every machine.
+#[allow(unused_imports)] // not every test binary draws numbers
+pub use headroom::bench::rng::Rng;
 
 /// `len` bytes of a seeded xorshift stream: large values whose every byte is checkable.
 pub fn pattern(seed: u64, len: usize) -> Vec<u8> {
@@ -78,5 +53,43 @@ pub fn for_each_seed(test: &str, count: u64, mut body: impl FnMut(u64)) {
             eprintln!("{test}: FAILED with seed {seed}; replay with HEADROOM_SEED={seed}");
             std::panic::resume_unwind(panic);
         }
+    }
+}
+
+pub const NR_HUGEPAGES: &str = "/proc/sys/vm/nr_hugepages";
+
+/// The machine's huge page pool resized for a test; the old size comes back on drop, even when
+/// the test fails. nr_hugepages is machine-wide: tests that change it run in a binary of
+/// their own, or take turns.
+pub struct HugePages {
+    old: String,
+}
+
+impl HugePages {
+    /// Sets the pool to `pages`.
+    pub fn set(pages: u64) -> HugePages {
+        let old = std::fs::read_to_string(NR_HUGEPAGES)
+            .unwrap()
+            .trim()
+            .to_string();
+        std::fs::write(NR_HUGEPAGES, pages.to_string()).unwrap();
+        HugePages { old }
+    }
+
+    /// Adds `pages` to the pool; `None` when the pool cannot be changed (not root).
+    pub fn add(pages: u64) -> Option<HugePages> {
+        let old = std::fs::read_to_string(NR_HUGEPAGES)
+            .ok()?
+            .trim()
+            .to_string();
+        let now: u64 = old.parse().ok()?;
+        std::fs::write(NR_HUGEPAGES, (now + pages).to_string()).ok()?;
+        Some(HugePages { old })
+    }
+}
+
+impl Drop for HugePages {
+    fn drop(&mut self) {
+        let _ = std::fs::write(NR_HUGEPAGES, &self.old);
     }
 }

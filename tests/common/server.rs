@@ -296,6 +296,15 @@ impl Client {
     }
 
     /// STAT with no key: every counter as (name, value).
+    /// Bytes in use over every store target (STAT `segments`).
+    pub fn segment_used(&mut self) -> u64 {
+        self.stats("segments")
+            .iter()
+            .filter(|(n, _)| n.ends_with("_used"))
+            .map(|(_, v)| v.parse::<u64>().unwrap())
+            .sum()
+    }
+
     pub fn stats(&mut self, group: &str) -> Vec<(String, String)> {
         self.send(&frame(0x10, &[], group.as_bytes(), &[], 0, 0));
         let mut out = Vec::new();
