@@ -10,6 +10,8 @@
 pub mod arena;
 pub mod bench;
 pub mod config;
+pub mod lockfile;
+pub mod logging;
 pub mod placement;
 pub mod proto;
 pub mod ring;

@@ -168,7 +168,10 @@ fn memlock_limit_is_checked_before_mapping() {
         ])
         .arg(env!("CARGO_BIN_EXE_headroom"))
         .args(["--memory", "64M", "--threads", "1", "--io-pool", "2M"])
-        .args(["--log-level", "warn"])
+        .args(["--log-level", "warn", "--listen", "127.0.0.1:0"])
+        // A data directory the unprivileged user may create (the lock is taken before mapping).
+        .arg("--data-dir")
+        .arg(std::env::temp_dir().join(format!("headroom-memlock-{}", std::process::id())))
         .output()
         .expect("setpriv and prlimit (util-linux) run");
     let stderr = String::from_utf8_lossy(&out.stderr);

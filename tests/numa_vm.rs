@@ -323,17 +323,10 @@ fn promotion_brings_hot_heads_home() {
             assert!(c.get(key.as_bytes()).value == value(i), "{key} changed");
         }
     };
-    let locate = |c: &mut common::server::Client, key: &str| -> (String, u32, i32) {
-        let r = c.call(&common::server::frame(
-            0x42,
-            &[],
-            format!("where {key}").as_bytes(),
-            &[],
-            0,
-            0,
-        ));
-        let text = String::from_utf8(r.value).unwrap();
-        assert_eq!(r.status, 0, "where {key}: {text}");
+    let locate = |_: &mut common::server::Client, key: &str| -> (String, u32, i32) {
+        let text = server
+            .admin(&format!("where {key}"))
+            .unwrap_or_else(|err| panic!("where {key}: {err}"));
         let field = |name: &str| -> String {
             let words: Vec<&str> = text.split_whitespace().collect();
             let at = words.iter().position(|w| *w == name).unwrap();
@@ -375,9 +368,7 @@ fn promotion_brings_hot_heads_home() {
             assert!(c.get(keys[i].as_bytes()).value == value(i));
         }
     }
-    let r = c.call(&common::server::frame(0x42, &[], b"promote", &[], 0, 0));
-    let text = String::from_utf8(r.value).unwrap();
-    assert_eq!(r.status, 0, "{text}");
+    let text = server.admin("promote").unwrap();
     assert!(text.starts_with("promoted: 2 block exchanges"), "{text}");
     check_all(&mut c);
     for &i in &hot {
@@ -385,8 +376,8 @@ fn promotion_brings_hot_heads_home() {
         assert_eq!((rank, node), (0, 0), "hot {} is not home", keys[i]);
     }
     // A second pass finds nothing more to do: the local blocks hold the hottest heads.
-    let r = c.call(&common::server::frame(0x42, &[], b"promote", &[], 0, 0));
-    assert!(String::from_utf8(r.value)
+    assert!(server
+        .admin("promote")
         .unwrap()
         .starts_with("promoted: 0 block exchanges"));
     let stats = c.stats("arena");

@@ -6,11 +6,14 @@
 mod common;
 
 use common::pattern;
-use common::server::{frame, Client, Server};
+use common::server::{Client, Server};
 
-fn admin(c: &mut Client, command: &str) -> (u16, String) {
-    let r = c.call(&frame(0x42, &[], command.as_bytes(), &[], 0, 0));
-    (r.status, String::from_utf8(r.value).unwrap())
+/// An admin command as (status, text): 0 for `OK`, 4 for `ERROR`.
+fn admin(server: &Server, command: &str) -> (u16, String) {
+    match server.admin(command) {
+        Ok(text) => (0, text),
+        Err(reason) => (4, reason),
+    }
 }
 
 fn arena_stat(c: &mut Client, name: &str) -> u64 {
@@ -43,17 +46,17 @@ fn reads_score_heads_and_one_node_has_nothing_to_promote() {
     let value = pattern(3, 256 << 10);
     assert_eq!(c.set(b"hot", &value, 0, 0).status, 0);
     assert_eq!(c.set(b"small", b"tiny", 0, 0).status, 0);
-    let (status, before) = admin(&mut c, "where hot");
+    let (status, before) = admin(&server, "where hot");
     assert_eq!(status, 0, "{before}");
     assert!(before.contains("rank 0 node 0 score 0"), "{before}");
     for _ in 0..5 {
         assert!(c.get(b"hot").value == value);
     }
-    let (_, after) = admin(&mut c, "where hot");
+    let (_, after) = admin(&server, "where hot");
     assert!(after.ends_with("score 5"), "{after}");
     assert!(arena_stat(&mut c, "head_bytes_read_local") >= 5 * (256 << 10));
     assert_eq!(arena_stat(&mut c, "head_bytes_read_foreign"), 0);
-    let (status, text) = admin(&mut c, "promote");
+    let (status, text) = admin(&server, "promote");
     assert_eq!(status, 0);
     assert_eq!(
         text,
@@ -68,10 +71,10 @@ fn reads_score_heads_and_one_node_has_nothing_to_promote() {
         "one region: no pass at all"
     );
     // where explains what it cannot locate.
-    let (status, text) = admin(&mut c, "where small");
+    let (status, text) = admin(&server, "where small");
     assert_eq!(status, 0x0004);
     assert!(text.contains("packed"), "{text}");
-    let (status, text) = admin(&mut c, "where nothing");
+    let (status, text) = admin(&server, "where nothing");
     assert_eq!((status, text.as_str()), (0x0004, "no such key"));
     assert!(c.get(b"hot").value == value);
     assert_eq!(server.stop().code(), Some(0));

@@ -27,7 +27,7 @@ pub use region::{
     check_memlock, Backing, MapError, NumaMapper, Region, RegionMapper, UnlockedMapper,
 };
 pub use shard::{AdmissionHost, AllocError, HeadClass, Reserved, SendPin, ShardArena};
-pub use stats::{ArenaStats, RegionStats, ReservationStats, ShardArenaStats};
+pub use stats::{ArenaStats, RegionStats, ReservationStats, ShardArenaStats, ShardRegionStats};
 
 use batch::SharedPool;
 use pool::BlockPool;
@@ -223,5 +223,3 @@ impl Arena {
         stats
     }
 }
-
-use stats::ShardRegionStats;

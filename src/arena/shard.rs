@@ -193,6 +193,12 @@ impl ShardArena {
         self.arena.ranks(kind)
     }
 
+    /// Whether a promotion pass can ever exchange anything: fixed heads live in more than one
+    /// region (local and foreign).
+    pub fn can_promote(&self) -> bool {
+        self.ranks(self.fixed_reservation) >= 2
+    }
+
     fn acquire_block(&mut self, kind: ReservationKind, rank: usize) -> Option<BlockId> {
         self.batch.acquire(self.arena.pool(), kind, rank)
     }

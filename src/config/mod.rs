@@ -228,9 +228,30 @@ pub struct Cli {
     #[arg(long = "segment", value_name = "SPEC")]
     pub segments: Vec<SegmentSpec>,
 
-    /// Where the default file segment lives [default: ./data].
+    /// Where the default file segment and the warm-restart snapshot live; locked for the life
+    /// of the process, so a second server cannot share it [default: ./data].
     #[arg(long, value_name = "DIR")]
     pub data_dir: Option<PathBuf>,
+
+    /// A directory where ADMIN `mount` may create or mount file segments at runtime, besides
+    /// --data-dir; repeatable. Only files Headroom created (labelled) are mounted there.
+    #[arg(long = "mount-dir", value_name = "DIR")]
+    pub mount_dirs: Vec<PathBuf>,
+
+    /// Serve ADMIN (mount, unmount, promote, where) on this unix socket, one command per line;
+    /// its file permissions decide who may administer. Without it ADMIN is closed; data
+    /// connections never get it.
+    #[arg(long, value_name = "PATH")]
+    pub admin_socket: Option<PathBuf>,
+
+    /// Require SASL PLAIN authentication (binary protocol) against this file of `user:password`
+    /// lines; every command but VERSION and SASL before a successful auth is refused.
+    #[arg(long, value_name = "FILE")]
+    pub sasl_password_file: Option<PathBuf>,
+
+    /// Append the log to this file instead of stderr; SIGHUP reopens it (for log rotation).
+    #[arg(long, value_name = "FILE")]
+    pub log_file: Option<PathBuf>,
 
     /// How the placement master ranks targets within a locality tier: best_fit,
     /// free_ratio_first or random [default: best_fit].
@@ -278,6 +299,11 @@ pub struct FileConfig {
     #[serde(default, rename = "segment")]
     pub segments: Vec<SegmentSpec>,
     pub data_dir: Option<PathBuf>,
+    #[serde(default, rename = "mount-dir")]
+    pub mount_dirs: Vec<PathBuf>,
+    pub admin_socket: Option<PathBuf>,
+    pub sasl_password_file: Option<PathBuf>,
+    pub log_file: Option<PathBuf>,
     pub placement_policy: Option<String>,
     pub segment_eviction: Option<String>,
 }
@@ -569,6 +595,14 @@ pub struct Settings {
     pub segments: Vec<SegmentSpec>,
     /// The data directory: the default segment and the warm-restart snapshot live here.
     pub data_dir: PathBuf,
+    /// Where ADMIN may mount files at runtime: the data directory, then every `--mount-dir`.
+    pub mount_dirs: Vec<PathBuf>,
+    /// The admin endpoint (ADMIN is closed without it).
+    pub admin_socket: Option<PathBuf>,
+    /// SASL PLAIN credentials, when authentication is required.
+    pub sasl_password_file: Option<PathBuf>,
+    /// The log file (stderr without it).
+    pub log_file: Option<PathBuf>,
     pub placement_policy: Policy,
     /// Evict least recently used large values when a segment is full (`--segment-eviction lru`).
     pub segment_eviction_lru: bool,
@@ -946,6 +980,22 @@ pub fn resolve_with_file(
         promotion_half_life_seconds: promotion_half_life,
         max_item_bytes,
         segments,
+        mount_dirs: std::iter::once(data_dir.clone())
+            .chain(if cli.mount_dirs.is_empty() {
+                file.mount_dirs.clone()
+            } else {
+                cli.mount_dirs.clone()
+            })
+            .collect(),
+        admin_socket: cli
+            .admin_socket
+            .clone()
+            .or_else(|| file.admin_socket.clone()),
+        sasl_password_file: cli
+            .sasl_password_file
+            .clone()
+            .or_else(|| file.sasl_password_file.clone()),
+        log_file: cli.log_file.clone().or_else(|| file.log_file.clone()),
         data_dir,
         placement_policy,
         segment_eviction_lru,

@@ -4,7 +4,7 @@
 //! vbucket (u16), total body length (u32), opaque (u32), CAS (u64)`, all big-endian, followed by
 //! extras, key and value. Shape rules (extras and key lengths per opcode) are memcached's.
 
-use super::{opcode as op, Status, KEY_MAX_BYTES, REQUEST_MAGIC};
+use super::{opcode as op, Status, KEY_MAX_BYTES, REQUEST_MAGIC, SASL_DATA_MAX_BYTES};
 
 const HEADER_BYTES: usize = 24;
 
@@ -123,6 +123,14 @@ pub enum Request<'a> {
     },
     Verbosity {
         level: u32,
+    },
+    /// SASL: which mechanisms are offered.
+    SaslListMechs,
+    /// SASL AUTH (`step: false`) or STEP: the mechanism in the key, its data in the value.
+    SaslAuth {
+        mechanism: &'a [u8],
+        data: &'a [u8],
+        step: bool,
     },
 }
 
@@ -289,6 +297,10 @@ pub fn decode_streaming(
         op::APPEND | op::APPENDQ | op::PREPEND | op::PREPENDQ => extras_len == 0 && key_len > 0,
         op::STAT => extras_len == 0,
         op::ADMIN => extras_len == 0 && key_len > 0 && value_len == 0,
+        op::SASL_LIST_MECHS => extras_len == 0 && key_len == 0 && body_len == 0,
+        op::SASL_AUTH | op::SASL_STEP => {
+            extras_len == 0 && key_len > 0 && value_len <= SASL_DATA_MAX_BYTES
+        }
         op::VERBOSITY => extras_len == 4 && key_len == 0 && body_len == 4,
         op::TOUCH | op::GAT | op::GATQ | op::GATK | op::GATKQ => {
             extras_len == 4 && key_len != 0 && value_len == 0
@@ -321,7 +333,8 @@ pub fn decode_streaming(
             | op::PREPENDQ
     );
     // A STAT body beyond its key is ignored; never buffer more of it than a key's worth.
-    if !carries_value && value_len > KEY_MAX_BYTES {
+    let sasl_data = matches!(opcode, op::SASL_AUTH | op::SASL_STEP);
+    if !carries_value && !sasl_data && value_len > KEY_MAX_BYTES {
         return reject(Status::InvalidArguments, 0, true, FrameError::BadShape);
     }
     let concat = matches!(
@@ -476,6 +489,12 @@ pub fn decode_streaming(
         op::ADMIN => Request::Admin { command: key },
         op::VERBOSITY => Request::Verbosity {
             level: be32(extras),
+        },
+        op::SASL_LIST_MECHS => Request::SaslListMechs,
+        op::SASL_AUTH | op::SASL_STEP => Request::SaslAuth {
+            mechanism: key,
+            data: value,
+            step: opcode == op::SASL_STEP,
         },
         _ => unreachable!("unknown opcodes were rejected above"),
     };

@@ -20,6 +20,8 @@ pub const REQUEST_MAGIC: u8 = 0x80;
 pub const RESPONSE_MAGIC: u8 = 0x81;
 /// Longest key memcached accepts.
 pub const KEY_MAX_BYTES: usize = 250;
+/// Longest SASL AUTH/STEP data accepted (PLAIN carries two names and a password).
+pub const SASL_DATA_MAX_BYTES: usize = 1024;
 /// INCR/DECR with this expiry fail on a missing key instead of creating it.
 pub const ARITH_NO_CREATE: u32 = 0xffff_ffff;
 
@@ -56,6 +58,9 @@ pub mod opcode {
     pub const TOUCH: u8 = 0x1c;
     pub const GAT: u8 = 0x1d;
     pub const GATQ: u8 = 0x1e;
+    pub const SASL_LIST_MECHS: u8 = 0x20;
+    pub const SASL_AUTH: u8 = 0x21;
+    pub const SASL_STEP: u8 = 0x22;
     pub const GATK: u8 = 0x23;
     pub const GATKQ: u8 = 0x24;
     /// Extension: SET with placement hints (`docs/protocol.md`).
@@ -76,8 +81,12 @@ pub enum Status {
     InvalidArguments = 0x0004,
     NotStored = 0x0005,
     NonNumeric = 0x0006,
+    /// SASL: authentication failed, or is required first.
+    AuthError = 0x0020,
     UnknownCommand = 0x0081,
     OutOfMemory = 0x0082,
+    /// A command this endpoint does not serve (ADMIN on a data connection).
+    NotSupported = 0x0083,
     /// Extension: a strict SETX found no room on its node.
     StrictPlacement = 0x0084,
 }
@@ -93,8 +102,10 @@ impl Status {
             Status::InvalidArguments => "Invalid arguments",
             Status::NotStored => "Not stored.",
             Status::NonNumeric => "Non-numeric server-side value for incr or decr",
+            Status::AuthError => "Auth failure.",
             Status::UnknownCommand => "Unknown command",
             Status::OutOfMemory => "Out of memory",
+            Status::NotSupported => "Not supported",
             Status::StrictPlacement => "No room on the requested node.",
         }
     }

@@ -19,6 +19,7 @@
 //! it is sound.
 
 pub mod buffers;
+pub mod doorbell;
 pub mod pool;
 
 use std::cell::{Cell, RefCell};
@@ -33,6 +34,7 @@ use std::task::{Context, Poll, Waker};
 use io_uring::{cqueue, opcode, squeue, types, IoUring};
 
 pub use buffers::FixedBuffers;
+pub use doorbell::Doorbell;
 pub use pool::{PoolChunk, StreamPool};
 
 /// Most operations one shard's ring has in flight.

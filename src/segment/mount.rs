@@ -8,7 +8,7 @@ use std::sync::Arc;
 use crate::topology::Topology;
 
 use super::spec::{FileLocality, SegmentSpec};
-use super::storage::{FileStorage, MemStorage};
+use super::storage::{FileStorage, MemStorage, MountOrigin};
 use super::target::{HostId, TargetKind, TargetSpec};
 
 /// Counts memory mounts, so each one gets its own identity.
@@ -60,6 +60,7 @@ pub fn mount_all(
     specs: &[SegmentSpec],
     topology: &Topology,
     host: HostId,
+    origin: &MountOrigin,
 ) -> Result<Vec<MountedTarget>, MountFailure> {
     let mut targets = Vec::new();
     for spec in specs {
@@ -73,7 +74,8 @@ pub fn mount_all(
                 size,
                 locality,
             } => {
-                let storage = FileStorage::prepare(path, *size).map_err(|e| fail(e.to_string()))?;
+                let storage =
+                    FileStorage::prepare(path, *size, origin).map_err(|e| fail(e.to_string()))?;
                 if storage.dio_align > TARGET_GRANULE_BYTES {
                     return Err(fail(format!(
                         "the device wants {}-byte O_DIRECT alignment; at most 4096 is supported",

@@ -8,6 +8,8 @@ use std::path::{Path, PathBuf};
 
 pub use crate::sys::AlignedBuf;
 use crate::sys::{self, Mapping};
+
+use super::label::{Label, LABEL_BYTES};
 use crate::topology::{NodeId, Topology};
 
 /// Alignment assumed when the kernel cannot tell (the common device block).
@@ -104,6 +106,8 @@ pub struct FileStorage {
     pub dio_align: u64,
     pub block_device: bool,
     file: fs::File,
+    /// Held for as long as any shard can still do I/O here: no other process may use the file.
+    _lock: std::sync::Arc<crate::lockfile::FileLock>,
 }
 
 /// The O_DIRECT alignment of `path`: what `statx` reports (`STATX_DIOALIGN`), else the
@@ -148,22 +152,118 @@ fn sysfs_logical_block_bytes(path: &Path) -> Option<u64> {
     .filter(|bytes| bytes.is_power_of_two() && *bytes >= 512)
 }
 
+/// Who asks for a file segment, which decides what may be mounted.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum MountOrigin {
+    /// `--segment` on the command line (or in `--config`): the operator named the file, so an
+    /// existing file or block device is taken (and a file gets Headroom's label).
+    CommandLine,
+    /// ADMIN `mount` at runtime: only a file inside one of these directories, which Headroom
+    /// created itself (its label says so), or a new file there; never a block device.
+    Runtime { allowed_dirs: Vec<PathBuf> },
+}
+
+fn refuse(path: &Path, why: impl std::fmt::Display) -> io::Error {
+    io::Error::new(
+        io::ErrorKind::PermissionDenied,
+        format!("{}: {why}", path.display()),
+    )
+}
+
+/// Whether `path`'s directory is inside one of `dirs` (both resolved, so `..` and symlinked
+/// directories cannot lead out).
+fn inside_allowed_dirs(path: &Path, dirs: &[PathBuf]) -> io::Result<()> {
+    let listed = || {
+        dirs.iter()
+            .map(|d| d.display().to_string())
+            .collect::<Vec<_>>()
+            .join(", ")
+    };
+    let parent = path
+        .parent()
+        .filter(|p| !p.as_os_str().is_empty())
+        .unwrap_or(Path::new("."));
+    let parent = fs::canonicalize(parent).map_err(|err| {
+        refuse(
+            path,
+            format!(
+                "its directory cannot be resolved ({err}); a runtime mount takes files inside {}",
+                listed()
+            ),
+        )
+    })?;
+    let inside = dirs
+        .iter()
+        .filter_map(|dir| fs::canonicalize(dir).ok())
+        .any(|dir| parent.starts_with(dir));
+    if inside {
+        Ok(())
+    } else {
+        Err(refuse(
+            path,
+            format!(
+                "a runtime mount takes only files inside {} (--data-dir, --mount-dir)",
+                listed()
+            ),
+        ))
+    }
+}
+
 impl FileStorage {
-    /// Creates (and sizes) a missing file, or checks an existing file or block device.
-    pub fn prepare(path: &Path, size: u64) -> io::Result<FileStorage> {
-        if let Some(dir) = path.parent().filter(|d| !d.as_os_str().is_empty()) {
-            fs::create_dir_all(dir)?;
+    /// Opens (creating it when missing) and locks a segment file or block device, checks it may
+    /// be mounted from `origin`, sizes and labels a file, and reopens it with O_DIRECT. Nothing
+    /// is written to a file that is refused.
+    pub fn prepare(path: &Path, size: u64, origin: &MountOrigin) -> io::Result<FileStorage> {
+        let runtime = matches!(origin, MountOrigin::Runtime { .. });
+        match origin {
+            MountOrigin::Runtime { allowed_dirs } => inside_allowed_dirs(path, allowed_dirs)?,
+            MountOrigin::CommandLine => {
+                if let Some(dir) = path.parent().filter(|d| !d.as_os_str().is_empty()) {
+                    fs::create_dir_all(dir)?;
+                }
+            }
         }
-        let file = OpenOptions::new()
-            .read(true)
-            .write(true)
-            .create(true)
-            .truncate(false)
-            .open(path)?;
+        // A symlink at runtime could point anywhere: refused (O_NOFOLLOW).
+        let no_follow = if runtime { libc::O_NOFOLLOW } else { 0 };
+        let open = |create_new: bool| {
+            OpenOptions::new()
+                .read(true)
+                .write(true)
+                .create_new(create_new)
+                .custom_flags(no_follow)
+                .open(path)
+        };
+        let (file, created) = match open(true) {
+            Ok(file) => (file, true),
+            Err(err) if err.kind() == io::ErrorKind::AlreadyExists => match open(false) {
+                Ok(file) => (file, false),
+                Err(err) if err.raw_os_error() == Some(libc::ELOOP) => {
+                    return Err(refuse(
+                        path,
+                        "a symbolic link; a runtime mount takes only regular files",
+                    ))
+                }
+                Err(err) => return Err(err),
+            },
+            Err(err) => return Err(err),
+        };
         let meta = file.metadata()?;
         let block_device = meta.file_type().is_block_device();
+        if runtime && !meta.file_type().is_file() {
+            return Err(refuse(
+                path,
+                "not a regular file; block devices are mounted only from the command line (--segment)",
+            ));
+        }
+        let lock = crate::lockfile::lock_exclusive(file).map_err(|err| {
+            io::Error::new(
+                io::ErrorKind::WouldBlock,
+                format!("{}: {err}", path.display()),
+            )
+        })?;
+        let file = lock.file();
         if block_device {
-            let device_bytes = sys::block_device_bytes(&file)?;
+            let device_bytes = sys::block_device_bytes(file)?;
             if device_bytes < size {
                 return Err(io::Error::new(
                     io::ErrorKind::InvalidInput,
@@ -173,15 +273,45 @@ impl FileStorage {
                     ),
                 ));
             }
-        } else if meta.len() < size {
-            file.set_len(size)?;
+        } else if created {
+            file.set_len(size + LABEL_BYTES)?;
+            Label::new(size).write(file)?;
+        } else if Label::read(file, size)?.is_none() {
+            let earlier = Label::find_any(file)?;
+            if runtime {
+                return Err(refuse(
+                    path,
+                    match earlier {
+                        Some(label) => format!(
+                            "Headroom created it as a segment of {} bytes, not {size}",
+                            label.size
+                        ),
+                        None => "Headroom did not create this file (it has no segment label); a runtime mount never writes a file it did not create".to_string(),
+                    },
+                ));
+            }
+            match earlier {
+                Some(label) => tracing::warn!(
+                    path = %path.display(),
+                    was_bytes = label.size,
+                    now_bytes = size,
+                    "segment file relabelled for another size: its old contents are not trusted"
+                ),
+                None => tracing::info!(
+                    path = %path.display(),
+                    "existing file named by --segment: labelled as a Headroom segment"
+                ),
+            }
+            if meta.len() < size + LABEL_BYTES {
+                file.set_len(size + LABEL_BYTES)?;
+            }
+            Label::new(size).write(file)?;
         }
-        drop(file);
         // O_DIRECT must work here: tmpfs and some network filesystems refuse it.
         let direct = OpenOptions::new()
             .read(true)
             .write(true)
-            .custom_flags(libc::O_DIRECT)
+            .custom_flags(libc::O_DIRECT | no_follow)
             .open(path)
             .map_err(|err| {
                 io::Error::new(
@@ -195,6 +325,7 @@ impl FileStorage {
             dio_align: dio_alignment(path),
             block_device,
             file: direct,
+            _lock: lock,
         })
     }
 

@@ -1,6 +1,8 @@
-//! Administrative commands (the ADMIN extension): mounting store targets at runtime, and
-//! unmounting them in two phases. The connection that receives the command drives it: the
-//! placement master decides, every shard learns of the change.
+//! Administrative commands: mounting store targets at runtime, unmounting them in two phases,
+//! promotion and head locations. They are served only on the admin socket the operator opens
+//! (`--admin-socket PATH`, one command per line, answered `OK ...` or `ERROR ...`), whose file
+//! permissions decide who may use it; data connections are refused. Shard 0 serves the
+//! socket and drives each command: the placement master decides, every shard learns of it.
 //!
 //! ```text
 //! mount <segment spec>        e.g. mount file:/data/seg7,size=64G,numa=1
@@ -10,7 +12,10 @@
 //! where <key>                 the key's fixed head: slot, rank, NUMA node (move_pages), score
 //! ```
 
+use std::path::Path;
 use std::rc::Rc;
+
+use futures_lite::{AsyncReadExt, AsyncWriteExt};
 
 use crate::placement::TargetId;
 use crate::segment::SegmentSpec;
@@ -126,5 +131,112 @@ pub async fn run(ctx: &Rc<ShardCtx>, command: &[u8]) -> Result<String, String> {
         _ => Err(format!(
             "unknown command '{command}': use 'mount SPEC', 'unmount prepare TARGET', 'unmount commit TARGET', 'promote' or 'where KEY'"
         )),
+    }
+}
+
+/// Longest admin command line.
+const ADMIN_LINE_MAX_BYTES: usize = 4096;
+/// The admin socket's file mode: its owner only (the operator widens it on purpose).
+const ADMIN_SOCKET_MODE: u32 = 0o600;
+
+/// Checks that `path` can become the admin socket before anything is mapped: a stale socket
+/// left by a crashed server is removed; a live one (another server) or any other file is
+/// refused, never deleted.
+pub fn prepare_socket(path: &Path) -> Result<(), String> {
+    use std::os::unix::fs::FileTypeExt;
+    let fail = |why: String| format!("--admin-socket {}: {why}", path.display());
+    match std::fs::symlink_metadata(path) {
+        Err(err) if err.kind() == std::io::ErrorKind::NotFound => {}
+        Err(err) => return Err(fail(err.to_string())),
+        Ok(meta) if !meta.file_type().is_socket() => {
+            return Err(fail(
+                "exists and is not a socket; it is left alone".to_string(),
+            ))
+        }
+        Ok(_) => match std::os::unix::net::UnixStream::connect(path) {
+            Ok(_) => return Err(fail("another server is serving it".to_string())),
+            Err(_) => std::fs::remove_file(path)
+                .map_err(|err| fail(format!("a stale socket that cannot be removed: {err}")))?,
+        },
+    }
+    match path.parent().filter(|p| !p.as_os_str().is_empty()) {
+        Some(dir) if !dir.is_dir() => Err(fail(format!("{} is not a directory", dir.display()))),
+        _ => Ok(()),
+    }
+}
+
+/// Binds the admin socket on the current executor, readable and writable by its owner only.
+pub fn bind_socket(path: &Path) -> Result<glommio::net::UnixListener, String> {
+    use std::os::unix::fs::PermissionsExt;
+    let fail = |err: std::io::Error| format!("--admin-socket {}: {err}", path.display());
+    let listener = glommio::net::UnixListener::bind(path).map_err(|e| fail(e.into()))?;
+    std::fs::set_permissions(path, std::fs::Permissions::from_mode(ADMIN_SOCKET_MODE))
+        .map_err(fail)?;
+    Ok(listener)
+}
+
+/// Serves the admin socket until the shard stops, one connection at a time per task.
+pub async fn serve_socket(ctx: Rc<ShardCtx>, listener: glommio::net::UnixListener) {
+    loop {
+        let accepted = futures_lite::future::or(async { Some(listener.accept().await) }, async {
+            ctx.stop.wait().await;
+            None
+        })
+        .await;
+        match accepted {
+            None => break,
+            Some(Ok(stream)) => {
+                glommio::spawn_local(serve_admin_connection(Rc::clone(&ctx), stream)).detach();
+            }
+            Some(Err(err)) => {
+                tracing::warn!(%err, "admin socket: accept failed");
+                glommio::timer::sleep(std::time::Duration::from_millis(10)).await;
+            }
+        }
+    }
+    if let Ok(addr) = listener.local_addr() {
+        if let Some(path) = addr.as_pathname() {
+            let _ = std::fs::remove_file(path);
+        }
+    }
+}
+
+/// One admin connection: a command per line, a reply line each, until EOF or shutdown.
+async fn serve_admin_connection(ctx: Rc<ShardCtx>, mut stream: glommio::net::UnixStream) {
+    let mut buf = Vec::with_capacity(256);
+    let mut chunk = [0u8; 1024];
+    loop {
+        while let Some(end) = buf.iter().position(|&b| b == b'\n') {
+            let line: Vec<u8> = buf.drain(..=end).collect();
+            let command = line.trim_ascii();
+            if command.is_empty() {
+                continue;
+            }
+            let reply = match run(&ctx, command).await {
+                Ok(text) => format!("OK {text}\n"),
+                Err(reason) => format!("ERROR {reason}\n"),
+            };
+            tracing::info!(command = %String::from_utf8_lossy(command), reply = reply.trim_end(), "admin");
+            if stream.write_all(reply.as_bytes()).await.is_err() {
+                return;
+            }
+        }
+        if buf.len() > ADMIN_LINE_MAX_BYTES {
+            let _ = stream
+                .write_all(
+                    format!("ERROR a command is at most {ADMIN_LINE_MAX_BYTES} bytes\n").as_bytes(),
+                )
+                .await;
+            return;
+        }
+        let read = futures_lite::future::or(async { Some(stream.read(&mut chunk).await) }, async {
+            ctx.stop.wait().await;
+            None
+        })
+        .await;
+        match read {
+            Some(Ok(n)) if n > 0 => buf.extend_from_slice(&chunk[..n]),
+            _ => return,
+        }
     }
 }

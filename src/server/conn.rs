@@ -19,7 +19,7 @@ use super::deferred::Held;
 use super::execute::execute_keyed;
 use super::large::{self, LargeSet};
 use super::shard::{RemoteOp, ShardCtx, ShardReply, ShardRequest};
-use super::stats::write_stats;
+use super::stats::{write_stats, ConnInfo};
 use super::unix_now;
 use super::wire::Wire;
 
@@ -178,6 +178,20 @@ struct Conn {
     /// Values the connection sends itself, at their offsets in `out` (each lease or pin ends
     /// when it is dropped).
     held: Vec<(usize, Held)>,
+    /// SASL done, or not required (`--sasl-password-file` unset).
+    authenticated: bool,
+}
+
+/// The body of the refusal ADMIN gets on a data connection.
+const ADMIN_REFUSAL: &str =
+    "ADMIN is served only on the admin socket (--admin-socket PATH), not on data connections";
+
+/// What a connection may do before SASL authentication, as memcached allows.
+fn allowed_before_auth(request: &Request) -> bool {
+    matches!(
+        request,
+        Request::Version | Request::Quit { .. } | Request::SaslListMechs | Request::SaslAuth { .. }
+    )
 }
 
 fn count(ctx: &ShardCtx, error: FrameError) {
@@ -189,6 +203,49 @@ fn count(ctx: &ShardCtx, error: FrameError) {
         FrameError::BadShape => c.invalid_frames += 1,
         FrameError::UnknownOpcode => c.unknown_opcodes += 1,
         FrameError::TooLarge => c.too_large_frames += 1,
+    }
+}
+
+/// Answers a SASL command (updating whether the connection is authenticated): the status and
+/// body of its reply.
+fn sasl(ctx: &ShardCtx, authenticated: &mut bool, request: &Request) -> (Status, String) {
+    use super::auth::{AuthOutcome, MECHANISMS};
+    let Some(credentials) = &ctx.shared.credentials else {
+        return (
+            Status::UnknownCommand,
+            Status::UnknownCommand.message().into(),
+        );
+    };
+    let Request::SaslAuth {
+        mechanism, data, ..
+    } = request
+    else {
+        return (Status::Ok, MECHANISMS.to_string());
+    };
+    ctx.counters.borrow_mut().auth_cmds += 1;
+    match credentials.authenticate(mechanism, data) {
+        AuthOutcome::Authenticated { user } => {
+            *authenticated = true;
+            tracing::debug!(shard = ctx.id, %user, "SASL: authenticated");
+            (Status::Ok, "Authenticated".into())
+        }
+        outcome => {
+            *authenticated = false;
+            ctx.counters.borrow_mut().auth_errors += 1;
+            if let Some(held_back) = ctx.auth_log.allow(unix_now()) {
+                let reason = match outcome {
+                    AuthOutcome::UnknownMechanism => "an unknown mechanism".to_string(),
+                    AuthOutcome::Refused { user } => format!("user '{user}' refused"),
+                    AuthOutcome::Authenticated { .. } => unreachable!(),
+                };
+                tracing::warn!(
+                        shard = ctx.id,
+                        held_back,
+                        "SASL authentication failed: {reason} (one line per second per shard at most; auth_errors counts every failure)"
+                    );
+            }
+            (Status::AuthError, Status::AuthError.message().into())
+        }
     }
 }
 
@@ -257,6 +314,25 @@ impl Conn {
                     let frame_bytes = &frame[..consumed];
                     self.skip = skip_after;
                     ctx.counters.borrow_mut().commands += 1;
+                    if !self.authenticated && !allowed_before_auth(&request) {
+                        // Refused without running; a streamed value that follows is skipped.
+                        if let Request::LargeStore { value_len, .. } = request {
+                            self.skip += value_len;
+                        }
+                        segment.local_reply(|out| {
+                            ResponseWriter::new(out).reply(
+                                opcode,
+                                opaque,
+                                Status::AuthError,
+                                0,
+                                &[],
+                                &[],
+                                b"Authentication required",
+                            )
+                        });
+                        self.consumed += consumed;
+                        continue;
+                    }
                     match &request {
                         Request::Noop | Request::Version | Request::Verbosity { .. } => {
                             let version = ctx.shared.version.as_bytes();
@@ -297,6 +373,7 @@ impl Conn {
                         }
                         Request::Flush { delay, quiet } => {
                             let (delay, quiet) = (*delay, *quiet);
+                            ctx.counters.borrow_mut().cmd_flush += 1;
                             self.consumed += consumed;
                             segment.finish(ctx, &mut self.out, &mut self.held).await;
                             for shard in (0..ctx.shards).filter(|&s| s != ctx.id) {
@@ -323,24 +400,33 @@ impl Conn {
                             write_stats(ctx, &group, opcode, opaque, &mut self.out).await;
                             continue;
                         }
-                        Request::Admin { command } => {
-                            let command = command.to_vec();
-                            self.consumed += consumed;
-                            segment.finish(ctx, &mut self.out, &mut self.held).await;
-                            let (status, text) = match super::admin::run(ctx, &command).await {
-                                Ok(text) => (Status::Ok, text),
-                                Err(reason) => (Status::InvalidArguments, reason),
-                            };
-                            ResponseWriter::new(&mut self.out).reply(
-                                opcode,
-                                opaque,
-                                status,
-                                0,
-                                &[],
-                                &[],
-                                text.as_bytes(),
-                            );
-                            continue;
+                        Request::Admin { .. } => {
+                            segment.local_reply(|out| {
+                                ResponseWriter::new(out).reply(
+                                    opcode,
+                                    opaque,
+                                    Status::NotSupported,
+                                    0,
+                                    &[],
+                                    &[],
+                                    ADMIN_REFUSAL.as_bytes(),
+                                )
+                            });
+                        }
+                        Request::SaslListMechs | Request::SaslAuth { .. } => {
+                            let reply = sasl(ctx, &mut self.authenticated, &request);
+                            segment.local_reply(|out| {
+                                let (status, body) = reply;
+                                ResponseWriter::new(out).reply(
+                                    opcode,
+                                    opaque,
+                                    status,
+                                    0,
+                                    &[],
+                                    &[],
+                                    body.as_bytes(),
+                                )
+                            });
                         }
                         Request::LargeStore {
                             mode,
@@ -495,7 +581,16 @@ pub async fn serve(ctx: Rc<ShardCtx>, mut stream: TcpStream) {
         tracing::debug!(%err, "TCP_NODELAY refused");
     }
     let wire = Wire::new(&ctx, &stream);
-    let ended = serve_frames(&ctx, &mut stream, &wire).await;
+    let info = Rc::new(ConnInfo {
+        fd: std::os::fd::AsRawFd::as_raw_fd(&stream),
+        peer: stream.peer_addr().map_or("?".into(), |a| a.to_string()),
+        local: stream.local_addr().map_or("?".into(), |a| a.to_string()),
+        state: std::cell::Cell::new("conn_waiting"),
+        last_command: std::cell::Cell::new(std::time::Instant::now()),
+    });
+    ctx.conns.borrow_mut().insert(info.fd, Rc::clone(&info));
+    let ended = serve_frames(&ctx, &mut stream, &wire, &info).await;
+    ctx.conns.borrow_mut().remove(&info.fd);
     wire.finish(ended == Ended::Cut).await;
     if ended == Ended::Quit {
         let _ = stream.close().await;
@@ -556,7 +651,12 @@ async fn write_out(
     }
 }
 
-async fn serve_frames(ctx: &Rc<ShardCtx>, stream: &mut TcpStream, wire: &Wire) -> Ended {
+async fn serve_frames(
+    ctx: &Rc<ShardCtx>,
+    stream: &mut TcpStream,
+    wire: &Wire,
+    info: &ConnInfo,
+) -> Ended {
     let idle = match ctx.shared.settings.idle_timeout_seconds {
         0 => None,
         seconds => Some(Duration::from_secs(seconds)),
@@ -568,12 +668,16 @@ async fn serve_frames(ctx: &Rc<ShardCtx>, stream: &mut TcpStream, wire: &Wire) -
         skip: 0,
         out: Vec::new(),
         held: Vec::new(),
+        authenticated: ctx.shared.credentials.is_none(),
     };
     loop {
+        info.state.set("conn_waiting");
         let read = {
             let Conn { buf, filled, .. } = &mut conn;
             with_limits(ctx, idle, stream.read(&mut buf[*filled..])).await
         };
+        info.state.set("conn_parse_cmd");
+        info.last_command.set(std::time::Instant::now());
         match read {
             Io::Done(n) => {
                 conn.filled += n;
@@ -587,6 +691,7 @@ async fn serve_frames(ctx: &Rc<ShardCtx>, stream: &mut TcpStream, wire: &Wire) -
         }
         loop {
             let after = conn.process(ctx).await;
+            info.state.set("conn_write");
             // Replies in order: bytes up to each large value, the large value streamed, ...
             let mut written = 0;
             for (at, part) in std::mem::take(&mut conn.held) {
@@ -615,6 +720,7 @@ async fn serve_frames(ctx: &Rc<ShardCtx>, stream: &mut TcpStream, wire: &Wire) -
             large::send_frees(ctx);
             let after = match after {
                 After::LargeSet(set) => {
+                    info.state.set("conn_nread");
                     let buffered = &conn.buf[conn.consumed..conn.filled];
                     match large::receive_set(ctx, stream, idle, buffered, &set, &mut conn.out).await
                     {

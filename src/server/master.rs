@@ -13,7 +13,7 @@ use glommio::channels::channel_mesh::{Full, MeshBuilder};
 use std::collections::HashMap;
 
 use crate::placement::{PlacementError, Placer, TargetId, TargetStatus};
-use crate::segment::{mount_all, MountedTarget, SegmentSpec, TargetSpec};
+use crate::segment::{mount_all, MountOrigin, MountedTarget, SegmentSpec, TargetSpec};
 
 use super::shard::{
     send_reply, MasterSnapshot, Message, ShardReply, ShardRequest, TargetRow, Victim,
@@ -43,10 +43,14 @@ fn mount(
     master: &mut Master,
     spec: &SegmentSpec,
 ) -> Result<Vec<(TargetId, MountedTarget)>, String> {
+    let origin = MountOrigin::Runtime {
+        allowed_dirs: master.shared.settings.mount_dirs.clone(),
+    };
     let targets = mount_all(
         std::slice::from_ref(spec),
         &master.shared.topology,
         master.placer.local_host(),
+        &origin,
     )
     .map_err(|e| e.to_string())?;
     for target in &targets {
@@ -213,6 +217,7 @@ fn serve(master: &mut Master, request: ShardRequest) -> ShardReply {
         ShardRequest::Batch { .. }
         | ShardRequest::Flush { .. }
         | ShardRequest::Stats
+        | ShardRequest::StatQuery(_)
         | ShardRequest::LinkLarge { .. }
         | ShardRequest::CheckLarge { .. }
         | ShardRequest::EvictLarge { .. }
@@ -260,8 +265,12 @@ pub async fn master_main(shared: Arc<Shared>, mesh: MeshBuilder<Message, Full>, 
         })
         .detach();
     }
-    // Serve until every shard is done, its last frees included.
-    while shared.finished.load(Ordering::Acquire) < shared.settings.cpus.len() {
-        glommio::timer::sleep(Duration::from_millis(5)).await;
+    // Serve until every shard is done, its last frees included (each rings on finishing).
+    let shards = shared.settings.cpus.len();
+    while shared.finished.load(Ordering::Acquire) < shards {
+        if let Err(err) = shared.doorbells[shards].wait().await {
+            tracing::error!(%err, "waiting for the shards' doorbell failed; polling instead");
+            glommio::timer::sleep(Duration::from_millis(5)).await;
+        }
     }
 }

@@ -1,12 +1,19 @@
 //! The server: one glommio executor per serving CPU, each a shard with its own store and
 //! listener (SO_REUSEPORT), joined by a channel mesh. See `docs/server.md`.
+//!
+//! Start-up takes what can be refused cheaply first: the data directory's lock, the listening
+//! sockets, the admin socket and the password file; only then is the arena mapped and are the
+//! segments mounted, so a server that cannot serve never maps anything.
 
 mod admin;
+mod auth;
 mod conn;
 mod deferred;
 mod event;
 mod execute;
 mod large;
+pub mod listen;
+mod log_limit;
 mod master;
 mod shard;
 mod stats;
@@ -16,7 +23,7 @@ mod wire;
 use std::net::SocketAddr;
 use std::rc::Rc;
 use std::sync::atomic::{AtomicBool, AtomicU64, AtomicUsize, Ordering};
-use std::sync::{Arc, Condvar, Mutex};
+use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
 use glommio::channels::channel_mesh::MeshBuilder;
@@ -59,6 +66,11 @@ pub struct ConnCounters {
     pub unknown_opcodes: u64,
     pub too_large_frames: u64,
     pub idle_closed: u64,
+    /// FLUSH commands (one per command, however many shards it reaches).
+    pub cmd_flush: u64,
+    /// SASL AUTH/STEP commands, and those that failed.
+    pub auth_cmds: u64,
+    pub auth_errors: u64,
 }
 
 impl ConnCounters {
@@ -73,6 +85,9 @@ impl ConnCounters {
         self.unknown_opcodes += o.unknown_opcodes;
         self.too_large_frames += o.too_large_frames;
         self.idle_closed += o.idle_closed;
+        self.cmd_flush += o.cmd_flush;
+        self.auth_cmds += o.auth_cmds;
+        self.auth_errors += o.auth_errors;
     }
 }
 
@@ -85,6 +100,10 @@ pub struct Shared {
     pub version: String,
     pub started: Instant,
     pub stop: AtomicBool,
+    /// One per shard, then the master's: rung to stop, and for the master when a shard finished.
+    pub(crate) doorbells: Vec<crate::ring::Doorbell>,
+    /// SASL PLAIN credentials (authentication is required when present).
+    pub(crate) credentials: Option<auth::Credentials>,
     pub curr_connections: AtomicUsize,
     pub total_connections: AtomicU64,
     pub rejected_connections: AtomicU64,
@@ -104,8 +123,8 @@ pub struct Shared {
     /// all are known.
     peers: Mutex<(Vec<Option<usize>>, Option<usize>)>,
     joined: std::sync::Barrier,
-    /// The address shard 0 bound (port 0 resolves there), for the other shards.
-    bound: (Mutex<Option<Result<SocketAddr, String>>>, Condvar),
+    /// The data directory, locked for the life of the process.
+    _data_dir_lock: Arc<crate::lockfile::FileLock>,
 }
 
 impl Shared {
@@ -135,19 +154,28 @@ impl Shared {
 
 #[derive(Debug)]
 pub enum ServerError {
+    DataDir(String),
+    Bind(listen::BindError),
+    Admin(String),
+    Credentials(String),
     Map(crate::arena::MapError),
     Mount(crate::segment::MountFailure),
-    Bind { addr: SocketAddr, reason: String },
     Executor(String),
+    /// A shard stopped before it served (its reason is in the log).
+    Shard(String),
 }
 
 impl std::fmt::Display for ServerError {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         match self {
+            ServerError::DataDir(reason)
+            | ServerError::Admin(reason)
+            | ServerError::Credentials(reason) => write!(f, "{reason}"),
+            ServerError::Bind(err) => write!(f, "{err}"),
             ServerError::Map(err) => write!(f, "{err}"),
             ServerError::Mount(err) => write!(f, "{err}"),
-            ServerError::Bind { addr, reason } => write!(f, "cannot listen on {addr}: {reason}"),
             ServerError::Executor(reason) => write!(f, "cannot start a shard: {reason}"),
+            ServerError::Shard(reason) => write!(f, "a shard stopped during start-up: {reason}"),
         }
     }
 }
@@ -165,6 +193,9 @@ impl Running {
     /// Stops accepting, lets in-flight requests finish, and waits for every shard to exit.
     pub fn stop(self) {
         self.shared.stop.store(true, Ordering::Release);
+        for bell in &self.shared.doorbells[..self.shared.settings.cpus.len()] {
+            bell.ring();
+        }
         for handle in self.handles {
             let _ = handle.join();
         }
@@ -179,14 +210,69 @@ fn random_seed() -> u64 {
     h.finish()
 }
 
-/// Maps the arena, starts one shard per CPU of `settings.cpus`, and returns once every shard
-/// listens.
+/// Locks `dir` (creating it) for this process: `headroom.lock` inside it, holding our pid.
+fn lock_data_dir(dir: &std::path::Path) -> Result<Arc<crate::lockfile::FileLock>, ServerError> {
+    use std::io::{Seek, Write};
+    let fail = |why: String| ServerError::DataDir(format!("--data-dir {}: {why}", dir.display()));
+    std::fs::create_dir_all(dir).map_err(|err| fail(format!("cannot create it: {err}")))?;
+    let path = dir.join("headroom.lock");
+    let file = std::fs::OpenOptions::new()
+        .read(true)
+        .write(true)
+        .create(true)
+        .truncate(false)
+        .open(&path)
+        .map_err(|err| fail(format!("cannot open {}: {err}", path.display())))?;
+    let lock = crate::lockfile::lock_exclusive(file).map_err(|err| match err {
+        crate::lockfile::LockError::Held { pid } => {
+            // The holder wrote its pid into the file; /proc/locks is the fallback.
+            let written = std::fs::read_to_string(&path)
+                .ok()
+                .and_then(|text| text.trim().parse::<u32>().ok());
+            match written.or(pid) {
+                Some(pid) => fail(format!(
+                    "in use by another Headroom ({}, pid {pid}); two servers on one data directory would hand out the same extents",
+                    listen::process_name(pid)
+                )),
+                None => fail("in use by another process".to_string()),
+            }
+        }
+        crate::lockfile::LockError::Io(err) => fail(format!("cannot lock {}: {err}", path.display())),
+    })?;
+    let mut file = lock.file();
+    let written = file
+        .set_len(0)
+        .and_then(|()| file.seek(std::io::SeekFrom::Start(0)))
+        .and_then(|_| writeln!(file, "{}", std::process::id()));
+    if let Err(err) = written {
+        return Err(fail(format!("cannot write {}: {err}", path.display())));
+    }
+    Ok(lock)
+}
+
+/// Takes the data directory, the listeners, the admin socket and the credentials, then maps
+/// the arena, mounts the segments, starts one shard per CPU of `settings.cpus` and the
+/// placement master, and returns once every shard serves.
 pub fn start(settings: Settings, topology: &Topology) -> Result<Running, ServerError> {
     let shards = settings.cpus.len();
+    let data_dir_lock = lock_data_dir(&settings.data_dir)?;
+    let listeners = listen::bind_all(settings.listen, shards).map_err(ServerError::Bind)?;
+    if let Some(path) = &settings.admin_socket {
+        admin::prepare_socket(path).map_err(ServerError::Admin)?;
+    }
+    let credentials = match &settings.sasl_password_file {
+        Some(path) => Some(auth::Credentials::read(path).map_err(ServerError::Credentials)?),
+        None => None,
+    };
     let plan = MemoryPlan::new(&settings.arena, topology);
     let arena = Arena::map_for_serving(plan, topology, shards).map_err(ServerError::Map)?;
-    let targets =
-        mount_all(&settings.segments, topology, LOCAL_HOST).map_err(ServerError::Mount)?;
+    let targets = mount_all(
+        &settings.segments,
+        topology,
+        LOCAL_HOST,
+        &crate::segment::MountOrigin::CommandLine,
+    )
+    .map_err(ServerError::Mount)?;
     let mut placer = Placer::new(LOCAL_HOST, settings.placement_policy, random_seed());
     for target in &targets {
         placer.mount(target.spec.clone()).map_err(|err| {
@@ -203,11 +289,17 @@ pub fn start(settings: Settings, topology: &Topology) -> Result<Running, ServerE
             "segment mounted"
         );
     }
+    let doorbells = (0..=shards)
+        .map(|_| crate::ring::Doorbell::new())
+        .collect::<Result<Vec<_>, _>>()
+        .map_err(|err| ServerError::Executor(format!("eventfd: {err}")))?;
     let shared = Arc::new(Shared {
         hasher: KeyHasher::with_seed(random_seed()),
         version: format!("1.6.0-headroom-{}", env!("CARGO_PKG_VERSION")),
         started: Instant::now(),
         stop: AtomicBool::new(false),
+        doorbells,
+        credentials,
         curr_connections: AtomicUsize::new(0),
         total_connections: AtomicU64::new(0),
         rejected_connections: AtomicU64::new(0),
@@ -215,11 +307,11 @@ pub fn start(settings: Settings, topology: &Topology) -> Result<Running, ServerE
         finished: AtomicUsize::new(0),
         restored: AtomicUsize::new(0),
         io_fallback_said: std::sync::atomic::AtomicBool::new(false),
-        bound: (Mutex::new(None), Condvar::new()),
         targets,
         topology: topology.clone(),
         peers: Mutex::new((vec![None; shards], None)),
         joined: std::sync::Barrier::new(shards + 1),
+        _data_dir_lock: data_dir_lock,
         arena,
         settings,
     });
@@ -234,9 +326,16 @@ pub fn start(settings: Settings, topology: &Topology) -> Result<Running, ServerE
             .spawn(move || master::master_main(shared, mesh, placer))
             .map_err(|err| ServerError::Executor(format!("placement master: {err}")))?
     };
-    let (ready_tx, ready_rx) = std::sync::mpsc::channel::<Result<SocketAddr, String>>();
-    let mut handles = Vec::with_capacity(shards);
-    for (index, &cpu) in shared.settings.cpus.iter().enumerate() {
+    let addr = listeners.addr;
+    let (ready_tx, ready_rx) = std::sync::mpsc::channel::<Result<(), String>>();
+    let mut handles = Vec::with_capacity(shards + 1);
+    for ((index, &cpu), listener) in shared
+        .settings
+        .cpus
+        .iter()
+        .enumerate()
+        .zip(listeners.sockets)
+    {
         let shared = Arc::clone(&shared);
         let mesh = mesh.clone();
         let ready = ready_tx.clone();
@@ -248,38 +347,26 @@ pub fn start(settings: Settings, topology: &Topology) -> Result<Running, ServerE
             builder = builder.spin_before_park(Duration::from_micros(spin));
         }
         let handle = builder
-            .spawn(move || shard_main(index, shared, mesh, ready))
+            .spawn(move || shard_main(index, shared, mesh, listener, ready))
             .map_err(|err| ServerError::Executor(format!("CPU {cpu}: {err}")))?;
         handles.push(handle);
     }
     handles.push(master);
     drop(ready_tx);
-    let mut addr = None;
     for _ in 0..shards {
         let report = ready_rx
             .recv()
             .unwrap_or_else(|_| Err("a shard stopped before it listened".to_string()));
-        match report {
-            Ok(bound) => addr = Some(bound),
-            Err(reason) => {
-                shared.stop.store(true, Ordering::Release);
-                // Wake shards still waiting for shard 0's address.
-                let (lock, cvar) = &shared.bound;
-                lock.lock()
-                    .unwrap_or_else(|e| e.into_inner())
-                    .get_or_insert(Err(reason.clone()));
-                cvar.notify_all();
-                for handle in handles {
-                    let _ = handle.join();
-                }
-                return Err(ServerError::Bind {
-                    addr: shared.settings.listen,
-                    reason,
-                });
-            }
+        if let Err(reason) = report {
+            let running = Running {
+                addr,
+                shared,
+                handles,
+            };
+            running.stop();
+            return Err(ServerError::Shard(reason));
         }
     }
-    let addr = addr.expect("every shard reported");
     tracing::info!(%addr, shards, cpus = ?shared.settings.cpus, "listening on {addr}");
     Ok(Running {
         addr,
@@ -288,43 +375,17 @@ pub fn start(settings: Settings, topology: &Topology) -> Result<Running, ServerE
     })
 }
 
-/// Binds this shard's listener: shard 0 first (resolving port 0), the others on its address.
-fn bind(index: usize, shared: &Shared) -> Result<glommio::net::TcpListener, String> {
-    let (lock, cvar) = &shared.bound;
-    if index == 0 {
-        let result = glommio::net::TcpListener::bind(shared.settings.listen)
-            .and_then(|l| l.local_addr().map(|a| (l, a)))
-            .map_err(|e| e.to_string());
-        let mut bound = lock.lock().unwrap_or_else(|e| e.into_inner());
-        *bound = Some(result.as_ref().map(|(_, a)| *a).map_err(Clone::clone));
-        cvar.notify_all();
-        return result.map(|(l, _)| l);
-    }
-    let mut bound = lock.lock().unwrap_or_else(|e| e.into_inner());
-    while bound.is_none() {
-        bound = cvar.wait(bound).unwrap_or_else(|e| e.into_inner());
-    }
-    let addr = bound.clone().expect("set")?;
-    drop(bound);
-    glommio::net::TcpListener::bind(addr).map_err(|e| e.to_string())
-}
-
 async fn shard_main(
     index: usize,
     shared: Arc<Shared>,
     mesh: MeshBuilder<Message, glommio::channels::channel_mesh::Full>,
-    ready: std::sync::mpsc::Sender<Result<SocketAddr, String>>,
+    listener: std::net::TcpListener,
+    ready: std::sync::mpsc::Sender<Result<(), String>>,
 ) {
     let (senders, receivers) = mesh.join().await.expect("the mesh forms");
     let peers = shared.register_shard(index, senders.peer_id());
     let id = index;
-    let listener = match bind(index, &shared) {
-        Ok(listener) => listener,
-        Err(reason) => {
-            let _ = ready.send(Err(reason));
-            return;
-        }
-    };
+    let listener = listen::into_glommio(listener);
     let store = Store::new(
         shared.arena.shard(id),
         shared.hasher.clone(),
@@ -345,23 +406,45 @@ async fn shard_main(
     ));
     shard::spawn_receivers(&ctx, receivers);
     warm::restore(&ctx).await;
-    let _ = ready.send(listener.local_addr().map_err(|e| e.to_string()));
+    // Shard 0 also serves the admin socket; a failure to bind it stops the start-up.
+    let admin = match (&shared.settings.admin_socket, index) {
+        (Some(path), 0) => admin::bind_socket(path).map(Some),
+        _ => Ok(None),
+    };
+    let admin = match admin {
+        Ok(listener) => {
+            let _ = ready.send(Ok(()));
+            listener
+        }
+        Err(reason) => {
+            let _ = ready.send(Err(reason));
+            None
+        }
+    };
     drop(ready);
 
-    // Turns the process-wide stop flag into this shard's stop event.
+    // Turns the process-wide stop (a ring of this shard's doorbell) into its stop event.
     let watcher = {
         let ctx = Rc::clone(&ctx);
         glommio::spawn_local(async move {
             while !ctx.shared.stop.load(Ordering::Acquire) {
-                glommio::timer::sleep(Duration::from_millis(20)).await;
+                if let Err(err) = ctx.shared.doorbells[ctx.id].wait().await {
+                    tracing::error!(%err, "waiting for the stop doorbell failed; polling instead");
+                    glommio::timer::sleep(Duration::from_millis(20)).await;
+                }
             }
             ctx.stop.fire();
         })
     };
+    let admin =
+        admin.map(|listener| glommio::spawn_local(admin::serve_socket(Rc::clone(&ctx), listener)));
     let sweeper = glommio::spawn_local(shard::sweep_loop(Rc::clone(&ctx)));
     let promoter = glommio::spawn_local(shard::promotion_loop(Rc::clone(&ctx)));
     shard::accept_loop(Rc::clone(&ctx), listener).await;
     watcher.await;
+    if let Some(admin) = admin {
+        admin.await;
+    }
     sweeper.await;
     promoter.await;
     // Let this shard's connections finish their in-flight requests.
@@ -382,4 +465,5 @@ async fn shard_main(
     }
     ctx.store.borrow_mut().arena_mut().return_idle_blocks();
     shared.finished.fetch_add(1, Ordering::AcqRel);
+    shared.doorbells[ctx.shards].ring();
 }

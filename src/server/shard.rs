@@ -52,6 +52,8 @@ pub enum ShardRequest {
         delay: u32,
     },
     Stats,
+    /// A STAT group every shard answers for itself (detail, reset, sizes, conns).
+    StatQuery(super::stats::StatQuery),
     /// To the placement master: extents for a large value of `key`.
     Place {
         request: PlacementRequest,
@@ -150,6 +152,7 @@ pub enum ShardReply {
     Done,
     Linked(StoreOutcome),
     Stats(Box<ShardSnapshot>),
+    StatAnswer(super::stats::StatAnswer),
     Placed(Result<Placed, PlacementError>),
     /// No room: evict these large values (least recently used) and ask again.
     EvictFirst(Vec<Victim>),
@@ -226,6 +229,10 @@ pub struct ShardCtx {
     pub store: RefCell<Store>,
     pub shared: Arc<Shared>,
     pub counters: RefCell<ConnCounters>,
+    /// Limits the log lines failed authentications provoke.
+    pub auth_log: super::log_limit::LogLimiter,
+    /// This shard's client connections, by socket, for STAT `conns`.
+    pub conns: RefCell<HashMap<i32, Rc<super::stats::ConnInfo>>>,
     pub stop: LocalEvent,
     pub live_connections: Cell<usize>,
     pub files: SegmentFiles,
@@ -261,6 +268,8 @@ impl ShardCtx {
             store: RefCell::new(store),
             shared,
             counters: RefCell::new(ConnCounters::default()),
+            auth_log: Default::default(),
+            conns: RefCell::new(HashMap::new()),
             stop: LocalEvent::new(),
             live_connections: Cell::new(0),
             files: SegmentFiles,
@@ -448,6 +457,9 @@ impl ShardCtx {
                 ShardReply::Done
             }
             ShardRequest::Stats => ShardReply::Stats(Box::new(self.snapshot())),
+            ShardRequest::StatQuery(query) => {
+                ShardReply::StatAnswer(super::stats::answer(self, query))
+            }
             ShardRequest::AddStorage(added) => {
                 let mut table = self.storage.borrow_mut();
                 for (id, storage) in added {
@@ -565,7 +577,8 @@ pub fn send_reply(mesh: &Rc<Senders<Message>>, to: usize, token: u64, reply: Sha
 /// region, where the arena has nothing to exchange).
 pub async fn promotion_loop(ctx: Rc<ShardCtx>) {
     let interval = ctx.shared.settings.promotion_interval_ms;
-    if interval == 0 {
+    // An arena whose fixed heads have one region has nothing to exchange: no timer at all.
+    if interval == 0 || !ctx.store.borrow().arena().can_promote() {
         return;
     }
     while tick_or_stop(&ctx, Duration::from_millis(interval)).await {

@@ -1,10 +1,15 @@
-//! STAT: the general counters memcached clients expect, and the `settings`, `arena`, `io`,
-//! `segments` and `placement` groups.
+//! STAT: the general counters memcached clients expect; memcached's groups `settings`,
+//! `items`, `slabs`, `sizes`, `conns`, `reset` and `detail on|off|dump`; and Headroom's own
+//! `arena`, `io`, `segments` and `placement`. `docs/protocol.md` lists every name.
 
+use std::cell::Cell;
+use std::collections::BTreeMap;
 use std::sync::atomic::Ordering;
+use std::time::Instant;
 
 use crate::proto::{ResponseWriter, Status};
-use crate::store::StoreStats;
+use crate::store::detail::{self, PrefixCounts};
+use crate::store::{ItemClass, StoreStats};
 
 use super::shard::{MasterSnapshot, ShardCtx, ShardReply, ShardRequest, ShardSnapshot};
 use super::ConnCounters;
@@ -20,6 +25,93 @@ async fn gather(ctx: &ShardCtx) -> Vec<ShardSnapshot> {
         }
     }
     snapshots
+}
+
+/// A STAT group every shard answers for its own store and connections.
+#[derive(Clone, Copy, Debug)]
+pub enum StatQuery {
+    Detail(bool),
+    DetailDump,
+    Reset,
+    Sizes,
+    Conns,
+}
+
+pub enum StatAnswer {
+    Done,
+    Prefixes(Vec<(Vec<u8>, PrefixCounts)>),
+    Sizes(BTreeMap<u64, u64>),
+    Conns(Vec<ConnRow>),
+}
+
+/// What STAT `conns` shows of a live client connection (shared by the connection, which
+/// updates it, and its shard's table).
+#[derive(Debug)]
+pub struct ConnInfo {
+    pub fd: i32,
+    pub peer: String,
+    pub local: String,
+    /// memcached's state names: `conn_waiting`, `conn_parse_cmd`, `conn_nread`, `conn_write`.
+    pub state: Cell<&'static str>,
+    pub last_command: Cell<Instant>,
+}
+
+/// One connection's row.
+#[derive(Clone, Debug)]
+pub struct ConnRow {
+    pub fd: i32,
+    pub peer: String,
+    pub local: String,
+    pub state: &'static str,
+    pub idle_seconds: u64,
+}
+
+/// Answers a [`StatQuery`] on this shard.
+pub fn answer(ctx: &ShardCtx, query: StatQuery) -> StatAnswer {
+    match query {
+        StatQuery::Detail(on) => {
+            ctx.store.borrow_mut().detail.enabled = on;
+            StatAnswer::Done
+        }
+        StatQuery::DetailDump => StatAnswer::Prefixes(ctx.store.borrow().detail.snapshot()),
+        StatQuery::Reset => {
+            ctx.store.borrow_mut().reset_stats();
+            *ctx.counters.borrow_mut() = ConnCounters::default();
+            StatAnswer::Done
+        }
+        StatQuery::Sizes => StatAnswer::Sizes(ctx.store.borrow().sizes()),
+        StatQuery::Conns => {
+            let mut rows: Vec<ConnRow> = ctx
+                .conns
+                .borrow()
+                .values()
+                .map(|c| ConnRow {
+                    fd: c.fd,
+                    peer: c.peer.clone(),
+                    local: c.local.clone(),
+                    state: c.state.get(),
+                    idle_seconds: c.last_command.get().elapsed().as_secs(),
+                })
+                .collect();
+            rows.sort_by_key(|r| r.fd);
+            StatAnswer::Conns(rows)
+        }
+    }
+}
+
+/// Runs `query` on every shard, this one included.
+async fn query_all(ctx: &ShardCtx, query: StatQuery) -> Vec<StatAnswer> {
+    let mut answers = Vec::with_capacity(ctx.shards);
+    for shard in 0..ctx.shards {
+        if shard == ctx.id {
+            answers.push(answer(ctx, query));
+        } else if let ShardReply::StatAnswer(a) =
+            ctx.call(shard, ShardRequest::StatQuery(query)).await
+        {
+            answers.push(a);
+        }
+    }
+    answers
 }
 
 fn rusage_seconds() -> (f64, f64) {
@@ -79,7 +171,7 @@ fn general(ctx: &ShardCtx, snapshots: &[ShardSnapshot]) -> Vec<(String, String)>
         ),
         ("cmd_get", (store.get_hits + store.get_misses).to_string()),
         ("cmd_set", store.cmd_set.to_string()),
-        ("cmd_flush", store.cmd_flush.to_string()),
+        ("cmd_flush", conn.cmd_flush.to_string()),
         (
             "cmd_touch",
             (store.touch_hits + store.touch_misses).to_string(),
@@ -130,6 +222,9 @@ fn general(ctx: &ShardCtx, snapshots: &[ShardSnapshot]) -> Vec<(String, String)>
         ("frame_unknown_opcode", conn.unknown_opcodes.to_string()),
         ("frame_too_large", conn.too_large_frames.to_string()),
         ("idle_closed", conn.idle_closed.to_string()),
+        ("auth_cmds", conn.auth_cmds.to_string()),
+        ("auth_errors", conn.auth_errors.to_string()),
+        ("large_evictions", store.large_evictions.to_string()),
     ];
     let mut pairs: Vec<(String, String)> =
         pairs.into_iter().map(|(n, v)| (n.to_string(), v)).collect();
@@ -165,6 +260,25 @@ fn settings(ctx: &ShardCtx) -> Vec<(String, String)> {
         ),
         ("evictions", "on".to_string()),
         ("cas_enabled", "yes".to_string()),
+        ("flush_enabled", "yes".to_string()),
+        // memcached's unix-socket data port; Headroom serves data on TCP only.
+        ("domain_socket", "NULL".to_string()),
+        (
+            "auth_enabled_sasl",
+            if ctx.shared.credentials.is_some() {
+                "yes"
+            } else {
+                "no"
+            }
+            .to_string(),
+        ),
+        (
+            "admin_socket",
+            s.admin_socket
+                .as_ref()
+                .map_or("NULL".to_string(), |p| p.display().to_string()),
+        ),
+        ("data_dir", s.data_dir.display().to_string()),
         ("binding_protocol", "binary".to_string()),
         ("numa", format!("{:?}", a.numa)),
         (
@@ -280,11 +394,163 @@ fn placement(master: &MasterSnapshot) -> Vec<(String, String)> {
     out
 }
 
-/// Writes the STAT reply for `group` (empty: the general counters): one packet per stat and
-/// an empty terminator, or "not found" for an unknown group, as memcached does.
-pub async fn write_stats(ctx: &ShardCtx, group: &[u8], opcode: u8, opaque: u32, out: &mut Vec<u8>) {
-    let pairs = match group {
+/// `items`: per item class (1 small, 2 fixed, 3 large), as memcached's `items:N:...`.
+fn items(store: &StoreStats) -> Vec<(String, String)> {
+    let mut out = Vec::new();
+    for class in ItemClass::ALL {
+        let c = store.class(class);
+        if c.number == 0 && c.evicted == 0 && c.reclaimed == 0 {
+            continue;
+        }
+        let n = class as u8;
+        for (name, value) in [
+            ("number", c.number),
+            ("mem_requested", c.requested_bytes),
+            ("evicted", c.evicted),
+            ("reclaimed", c.reclaimed),
+        ] {
+            out.push((format!("items:{n}:{name}"), value.to_string()));
+        }
+    }
+    out
+}
+
+/// `slabs`: the arena's two RAM classes as memcached's slab classes. Class 1 is the
+/// byte-granular small-object arena (a chunk is one `--small-min-alloc` granule; a page one
+/// block); class 2 the fixed head slots (a chunk is one `--ram-head` slot). Large values live
+/// in segments (STAT `segments`), not in slabs.
+fn slabs(ctx: &ShardCtx, arena: &crate::arena::ArenaStats) -> Vec<(String, String)> {
+    let a = &ctx.shared.settings.arena;
+    let mut usage = crate::arena::ShardRegionStats::default();
+    for region in &arena.regions {
+        usage.blocks_small += region.usage.blocks_small;
+        usage.blocks_fixed += region.usage.blocks_fixed;
+        usage.fixed_heads_live += region.usage.fixed_heads_live;
+        usage.small_objects_live += region.usage.small_objects_live;
+        usage.small_live_bytes += region.usage.small_live_bytes;
+        usage.small_dead_bytes += region.usage.small_dead_bytes;
+    }
+    let small_chunks_per_page = a.block_bytes / a.small_min_alloc_bytes;
+    let small_total = usage.blocks_small * small_chunks_per_page;
+    let small_used = usage.small_live_bytes.div_ceil(a.small_min_alloc_bytes);
+    let small_dead = usage.small_dead_bytes.div_ceil(a.small_min_alloc_bytes);
+    let fixed_chunks_per_page = a.block_bytes / a.ram_head_bytes;
+    let fixed_total = usage.blocks_fixed * fixed_chunks_per_page;
+    let rows: [(u8, &str, u64); 14] = [
+        (1, "chunk_size", a.small_min_alloc_bytes),
+        (1, "chunks_per_page", small_chunks_per_page),
+        (1, "total_pages", usage.blocks_small),
+        (1, "total_chunks", small_total),
+        (1, "used_chunks", small_used),
+        (
+            1,
+            "free_chunks",
+            small_total.saturating_sub(small_used + small_dead),
+        ),
+        (1, "dead_chunks", small_dead),
+        (1, "mem_requested", usage.small_live_bytes),
+        (2, "chunk_size", a.ram_head_bytes),
+        (2, "chunks_per_page", fixed_chunks_per_page),
+        (2, "total_pages", usage.blocks_fixed),
+        (2, "total_chunks", fixed_total),
+        (2, "used_chunks", usage.fixed_heads_live),
+        (
+            2,
+            "free_chunks",
+            fixed_total.saturating_sub(usage.fixed_heads_live),
+        ),
+    ];
+    let mut out: Vec<(String, String)> = rows
+        .iter()
+        .map(|(class, name, value)| (format!("{class}:{name}"), value.to_string()))
+        .collect();
+    let active = u64::from(usage.blocks_small > 0) + u64::from(usage.blocks_fixed > 0);
+    out.push(("active_slabs".into(), active.to_string()));
+    out.push((
+        "total_malloced".into(),
+        ((usage.blocks_small + usage.blocks_fixed) * a.block_bytes).to_string(),
+    ));
+    out
+}
+
+/// `conns`: every client connection, as memcached's `N:addr`, `N:listen_addr`, `N:state`,
+/// `N:secs_since_last_cmd` (N is the socket).
+fn conns(answers: Vec<StatAnswer>) -> Vec<(String, String)> {
+    let mut rows: Vec<ConnRow> = answers
+        .into_iter()
+        .flat_map(|a| match a {
+            StatAnswer::Conns(rows) => rows,
+            _ => Vec::new(),
+        })
+        .collect();
+    rows.sort_by_key(|r| r.fd);
+    let mut out = Vec::new();
+    for r in rows {
+        out.push((format!("{}:addr", r.fd), format!("tcp:{}", r.peer)));
+        out.push((format!("{}:listen_addr", r.fd), format!("tcp:{}", r.local)));
+        out.push((format!("{}:state", r.fd), r.state.to_string()));
+        out.push((
+            format!("{}:secs_since_last_cmd", r.fd),
+            r.idle_seconds.to_string(),
+        ));
+    }
+    out
+}
+
+/// The pairs answering `group`, or `None` for a group that does not exist ("not found").
+pub async fn group_pairs(ctx: &ShardCtx, group: &[u8]) -> Option<Vec<(String, String)>> {
+    Some(match group {
         b"" => general(ctx, &gather(ctx).await),
+        b"items" => {
+            let mut store = StoreStats::default();
+            for s in gather(ctx).await {
+                store.add(&s.store);
+            }
+            items(&store)
+        }
+        b"slabs" => {
+            let snapshots = gather(ctx).await;
+            let shards: Vec<_> = snapshots.iter().map(|s| s.arena.clone()).collect();
+            slabs(ctx, &ctx.shared.arena.stats(&shards))
+        }
+        b"sizes" => {
+            let mut sizes = BTreeMap::new();
+            for answer in query_all(ctx, StatQuery::Sizes).await {
+                if let StatAnswer::Sizes(shard) = answer {
+                    for (bucket, count) in shard {
+                        *sizes.entry(bucket).or_insert(0u64) += count;
+                    }
+                }
+            }
+            sizes
+                .into_iter()
+                .map(|(bucket, count)| (bucket.to_string(), count.to_string()))
+                .collect()
+        }
+        b"conns" => conns(query_all(ctx, StatQuery::Conns).await),
+        b"reset" => {
+            query_all(ctx, StatQuery::Reset).await;
+            ctx.shared.total_connections.store(0, Ordering::Relaxed);
+            ctx.shared.rejected_connections.store(0, Ordering::Relaxed);
+            tracing::info!("STAT reset: counters back to zero");
+            Vec::new()
+        }
+        b"detail on" | b"detail off" => {
+            query_all(ctx, StatQuery::Detail(group == b"detail on")).await;
+            Vec::new()
+        }
+        b"detail dump" => {
+            let mut merged: BTreeMap<Vec<u8>, PrefixCounts> = BTreeMap::new();
+            for answer in query_all(ctx, StatQuery::DetailDump).await {
+                if let StatAnswer::Prefixes(prefixes) = answer {
+                    for (prefix, counts) in prefixes {
+                        merged.entry(prefix).or_default().add(&counts);
+                    }
+                }
+            }
+            let merged: Vec<_> = merged.into_iter().collect();
+            vec![("detailed".to_string(), detail::dump(&merged))]
+        }
         b"settings" => settings(ctx),
         b"segments" | b"placement" => {
             let ShardReply::PlacementStats(master) =
@@ -309,10 +575,16 @@ pub async fn write_stats(ctx: &ShardCtx, group: &[u8], opcode: u8, opaque: u32, 
             let shards: Vec<_> = snapshots.iter().map(|s| s.arena.clone()).collect();
             ctx.shared.arena.stats(&shards).pairs()
         }
-        _ => {
-            ResponseWriter::new(out).error(opcode, opaque, Status::NotFound);
-            return;
-        }
+        _ => return None,
+    })
+}
+
+/// Writes the STAT reply for `group` (empty: the general counters): one packet per stat and
+/// an empty terminator, or "not found" for an unknown group, as memcached does.
+pub async fn write_stats(ctx: &ShardCtx, group: &[u8], opcode: u8, opaque: u32, out: &mut Vec<u8>) {
+    let Some(pairs) = group_pairs(ctx, group).await else {
+        ResponseWriter::new(out).error(opcode, opaque, Status::NotFound);
+        return;
     };
     let mut w = ResponseWriter::new(out);
     for (name, value) in pairs {

@@ -7,7 +7,7 @@ use crate::placement::TargetId;
 use crate::segment::Extent;
 
 use super::item::{self, ValueAt};
-use super::stats::StoreStats;
+use super::stats::{ItemClass, StoreStats};
 
 /// The key hash every shard shares: it picks the owning shard and the index bucket.
 #[derive(Clone, Debug)]
@@ -168,9 +168,38 @@ impl Keys {
         u64::from(arena.small_footprint(record.len() as u32)) + slot
     }
 
-    /// Frees an unlinked item's record and fixed slot (deferred while pinned).
+    /// Counts an item that is being linked: its bytes and its class.
+    pub fn count_linked(&mut self, arena: &ShardArena, loc: HeadLoc) {
+        self.stats.bytes += self.item_bytes(arena, loc);
+        let record = arena.bytes(loc);
+        let (class, value_len) = class_of(record);
+        let counts = self.stats.class_mut(class);
+        counts.number += 1;
+        counts.requested_bytes += item::key(record).len() as u64 + value_len;
+        if class == ItemClass::Large {
+            self.stats.large_items += 1;
+            self.stats.large_bytes += value_len;
+        }
+    }
+
+    /// Frees an item that was linked (now unlinked): its counts go, then its memory.
     pub fn free_item(&mut self, arena: &mut ShardArena, loc: HeadLoc) {
-        self.stats.bytes = self.stats.bytes.saturating_sub(self.item_bytes(arena, loc));
+        self.stats.bytes -= self.item_bytes(arena, loc);
+        let record = arena.bytes(loc);
+        let (class, value_len) = class_of(record);
+        let counts = self.stats.class_mut(class);
+        counts.number -= 1;
+        counts.requested_bytes -= item::key(record).len() as u64 + value_len;
+        if class == ItemClass::Large {
+            self.stats.large_items -= 1;
+            self.stats.large_bytes -= value_len;
+        }
+        self.free_unlinked(arena, loc);
+    }
+
+    /// Frees an item's record, fixed slot or head and extents (slots deferred while pinned),
+    /// without counts: for one never linked.
+    pub fn free_unlinked(&mut self, arena: &mut ShardArena, loc: HeadLoc) {
         match item::value_at(arena.bytes(loc)) {
             ValueAt::Fixed { slot, .. } => arena.free(slot),
             ValueAt::Large => {
@@ -178,8 +207,6 @@ impl Keys {
                 if let Some(head) = large.head {
                     arena.free(head);
                 }
-                self.stats.large_items -= 1;
-                self.stats.large_bytes -= large.value_len;
                 for replica in large.replicas {
                     self.release_extent(replica);
                 }
@@ -263,6 +290,13 @@ impl Keys {
     }
 
     /// Empties the index, returning every record.
+    /// Calls `f` with every linked record.
+    pub fn for_each(&self, mut f: impl FnMut(HeadLoc)) {
+        for &loc in &self.table {
+            f(loc);
+        }
+    }
+
     pub fn drain(&mut self) -> Vec<HeadLoc> {
         self.table.drain().collect()
     }
@@ -369,10 +403,24 @@ impl AdmissionHost for Keys {
             if let Ok(entry) = self.table.find_entry(hash, |l| *l == loc) {
                 entry.remove();
             }
+            let class = class_of(arena.bytes(loc)).0;
             self.free_item(arena, loc);
             self.stats.evictions += 1;
+            self.stats.class_mut(class).evicted += 1;
             return true;
         }
         false
+    }
+}
+
+/// An item's class and value length, from its record.
+pub fn class_of(record: &[u8]) -> (ItemClass, u64) {
+    match item::value_at(record) {
+        ValueAt::Inline => (ItemClass::Small, item::inline_value(record).len() as u64),
+        ValueAt::Fixed { len, .. } => (ItemClass::Fixed, u64::from(len)),
+        ValueAt::Large => (
+            ItemClass::Large,
+            item::large(record).map_or(0, |l| l.value_len),
+        ),
     }
 }

@@ -4,6 +4,7 @@
 //! Every operation is synchronous and runs on the shard's own core; the server calls it with
 //! the current Unix time so expiry is testable.
 
+pub mod detail;
 pub mod item;
 mod keys;
 mod stats;
@@ -16,7 +17,7 @@ use crate::segment::Extent;
 use item::{Meta, ValueAt};
 pub use keys::KeyHasher;
 use keys::Keys;
-pub use stats::StoreStats;
+pub use stats::{ClassStats, ItemClass, StoreStats};
 
 /// Relative expiry times above this are absolute Unix times (memcached's rule: 30 days).
 pub const RELATIVE_EXPIRY_MAX_SECONDS: u32 = 30 * 24 * 3600;
@@ -149,6 +150,8 @@ pub struct Store {
     /// A pending `flush_all` with a delay: every item stored before it dies at this time.
     flush_at: Option<u32>,
     large_refusal_logged: bool,
+    /// STAT `detail`: per-prefix counters, while switched on.
+    pub detail: detail::PrefixStats,
 }
 
 impl Store {
@@ -159,8 +162,39 @@ impl Store {
             next_cas: 1,
             flush_at: None,
             large_refusal_logged: false,
+            detail: detail::PrefixStats::default(),
             config,
         }
+    }
+
+    /// STAT `reset`: every counter back to zero, as memcached resets them; gauges (items,
+    /// bytes, the index) and the per-prefix counters' switch stay.
+    pub fn reset_stats(&mut self) {
+        let s = &mut self.keys.stats;
+        *s = StoreStats {
+            bytes: s.bytes,
+            large_items: s.large_items,
+            large_bytes: s.large_bytes,
+            classes: s.classes.map(|c| ClassStats {
+                number: c.number,
+                requested_bytes: c.requested_bytes,
+                ..ClassStats::default()
+            }),
+            ..StoreStats::default()
+        };
+        self.detail.clear();
+    }
+
+    /// STAT `sizes`: linked items by size (key plus value bytes), in 32-byte buckets labelled
+    /// by their upper bound as memcached labels them. Walks the whole index.
+    pub fn sizes(&self) -> std::collections::BTreeMap<u64, u64> {
+        let mut buckets = std::collections::BTreeMap::new();
+        self.keys.for_each(|loc| {
+            let record = self.arena.bytes(loc);
+            let bytes = item::key(record).len() as u64 + keys::class_of(record).1;
+            *buckets.entry(bytes.div_ceil(32) * 32).or_insert(0) += 1;
+        });
+        buckets
     }
 
     pub fn arena(&self) -> &ShardArena {
@@ -211,6 +245,8 @@ impl Store {
         let loc = self.keys.find(&self.arena, key)?;
         if is_expired(item::meta(self.arena.bytes(loc)).expiry, now) {
             self.keys.stats.expired_reclaimed += 1;
+            let class = keys::class_of(self.arena.bytes(loc)).0;
+            self.keys.stats.class_mut(class).reclaimed += 1;
             self.remove(key);
             return None;
         }
@@ -240,7 +276,14 @@ impl Store {
     /// GET / GAT / TOUCH of any item. A large hit copies its head and, with `lease`, holds its
     /// extents until [`Store::release_lease`] (so a reader can stream them).
     pub fn lookup(&mut self, key: &[u8], touch: Option<u32>, now: u32, lease: bool) -> Lookup<'_> {
-        let Some(loc) = self.live(key, now) else {
+        let found = self.live(key, now);
+        self.detail.record(
+            key,
+            detail::KeyOp::Get {
+                hit: found.is_some(),
+            },
+        );
+        let Some(loc) = found else {
             if touch.is_some() {
                 self.keys.stats.touch_misses += 1;
             } else {
@@ -463,6 +506,7 @@ impl Store {
         } = link;
         let head = &head[..];
         self.keys.stats.cmd_set += 1;
+        self.detail.record(key, detail::KeyOp::Set);
         let existing = self
             .live(key, now)
             .map(|loc| item::meta(self.arena.bytes(loc)));
@@ -519,8 +563,6 @@ impl Store {
         if let Some(slot) = head_slot {
             self.arena.link_fixed_owner(slot, loc);
         }
-        self.keys.stats.large_items += 1;
-        self.keys.stats.large_bytes += value_len;
         self.link_checked(key, loc, mode, cas, new_cas)
     }
 
@@ -536,7 +578,7 @@ impl Store {
     ) -> StoreOutcome {
         let still_there = self.keys.find(&self.arena, key).is_some();
         if !still_there && (cas != 0 || matches!(mode, StoreMode::Replace)) {
-            self.keys.free_item(&mut self.arena, loc);
+            self.keys.free_unlinked(&mut self.arena, loc);
             return StoreOutcome::NotFound;
         }
         self.link(key, loc);
@@ -642,11 +684,11 @@ impl Store {
 
     /// Links a freshly written item under `key`, replacing (and freeing) any old one.
     fn link(&mut self, key: &[u8], loc: HeadLoc) {
-        self.keys.stats.bytes += self.keys.item_bytes(&self.arena, loc);
+        self.keys.count_linked(&self.arena, loc);
+        // memcached counts every successful store, new key or not.
+        self.keys.stats.total_items += 1;
         if let Some(old) = self.keys.replace(&mut self.arena, key, loc) {
             self.keys.free_item(&mut self.arena, old);
-        } else {
-            self.keys.stats.total_items += 1;
         }
     }
 
@@ -663,6 +705,7 @@ impl Store {
         now: u32,
     ) -> StoreOutcome {
         self.keys.stats.cmd_set += 1;
+        self.detail.record(key, detail::KeyOp::Set);
         let existing = self
             .live(key, now)
             .map(|loc| item::meta(self.arena.bytes(loc)));
@@ -765,6 +808,7 @@ impl Store {
     /// old value.
     pub fn refuse_too_large(&mut self, key: &[u8], drop_existing: bool) {
         self.keys.stats.cmd_set += 1;
+        self.detail.record(key, detail::KeyOp::Set);
         self.keys.stats.too_large += 1;
         if drop_existing {
             self.remove(key);
@@ -772,6 +816,7 @@ impl Store {
     }
 
     pub fn delete(&mut self, key: &[u8], cas: u64, now: u32) -> DeleteOutcome {
+        self.detail.record(key, detail::KeyOp::Delete);
         let Some(loc) = self.live(key, now) else {
             self.keys.stats.delete_misses += 1;
             return DeleteOutcome::NotFound;
@@ -865,9 +910,9 @@ impl Store {
         }
     }
 
-    /// `flush_all`: now, or every item stored before `now + delay` dies at that time.
+    /// `flush_all`: now, or every item stored before `now + delay` dies at that time (the
+    /// connection counts the command: one FLUSH reaches every shard).
     pub fn flush(&mut self, delay: u32, now: u32) {
-        self.keys.stats.cmd_flush += 1;
         if delay == 0 {
             self.flush_at = None;
             self.flush_now();
@@ -897,8 +942,10 @@ impl Store {
             }
             let key = item::key(record).to_vec();
             if self.keys.find(&self.arena, &key) == Some(loc) {
+                let class = keys::class_of(self.arena.bytes(loc)).0;
                 self.remove(&key);
                 self.keys.stats.expired_reclaimed += 1;
+                self.keys.stats.class_mut(class).reclaimed += 1;
                 reclaimed += 1;
             }
         }

@@ -10,6 +10,8 @@ use std::time::Duration;
 pub struct Server {
     pub addr: SocketAddr,
     pub data_dir: std::path::PathBuf,
+    /// `--admin-socket` (every test server opens one, in its data directory).
+    pub admin_socket: std::path::PathBuf,
     child: Option<Child>,
     pub log: std::sync::Arc<std::sync::Mutex<Vec<String>>>,
 }
@@ -53,6 +55,10 @@ impl Server {
                 command.args(["--io-ring", &ring]);
             }
         }
+        let admin_socket = data_dir.join("admin.sock");
+        if !args.contains(&"--admin-socket") {
+            command.arg("--admin-socket").arg(&admin_socket);
+        }
         let mut child = command
             .args(["--listen", "127.0.0.1:0", "--log-level", "info"])
             .arg("--data-dir")
@@ -90,9 +96,16 @@ impl Server {
         Server {
             addr,
             data_dir,
+            admin_socket,
             child: Some(child),
             log,
         }
+    }
+
+    /// Runs one command on the admin socket: `Ok(text)` for `OK text`, `Err(reason)` for
+    /// `ERROR reason`.
+    pub fn admin(&self, command: &str) -> Result<String, String> {
+        admin_command(&self.admin_socket, command)
     }
 
     pub fn client(&self) -> Client {
@@ -128,6 +141,26 @@ impl Server {
             std::thread::sleep(Duration::from_millis(50));
         }
         false
+    }
+}
+
+/// Sends one line to an admin socket and reads the reply line.
+pub fn admin_command(socket: &std::path::Path, command: &str) -> Result<String, String> {
+    let mut stream = std::os::unix::net::UnixStream::connect(socket)
+        .unwrap_or_else(|err| panic!("admin socket {}: {err}", socket.display()));
+    stream
+        .set_read_timeout(Some(Duration::from_secs(30)))
+        .unwrap();
+    writeln!(stream, "{command}").unwrap();
+    let mut line = String::new();
+    BufReader::new(&stream).read_line(&mut line).unwrap();
+    let line = line.trim_end();
+    if let Some(text) = line.strip_prefix("OK ") {
+        Ok(text.to_string())
+    } else if let Some(reason) = line.strip_prefix("ERROR ") {
+        Err(reason.to_string())
+    } else {
+        panic!("not an admin reply: {line:?}")
     }
 }
 

@@ -1,0 +1,101 @@
+//! The log: stderr, or a file (`--log-file`) that SIGHUP reopens, so log rotation can move the
+//! old file away without losing lines or restarting the server.
+
+use std::fs::{File, OpenOptions};
+use std::io::{self, Write};
+use std::path::{Path, PathBuf};
+use std::sync::{Arc, Mutex};
+
+use tracing_subscriber::fmt::MakeWriter;
+use tracing_subscriber::EnvFilter;
+
+/// Where log lines go.
+#[derive(Clone)]
+enum Sink {
+    Stderr,
+    File {
+        path: PathBuf,
+        file: Arc<Mutex<File>>,
+    },
+}
+
+/// A handle on the installed log, for reopening its file.
+#[derive(Clone)]
+pub struct Log {
+    sink: Sink,
+}
+
+fn open_append(path: &Path) -> io::Result<File> {
+    OpenOptions::new().create(true).append(true).open(path)
+}
+
+/// Installs the process's log: `filter` is a level or tracing directive; lines go to `file`
+/// when given (appended), else stderr.
+pub fn init(filter: &str, file: Option<&Path>) -> Result<Log, String> {
+    let filter = EnvFilter::try_new(filter)
+        .map_err(|err| format!("--log-level {filter}: not a log filter ({err})"))?;
+    let sink = match file {
+        None => Sink::Stderr,
+        Some(path) => Sink::File {
+            path: path.to_path_buf(),
+            file: Arc::new(Mutex::new(
+                open_append(path).map_err(|err| format!("--log-file {}: {err}", path.display()))?,
+            )),
+        },
+    };
+    let ansi = matches!(sink, Sink::Stderr) && std::io::IsTerminal::is_terminal(&std::io::stderr());
+    tracing_subscriber::fmt()
+        .with_env_filter(filter)
+        .with_writer(sink.clone())
+        .with_ansi(ansi)
+        .with_target(false)
+        .init();
+    Ok(Log { sink })
+}
+
+impl Log {
+    /// Reopens the log file (after rotation); `Ok(None)` when logging to stderr.
+    pub fn reopen(&self) -> io::Result<Option<PathBuf>> {
+        match &self.sink {
+            Sink::Stderr => Ok(None),
+            Sink::File { path, file } => {
+                let fresh = open_append(path)?;
+                *file.lock().unwrap_or_else(|e| e.into_inner()) = fresh;
+                Ok(Some(path.clone()))
+            }
+        }
+    }
+}
+
+/// One log line's writer.
+pub enum LineWriter {
+    Stderr(io::Stderr),
+    File(Arc<Mutex<File>>),
+}
+
+impl Write for LineWriter {
+    fn write(&mut self, buf: &[u8]) -> io::Result<usize> {
+        match self {
+            LineWriter::Stderr(err) => err.write(buf),
+            LineWriter::File(file) => file.lock().unwrap_or_else(|e| e.into_inner()).write(buf),
+        }
+    }
+
+    fn flush(&mut self) -> io::Result<()> {
+        match self {
+            LineWriter::Stderr(err) => err.flush(),
+            LineWriter::File(file) => file.lock().unwrap_or_else(|e| e.into_inner()).flush(),
+        }
+    }
+}
+
+impl<'a> MakeWriter<'a> for Sink {
+    type Writer = LineWriter;
+
+    fn make_writer(&'a self) -> LineWriter {
+        match self {
+            Sink::Stderr => LineWriter::Stderr(io::stderr()),
+            Sink::File { file, .. } => LineWriter::File(Arc::clone(file)),
+        }
+    }
+}

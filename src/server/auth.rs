@@ -1,0 +1,147 @@
+//! Optional authentication, as memcached offers it: SASL PLAIN over the binary protocol against
+//! a password file of `user:password` lines (`--sasl-password-file`, the format of memcached's
+//! SASL password database). With it on, a connection must authenticate before any command but
+//! VERSION and the SASL commands themselves.
+
+use std::collections::HashMap;
+use std::path::Path;
+
+/// The one mechanism offered.
+pub const MECHANISMS: &str = "PLAIN";
+
+/// Users and their passwords.
+#[derive(Debug, Clone)]
+pub struct Credentials {
+    users: HashMap<Vec<u8>, Vec<u8>>,
+}
+
+/// How a SASL exchange ended.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum AuthOutcome {
+    Authenticated {
+        user: String,
+    },
+    /// A mechanism other than PLAIN.
+    UnknownMechanism,
+    /// Malformed PLAIN data, an unknown user or a wrong password (said alike to the client).
+    Refused {
+        user: String,
+    },
+}
+
+impl Credentials {
+    /// Reads a password file: one `user:password` per line; blank lines and `#` comments are
+    /// skipped; a line without `:` or with an empty user is an error naming its number.
+    pub fn read(path: &Path) -> Result<Credentials, String> {
+        let fail = |why: String| format!("--sasl-password-file {}: {why}", path.display());
+        let text = std::fs::read(path).map_err(|err| fail(err.to_string()))?;
+        Credentials::parse(&text).map_err(fail)
+    }
+
+    pub fn parse(text: &[u8]) -> Result<Credentials, String> {
+        let mut users = HashMap::new();
+        for (number, line) in text.split(|&b| b == b'\n').enumerate() {
+            let line = line.strip_suffix(b"\r").unwrap_or(line);
+            if line.trim_ascii().is_empty() || line.starts_with(b"#") {
+                continue;
+            }
+            let Some(colon) = line.iter().position(|&b| b == b':') else {
+                return Err(format!("line {} is not user:password", number + 1));
+            };
+            let (user, password) = (&line[..colon], &line[colon + 1..]);
+            if user.is_empty() {
+                return Err(format!("line {} has an empty user name", number + 1));
+            }
+            users.insert(user.to_vec(), password.to_vec());
+        }
+        if users.is_empty() {
+            return Err("no user:password line".to_string());
+        }
+        Ok(Credentials { users })
+    }
+
+    /// Runs a SASL AUTH (or STEP) with `mechanism` and its data. PLAIN's data is
+    /// `authzid NUL authcid NUL password`; the authorization identity, if any, must be the
+    /// user itself.
+    pub fn authenticate(&self, mechanism: &[u8], data: &[u8]) -> AuthOutcome {
+        if mechanism != MECHANISMS.as_bytes() {
+            return AuthOutcome::UnknownMechanism;
+        }
+        let mut parts = data.splitn(3, |&b| b == 0);
+        let (Some(authzid), Some(user), Some(password)) =
+            (parts.next(), parts.next(), parts.next())
+        else {
+            return AuthOutcome::Refused {
+                user: String::new(),
+            };
+        };
+        let name = String::from_utf8_lossy(user).into_owned();
+        let known = self.users.get(user);
+        // Compare against something of the same shape for unknown users too.
+        let expected: &[u8] = known.map_or(b"", Vec::as_slice);
+        let matches = constant_time_eq(expected, password) && known.is_some();
+        if matches && (authzid.is_empty() || authzid == user) {
+            AuthOutcome::Authenticated { user: name }
+        } else {
+            AuthOutcome::Refused { user: name }
+        }
+    }
+}
+
+/// Equality whose time does not depend on where the inputs first differ.
+fn constant_time_eq(a: &[u8], b: &[u8]) -> bool {
+    let mut diff = a.len() ^ b.len();
+    for i in 0..a.len().max(b.len()) {
+        diff |= usize::from(a.get(i).copied().unwrap_or(0) ^ b.get(i).copied().unwrap_or(0));
+    }
+    diff == 0
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn password_file_and_plain() {
+        let creds = Credentials::parse(b"# users\nalice:s3cret\r\n\nbob:pa:ss\n").unwrap();
+        let auth = |data: &[u8]| creds.authenticate(b"PLAIN", data);
+        assert_eq!(
+            auth(b"\0alice\0s3cret"),
+            AuthOutcome::Authenticated {
+                user: "alice".into()
+            }
+        );
+        assert_eq!(
+            auth(b"bob\0bob\0pa:ss"),
+            AuthOutcome::Authenticated { user: "bob".into() },
+            "a password may hold ':'"
+        );
+        assert_eq!(
+            auth(b"\0alice\0s3cre"),
+            AuthOutcome::Refused {
+                user: "alice".into()
+            }
+        );
+        assert_eq!(
+            auth(b"bob\0alice\0s3cret"),
+            AuthOutcome::Refused {
+                user: "alice".into()
+            },
+            "another authorization identity"
+        );
+        assert_eq!(
+            auth(b"\0carol\0"),
+            AuthOutcome::Refused {
+                user: "carol".into()
+            }
+        );
+        assert_eq!(auth(b"alice"), AuthOutcome::Refused { user: "".into() });
+        assert_eq!(
+            creds.authenticate(b"CRAM-MD5", b"x"),
+            AuthOutcome::UnknownMechanism
+        );
+        assert!(Credentials::parse(b"nocolon\n").is_err());
+        assert!(Credentials::parse(b":empty\n").is_err());
+        assert!(Credentials::parse(b"\n# only comments\n").is_err());
+    }
+}
