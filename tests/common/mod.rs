@@ -93,3 +93,28 @@ impl Drop for HugePages {
         let _ = std::fs::write(NR_HUGEPAGES, &self.old);
     }
 }
+
+/// A Python interpreter that imports `module`: `$HEADROOM_PYTHON`, the virtual environment
+/// `scripts/install-deps` makes (`~/.cache/headroom-venv`), or `python3`. Panics, naming the
+/// fix, when none does.
+pub fn python_with(module: &str) -> std::path::PathBuf {
+    let home = std::env::var_os("HOME").unwrap_or_default();
+    let candidates: Vec<std::path::PathBuf> = std::env::var_os("HEADROOM_PYTHON")
+        .map(std::path::PathBuf::from)
+        .into_iter()
+        .chain([
+            std::path::Path::new(&home).join(".cache/headroom-venv/bin/python"),
+            std::path::PathBuf::from("python3"),
+        ])
+        .collect();
+    for python in &candidates {
+        let imports = std::process::Command::new(python)
+            .args(["-c", &format!("import {module}")])
+            .output()
+            .is_ok_and(|out| out.status.success());
+        if imports {
+            return python.clone();
+        }
+    }
+    panic!("no Python imports {module} (tried {candidates:?}): run scripts/install-deps");
+}

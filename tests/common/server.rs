@@ -123,6 +123,18 @@ impl Server {
         child.wait().unwrap()
     }
 
+    /// Sends `signal` and, for a stop signal, returns the exit status.
+    pub fn stop_with(mut self, signal: nix::sys::signal::Signal) -> std::process::ExitStatus {
+        let mut child = self.child.take().unwrap();
+        nix::sys::signal::kill(nix::unistd::Pid::from_raw(child.id() as i32), signal).unwrap();
+        child.wait().unwrap()
+    }
+
+    /// Sends `signal` and leaves the server running.
+    pub fn signal(&self, signal: nix::sys::signal::Signal) {
+        nix::sys::signal::kill(nix::unistd::Pid::from_raw(self.pid() as i32), signal).unwrap();
+    }
+
     pub fn pid(&self) -> u32 {
         self.child.as_ref().unwrap().id()
     }
@@ -142,6 +154,38 @@ impl Server {
         }
         false
     }
+}
+
+/// Runs the `headroom` binary to its end (killed after `limit`): exit status (None when killed),
+/// stderr, and how long it ran.
+pub fn run_to_exit(args: &[&str], limit: Duration) -> (Option<i32>, String, Duration) {
+    let started = std::time::Instant::now();
+    let mut child = Command::new(env!("CARGO_BIN_EXE_headroom"))
+        .args(args)
+        .stdin(Stdio::null())
+        .stdout(Stdio::null())
+        .stderr(Stdio::piped())
+        .spawn()
+        .expect("start headroom");
+    let mut stderr = child.stderr.take().unwrap();
+    let reader = std::thread::spawn(move || {
+        let mut text = String::new();
+        let _ = stderr.read_to_string(&mut text);
+        text
+    });
+    let status = loop {
+        if let Some(status) = child.try_wait().unwrap() {
+            break status.code();
+        }
+        if started.elapsed() > limit {
+            let _ = child.kill();
+            let _ = child.wait();
+            break None;
+        }
+        std::thread::sleep(Duration::from_millis(10));
+    };
+    let elapsed = started.elapsed();
+    (status, reader.join().unwrap(), elapsed)
 }
 
 /// Sends one line to an admin socket and reads the reply line.

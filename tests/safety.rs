@@ -1,0 +1,430 @@
+//! Safe to run: start-up failures exit 1 quickly with one sentence; one server per address,
+//! data directory and segment file; ADMIN only on the admin socket, which mounts only labelled
+//! files inside the allowed directories and never writes a foreign file; SASL PLAIN (our client
+//! and a real client library); SIGHUP survives and reopens the log, SIGUSR1 stops gracefully
+//! with the warm-restart snapshot, a stop signal during start-up is honoured.
+
+mod common;
+
+use std::time::Duration;
+
+use common::pattern;
+use common::server::{frame, fresh_data_dir, run_to_exit, Server};
+use nix::sys::signal::Signal;
+
+const SASL_LIST_MECHS: u8 = 0x20;
+const SASL_AUTH: u8 = 0x21;
+const ADMIN: u8 = 0x42;
+const STATUS_AUTH_ERROR: u16 = 0x20;
+const STATUS_NOT_SUPPORTED: u16 = 0x83;
+
+fn dir_arg(dir: &std::path::Path) -> String {
+    dir.display().to_string()
+}
+
+#[test]
+fn a_bind_failure_exits_1_at_once_with_one_sentence() {
+    // Another program (no SO_REUSEPORT) holds the address.
+    let holder = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+    let addr = holder.local_addr().unwrap().to_string();
+    let dir = fresh_data_dir();
+    let (status, stderr, took) = run_to_exit(
+        &["--listen", &addr, "--data-dir", &dir_arg(&dir)],
+        Duration::from_secs(10),
+    );
+    assert_eq!(status, Some(1), "{stderr}");
+    assert!(took < Duration::from_secs(2), "took {took:?}");
+    let line = stderr.lines().last().unwrap();
+    assert!(
+        line.starts_with(&format!(
+            "headroom: --listen {addr}: the address is already served by "
+        )) && line.contains(&format!("pid {}", std::process::id())),
+        "{stderr}"
+    );
+    assert!(
+        !stderr.contains("region mapped"),
+        "mapped before binding: {stderr}"
+    );
+
+    // An address no interface has (TEST-NET-3).
+    let (status, stderr, took) = run_to_exit(
+        &[
+            "--listen",
+            "203.0.113.7:11211",
+            "--data-dir",
+            &dir_arg(&dir),
+        ],
+        Duration::from_secs(10),
+    );
+    assert_eq!(status, Some(1), "{stderr}");
+    assert!(took < Duration::from_secs(2), "took {took:?}");
+    assert!(
+        stderr.contains("--listen 203.0.113.7:11211: no interface of this machine has the address"),
+        "{stderr}"
+    );
+    let _ = std::fs::remove_dir_all(dir);
+}
+
+#[test]
+fn one_server_per_address_data_dir_and_segment_file() {
+    let first = Server::start(&["--threads", "2"]);
+    let addr = first.addr.to_string();
+    let pid = format!("pid {}", first.pid());
+
+    // The same address (SO_REUSEPORT would let it in): refused.
+    let other_dir = fresh_data_dir();
+    let (status, stderr, _) = run_to_exit(
+        &["--listen", &addr, "--data-dir", &dir_arg(&other_dir)],
+        Duration::from_secs(10),
+    );
+    assert_eq!(status, Some(1), "{stderr}");
+    assert!(
+        stderr.contains(&format!(
+            "--listen {addr}: the address is already served by headroom ({pid})"
+        )),
+        "{stderr}"
+    );
+    // Clients still reach one cache only: the first server.
+    let mut c = first.client();
+    assert_eq!(c.set(b"k", b"v", 0, 0).status, 0);
+    for _ in 0..20 {
+        assert_eq!(first.client().get(b"k").value, b"v");
+    }
+
+    // The same data directory: refused, naming the holder.
+    let (status, stderr, _) = run_to_exit(
+        &[
+            "--listen",
+            "127.0.0.1:0",
+            "--data-dir",
+            &dir_arg(&first.data_dir),
+        ],
+        Duration::from_secs(10),
+    );
+    assert_eq!(status, Some(1), "{stderr}");
+    assert!(
+        stderr.contains(&format!(
+            "--data-dir {}: in use by another Headroom (headroom, {pid})",
+            first.data_dir.display()
+        )),
+        "{stderr}"
+    );
+
+    // The same segment file from another data directory: refused, the file untouched.
+    let segment = first.data_dir.join("segment-0");
+    let before = std::fs::read(&segment).unwrap().len();
+    let (status, stderr, _) = run_to_exit(
+        &[
+            "--listen",
+            "127.0.0.1:0",
+            "--data-dir",
+            &dir_arg(&other_dir),
+            "--segment",
+            &format!("file:{},size=64M", segment.display()),
+        ],
+        Duration::from_secs(10),
+    );
+    assert_eq!(status, Some(1), "{stderr}");
+    assert!(
+        stderr.contains("in use by another process") && stderr.contains(&pid),
+        "{stderr}"
+    );
+    assert_eq!(std::fs::read(&segment).unwrap().len(), before);
+    assert_eq!(first.stop().code(), Some(0));
+    let _ = std::fs::remove_dir_all(other_dir);
+}
+
+#[test]
+fn admin_is_refused_on_data_connections_and_served_on_the_socket() {
+    let server = Server::start(&["--threads", "2"]);
+    let mut c = server.client();
+    let r = c.call(&frame(ADMIN, &[], b"promote", &[], 0, 7));
+    assert_eq!(r.status, STATUS_NOT_SUPPORTED);
+    assert!(
+        String::from_utf8_lossy(&r.value).contains("--admin-socket"),
+        "{:?}",
+        String::from_utf8_lossy(&r.value)
+    );
+    // The connection goes on.
+    assert_eq!(c.set(b"after", b"admin", 0, 0).status, 0);
+    assert!(server.admin("promote").unwrap().starts_with("promoted:"));
+    // The socket is its owner's only.
+    use std::os::unix::fs::PermissionsExt;
+    let mode = std::fs::metadata(&server.admin_socket)
+        .unwrap()
+        .permissions()
+        .mode();
+    assert_eq!(mode & 0o777, 0o600);
+}
+
+#[test]
+fn runtime_mounts_take_only_our_files_inside_the_allowed_directories() {
+    let server = Server::start(&["--threads", "2", "--segment", "mem:size=16M,numa=0"]);
+    let inside = server.data_dir.join("foreign");
+    let outside_dir = fresh_data_dir();
+    std::fs::create_dir_all(&outside_dir).unwrap();
+    let outside = outside_dir.join("victim");
+    let bytes = pattern(11, 8 << 20);
+    std::fs::write(&inside, &bytes).unwrap();
+    std::fs::write(&outside, &bytes).unwrap();
+
+    // A file Headroom did not create, inside the data directory: refused.
+    let refused = server
+        .admin(&format!("mount file:{},size=4M", inside.display()))
+        .unwrap_err();
+    assert!(
+        refused.contains("Headroom did not create this file"),
+        "{refused}"
+    );
+    // Outside every allowed directory: refused.
+    let refused = server
+        .admin(&format!("mount file:{},size=4M", outside.display()))
+        .unwrap_err();
+    assert!(
+        refused.contains("a runtime mount takes only files inside"),
+        "{refused}"
+    );
+    // A symlink inside pointing outside: refused.
+    let link = server.data_dir.join("link");
+    std::os::unix::fs::symlink(&outside, &link).unwrap();
+    let refused = server
+        .admin(&format!("mount file:{},size=4M", link.display()))
+        .unwrap_err();
+    assert!(refused.contains("symbolic link"), "{refused}");
+    // `..` out of the data directory: refused.
+    let sneaky = server
+        .data_dir
+        .join("..")
+        .join(outside_dir.file_name().unwrap())
+        .join("victim");
+    assert!(server
+        .admin(&format!("mount file:{},size=4M", sneaky.display()))
+        .is_err());
+    // A block device, even inside: only from the command line.
+    if nix::unistd::geteuid().is_root() {
+        let device = server.data_dir.join("blk");
+        nix::sys::stat::mknod(
+            &device,
+            nix::sys::stat::SFlag::S_IFBLK,
+            nix::sys::stat::Mode::from_bits_truncate(0o600),
+            nix::sys::stat::makedev(7, 0),
+        )
+        .unwrap();
+        let refused = server
+            .admin(&format!("mount file:{},size=4M", device.display()))
+            .unwrap_err();
+        assert!(
+            refused.contains("block devices are mounted only from the command line"),
+            "{refused}"
+        );
+    }
+    // Nothing was written: byte for byte, and not one byte longer.
+    assert!(
+        std::fs::read(&inside).unwrap() == bytes,
+        "the foreign file changed"
+    );
+    assert!(
+        std::fs::read(&outside).unwrap() == bytes,
+        "the outside file changed"
+    );
+
+    // A new file inside the data directory is created, labelled, and mounted.
+    let fresh = server.data_dir.join("runtime-0");
+    assert_eq!(
+        server.admin(&format!("mount file:{},size=4M", fresh.display())),
+        Ok("mounted t1".to_string())
+    );
+    assert_eq!(std::fs::metadata(&fresh).unwrap().len(), (4 << 20) + 4096);
+    let _ = std::fs::remove_dir_all(outside_dir);
+}
+
+#[test]
+fn sasl_plain_guards_every_command() {
+    let dir = fresh_data_dir();
+    std::fs::create_dir_all(&dir).unwrap();
+    let passwords = dir.join("passwords");
+    std::fs::write(&passwords, "# user:password\nalice:wonderland\n").unwrap();
+    let server = Server::start_in(
+        &dir,
+        &[
+            "--threads",
+            "2",
+            "--sasl-password-file",
+            &dir_arg(&passwords),
+        ],
+    );
+    let mut c = server.client();
+    // Before authentication: refused, and the connection stays.
+    let r = c.get(b"k");
+    assert_eq!(r.status, STATUS_AUTH_ERROR);
+    assert_eq!(r.value, b"Authentication required");
+    let r = c.call(&frame(0x10, &[], b"", &[], 0, 0));
+    assert_eq!(r.status, STATUS_AUTH_ERROR, "STAT needs authentication too");
+    let r = c.call(&frame(0x0b, &[], b"", &[], 0, 0));
+    assert_eq!(r.status, 0, "VERSION is allowed");
+    let r = c.call(&frame(SASL_LIST_MECHS, &[], b"", &[], 0, 0));
+    assert_eq!((r.status, r.value.as_slice()), (0, &b"PLAIN"[..]));
+    // A wrong password: refused and counted.
+    let r = c.call(&frame(SASL_AUTH, &[], b"PLAIN", b"\0alice\0rabbit", 0, 0));
+    assert_eq!(r.status, STATUS_AUTH_ERROR);
+    assert_eq!(c.get(b"k").status, STATUS_AUTH_ERROR);
+    // The right one: every command works.
+    let r = c.call(&frame(
+        SASL_AUTH,
+        &[],
+        b"PLAIN",
+        b"\0alice\0wonderland",
+        0,
+        0,
+    ));
+    assert_eq!((r.status, r.value.as_slice()), (0, &b"Authenticated"[..]));
+    assert_eq!(c.set(b"k", b"v", 0, 0).status, 0);
+    assert_eq!(c.get(b"k").value, b"v");
+    assert_eq!(c.stat("", "auth_cmds"), 2);
+    assert_eq!(c.stat("", "auth_errors"), 1);
+    assert!(c
+        .stats("settings")
+        .contains(&("auth_enabled_sasl".into(), "yes".into())));
+
+    // A real client library that speaks SASL (python-binary-memcached).
+    let python = common::python_with("bmemcached");
+    let script = r#"
+import sys, bmemcached
+addr, user, password = sys.argv[1], sys.argv[2], sys.argv[3]
+c = bmemcached.Client([addr], user, password)
+c.set("lib-key", "from python")
+print(c.get("lib-key"))
+"#;
+    let run = |password: &str| {
+        std::process::Command::new(&python)
+            .args(["-c", script, &server.addr.to_string(), "alice", password])
+            .output()
+            .unwrap()
+    };
+    let ok = run("wonderland");
+    assert!(
+        ok.status.success(),
+        "{}",
+        String::from_utf8_lossy(&ok.stderr)
+    );
+    assert_eq!(String::from_utf8_lossy(&ok.stdout).trim(), "from python");
+    let wrong = run("rabbit");
+    assert!(
+        !wrong.status.success() || String::from_utf8_lossy(&wrong.stdout).trim() != "from python",
+        "a wrong password must not read: {}",
+        String::from_utf8_lossy(&wrong.stdout)
+    );
+    assert_eq!(c.stat("", "auth_errors"), 2);
+    assert_eq!(c.get(b"lib-key").value, b"from python");
+}
+
+#[test]
+fn sighup_survives_and_reopens_the_log_file() {
+    let dir = fresh_data_dir();
+    std::fs::create_dir_all(&dir).unwrap();
+    let log = dir.join("headroom.log");
+    let read_log = |path: &std::path::Path| std::fs::read_to_string(path).unwrap_or_default();
+    let wait_for = |path: &std::path::Path, text: &str| {
+        for _ in 0..500 {
+            if read_log(path).contains(text) {
+                return;
+            }
+            std::thread::sleep(Duration::from_millis(20));
+        }
+        panic!("{} never said {text:?}: {}", path.display(), read_log(path));
+    };
+    let mut child = std::process::Command::new(env!("CARGO_BIN_EXE_headroom"))
+        .args([
+            "--listen",
+            "127.0.0.1:0",
+            "--threads",
+            "2",
+            "--data-dir",
+            &dir_arg(&dir),
+        ])
+        .args(["--log-file", &dir_arg(&log)])
+        .spawn()
+        .unwrap();
+    let pid = nix::unistd::Pid::from_raw(child.id() as i32);
+    wait_for(&log, "listening on ");
+    let text = read_log(&log);
+    let addr: std::net::SocketAddr = text[text.find("listening on ").unwrap() + 13..]
+        .split_whitespace()
+        .next()
+        .unwrap()
+        .parse()
+        .unwrap();
+    let mut c = common::server::Client::connect(addr);
+    assert_eq!(c.set(b"k", b"v", 0, 0).status, 0);
+    // Rotation: the file is moved away, SIGHUP makes a new one.
+    let rotated = dir.join("headroom.log.1");
+    std::fs::rename(&log, &rotated).unwrap();
+    nix::sys::signal::kill(pid, Signal::SIGHUP).unwrap();
+    wait_for(&log, "SIGHUP: log file reopened");
+    assert!(read_log(&rotated).contains("listening on"));
+    // Still serving, same data.
+    assert_eq!(c.get(b"k").value, b"v");
+    nix::sys::signal::kill(pid, Signal::SIGTERM).unwrap();
+    assert_eq!(child.wait().unwrap().code(), Some(0));
+    assert!(read_log(&log).contains("stopped"));
+    let _ = std::fs::remove_dir_all(dir);
+}
+
+#[test]
+fn sigusr1_stops_gracefully_with_the_snapshot() {
+    let dir = fresh_data_dir();
+    let args = ["--threads", "2"];
+    let server = Server::start_in(&dir, &args);
+    let mut c = server.client();
+    let value = pattern(5, 3 << 20);
+    assert_eq!(c.set_streamed(0x01, b"big", &value, 9).status, 0);
+    assert_eq!(server.stop_with(Signal::SIGUSR1).code(), Some(0));
+    let server = Server::start_in(&dir, &args);
+    let got = server.client().get(b"big");
+    assert_eq!((got.status, got.flags()), (0, 9));
+    assert!(got.value == value, "restored value differs");
+}
+
+#[test]
+fn a_stop_signal_during_start_up_is_honoured() {
+    // A large arena takes a while to map and lock; SIGTERM arrives meanwhile.
+    for delay_ms in [0u64, 30, 120] {
+        let dir = fresh_data_dir();
+        let mut child = std::process::Command::new(env!("CARGO_BIN_EXE_headroom"))
+            .args([
+                "--listen",
+                "127.0.0.1:0",
+                "--memory",
+                "1G",
+                "--data-dir",
+                &dir_arg(&dir),
+            ])
+            .stderr(std::process::Stdio::null())
+            .spawn()
+            .unwrap();
+        std::thread::sleep(Duration::from_millis(delay_ms));
+        let sent = std::time::Instant::now();
+        nix::sys::signal::kill(
+            nix::unistd::Pid::from_raw(child.id() as i32),
+            Signal::SIGTERM,
+        )
+        .unwrap();
+        let status = loop {
+            if let Some(status) = child.try_wait().unwrap() {
+                break status;
+            }
+            assert!(
+                sent.elapsed() < Duration::from_secs(5),
+                "SIGTERM {delay_ms} ms into start-up was not honoured"
+            );
+            std::thread::sleep(Duration::from_millis(10));
+        };
+        // Before the signal thread exists (the first microseconds) the default action ends it.
+        use std::os::unix::process::ExitStatusExt;
+        assert!(
+            status.code() == Some(0) || status.signal() == Some(Signal::SIGTERM as i32),
+            "{delay_ms} ms: {status:?}"
+        );
+        let _ = std::fs::remove_dir_all(dir);
+    }
+}

@@ -1,0 +1,155 @@
+//! STAT against memcached's meaning, through the real server with two shards: counters summed
+//! once across shards (`cmd_flush` per FLUSH, `large_*`), `total_items` per successful store,
+//! and memcached's groups `settings`, `items`, `slabs`, `sizes`, `conns`, `reset` and
+//! `detail on|off|dump`.
+
+mod common;
+
+use common::pattern;
+use common::server::{frame, Client, Server};
+
+const STAT: u8 = 0x10;
+const FLUSH: u8 = 0x08;
+
+fn stat_map(c: &mut Client, group: &str) -> std::collections::HashMap<String, String> {
+    c.stats(group).into_iter().collect()
+}
+
+/// Keys that land on both shards (the test sets several and checks the sum).
+fn keys(prefix: &str, n: usize) -> Vec<Vec<u8>> {
+    (0..n)
+        .map(|i| format!("{prefix}{i}").into_bytes())
+        .collect()
+}
+
+#[test]
+fn counters_are_counted_once_and_summed_over_shards() {
+    let server = Server::start(&["--threads", "2", "--segment", "mem:size=64M,numa=0"]);
+    let mut c = server.client();
+    let before = c.stat("", "cmd_flush");
+    assert_eq!(c.call(&frame(FLUSH, &[], b"", &[], 0, 0)).status, 0);
+    assert_eq!(
+        c.stat("", "cmd_flush"),
+        before + 1,
+        "one FLUSH is one command, whatever the shard count"
+    );
+
+    // Every successful store counts, new key or not (memcached's total_items).
+    let total = c.stat("", "total_items");
+    assert_eq!(c.set(b"t", b"1", 0, 0).status, 0);
+    assert_eq!(c.set(b"t", b"2", 0, 0).status, 0);
+    assert_eq!(c.stat("", "total_items"), total + 2);
+
+    // Large values on both shards are all counted.
+    let big = 300 << 10;
+    for key in keys("large", 8) {
+        assert_eq!(c.set_streamed(0x01, &key, &pattern(1, big), 0).status, 0);
+    }
+    assert_eq!(c.stat("", "large_items"), 8);
+    assert_eq!(c.stat("", "large_bytes"), 8 * big as u64);
+    let settings = stat_map(&mut c, "settings");
+    assert_eq!(settings["flush_enabled"], "yes");
+    assert_eq!(settings["evictions"], "on");
+    assert_eq!(settings["cas_enabled"], "yes");
+}
+
+#[test]
+fn items_slabs_and_sizes_describe_the_arena_classes() {
+    let server = Server::start(&["--threads", "2", "--segment", "mem:size=64M,numa=0"]);
+    let mut c = server.client();
+    for key in keys("small", 10) {
+        assert_eq!(c.set(&key, &[7u8; 90], 0, 0).status, 0);
+    }
+    // Exactly --ram-head (256K): a fixed slot; above it: a segment.
+    assert_eq!(c.set(b"fixed", &pattern(2, 256 << 10), 0, 0).status, 0);
+    assert_eq!(
+        c.set_streamed(0x01, b"large", &pattern(3, 1 << 20), 0)
+            .status,
+        0
+    );
+
+    let items = stat_map(&mut c, "items");
+    assert_eq!(items["items:1:number"], "10");
+    assert_eq!(items["items:1:mem_requested"], (10 * (6 + 90)).to_string());
+    assert_eq!(items["items:2:number"], "1");
+    assert_eq!(items["items:3:number"], "1");
+    assert_eq!(items["items:3:mem_requested"], (5 + (1 << 20)).to_string());
+
+    let slabs = stat_map(&mut c, "slabs");
+    assert_eq!(slabs["1:chunk_size"], "16");
+    assert_eq!(slabs["2:chunk_size"], (256 << 10).to_string());
+    // The fixed value and the large value's head copy.
+    assert_eq!(slabs["2:used_chunks"], "2");
+    assert_eq!(slabs["active_slabs"], "2");
+    assert!(slabs["total_malloced"].parse::<u64>().unwrap() >= 2 << 20);
+
+    // Sizes: key + value in 32-byte buckets labelled by their upper bound.
+    let sizes = stat_map(&mut c, "sizes");
+    assert_eq!(sizes["96"], "10", "{sizes:?}");
+    assert_eq!(
+        sizes[&((5 + 256 * 1024u64).div_ceil(32) * 32).to_string()],
+        "1"
+    );
+}
+
+#[test]
+fn conns_reset_and_detail() {
+    let server = Server::start(&["--threads", "2"]);
+    let mut c = server.client();
+    let mut other = server.client();
+    // A round trip: the other connection is accepted and waiting.
+    assert_eq!(other.call(&frame(0x0a, &[], b"", &[], 0, 0)).status, 0);
+    let conns = c.stats("conns");
+    let addrs: Vec<_> = conns.iter().filter(|(n, _)| n.ends_with(":addr")).collect();
+    assert!(addrs.len() >= 2, "{conns:?}");
+    assert!(addrs.iter().all(|(_, v)| v.starts_with("tcp:127.0.0.1:")));
+    assert!(conns
+        .iter()
+        .any(|(n, v)| n.ends_with(":state") && v == "conn_waiting"));
+    assert!(conns
+        .iter()
+        .any(|(n, v)| n.ends_with(":listen_addr") && *v == format!("tcp:{}", server.addr)));
+    assert!(conns
+        .iter()
+        .any(|(n, _)| n.ends_with(":secs_since_last_cmd")));
+
+    // Reset: counters to zero, gauges kept.
+    assert_eq!(c.set(b"kept", b"v", 0, 0).status, 0);
+    c.get(b"kept");
+    assert!(c.stat("", "get_hits") > 0);
+    let r = c.stats("reset");
+    assert!(
+        r.is_empty(),
+        "reset answers with the terminator only: {r:?}"
+    );
+    let general = stat_map(&mut c, "");
+    assert_eq!(general["get_hits"], "0");
+    assert_eq!(general["cmd_set"], "0");
+    assert_eq!(general["total_items"], "0");
+    assert_eq!(general["curr_items"], "1", "a gauge survives reset");
+
+    // Detail: per-prefix counts while on.
+    assert!(c.stats("detail on").is_empty());
+    assert_eq!(c.set(b"user:1", b"a", 0, 0).status, 0);
+    c.get(b"user:1");
+    c.get(b"user:2");
+    c.call(&frame(0x04, &[], b"user:3", &[], 0, 0));
+    c.set(b"plain", b"no prefix", 0, 0);
+    let dump = stat_map(&mut c, "detail dump");
+    assert_eq!(
+        dump["detailed"],
+        "PREFIX user get 2 hit 1 set 1 del 1\r\nEND\r\n"
+    );
+    assert!(c.stats("detail off").is_empty());
+    c.get(b"user:1");
+    assert_eq!(
+        stat_map(&mut c, "detail dump")["detailed"],
+        "PREFIX user get 2 hit 1 set 1 del 1\r\nEND\r\n"
+    );
+    // Unknown groups (and detail subcommands): "not found", the connection goes on.
+    for group in ["bogus", "detail bogus"] {
+        let r = c.call(&frame(STAT, &[], group.as_bytes(), &[], 0, 0));
+        assert_eq!(r.status, 1, "{group}");
+    }
+    assert_eq!(c.get(b"kept").value, b"v");
+}
