@@ -32,7 +32,10 @@ fn mount_unmount_and_remount_at_runtime() {
     let mut c = server.client();
     let spec = format!("file:{}/extra,size=64M", dir.display());
 
-    assert_eq!(admin(&format!("mount {spec}")), Ok("mounted t1".to_string()));
+    assert_eq!(
+        admin(&format!("mount {spec}")),
+        Ok("mounted t1".to_string())
+    );
     assert_eq!(
         c.stats("segments")
             .iter()
@@ -71,7 +74,10 @@ fn mount_unmount_and_remount_at_runtime() {
         .any(|(n, _)| n.starts_with("target_1_")));
 
     // Remount: the same file, the same identity, a new id.
-    assert_eq!(admin(&format!("mount {spec}")), Ok("mounted t2".to_string()));
+    assert_eq!(
+        admin(&format!("mount {spec}")),
+        Ok("mounted t2".to_string())
+    );
     assert!(admin("unmount prepare 2").is_ok());
     assert!(admin("unmount commit 2").is_ok());
     // A remount that changes the size is refused (the file's label says its size).
