@@ -1,12 +1,19 @@
 //! Per-core block batches: each serving core keeps a few free blocks per region and refills or
 //! returns them in bulk, so no per-allocation operation takes a cross-core lock.
 //!
+//! A serving executor installs its batch in a thread-local ([`install_core_batch`]); a
+//! partition's allocator, run by whichever core holds the partition's lock, takes blocks from
+//! and gives emptied blocks back to that core's batch. Blocks in use belong to one partition;
+//! idle blocks to one core's batch (or, on a thread with no batch installed, such as a test or
+//! the placement master, to the partition's own fallback batch).
+//!
 //! The global pool sits behind [`BlockSource`]: [`SharedPool`], a mutex taken once per bulk
 //! exchange. It stays out of the placement master on purpose: a refill happens inside admission
 //! and must answer synchronously (`docs/placement.md`). A refill asks for a fair share of what the region has left (never more than
 //! [`BATCH_REFILL_MAX_BLOCKS`]) so one core cannot hoard a nearly empty region, and a batch
 //! holding more than [`BATCH_HIGH_WATER_BLOCKS`] idle blocks of a region gives the excess back.
 
+use std::cell::RefCell;
 use std::sync::Mutex;
 
 use super::block::BlockId;
@@ -169,4 +176,28 @@ impl BlockBatch {
         }
         self.held.clear();
     }
+}
+
+thread_local! {
+    /// The batch of the serving core this thread is (none on other threads).
+    static CORE_BATCH: RefCell<Option<BlockBatch>> = const { RefCell::new(None) };
+}
+
+/// Installs an empty batch for the serving core running on this thread.
+pub fn install_core_batch() {
+    CORE_BATCH.with(|batch| *batch.borrow_mut() = Some(BlockBatch::new()));
+}
+
+/// Runs `f` on this core's batch; `None` when the thread has none.
+pub fn with_core_batch<R>(f: impl FnOnce(&mut BlockBatch) -> R) -> Option<R> {
+    CORE_BATCH.with(|batch| batch.try_borrow_mut().ok()?.as_mut().map(f))
+}
+
+/// Gives this core's idle blocks back to `source` and removes its batch (shutdown).
+pub fn retire_core_batch(source: &dyn BlockSource) {
+    CORE_BATCH.with(|batch| {
+        if let Some(mut batch) = batch.borrow_mut().take() {
+            batch.return_all(source);
+        }
+    });
 }

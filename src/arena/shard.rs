@@ -3,7 +3,6 @@
 
 use std::sync::Arc;
 
-use std::marker::PhantomData;
 use std::sync::atomic::{AtomicU64, Ordering};
 
 use hashbrown::{HashMap, HashSet};
@@ -116,14 +115,13 @@ const EXCHANGE_PIECE_BYTES: usize = 64 << 10;
 /// Numbers every `ShardArena`, so a reservation can name the one that made it.
 static NEXT_INSTANCE: AtomicU64 = AtomicU64::new(0);
 
-/// One core's allocator over the shared arena. Neither `Send` nor `Sync`: it is made on its
-/// core and stays there, and the blocks it holds are touched by nobody else.
+/// One partition's allocator over the shared arena. `Send` but not `Sync`: it lives behind its
+/// partition's lock, and only the holder of that lock touches it or the blocks it holds.
 pub struct ShardArena {
     shard: usize,
     instance: u64,
     /// Reservations handed out and not yet published or aborted.
     reserved: HashSet<HeadLoc>,
-    _on_one_core: PhantomData<*const ()>,
     arena: Arc<Arena>,
     mem: TableMemory,
     batch: BlockBatch,
@@ -149,7 +147,6 @@ impl ShardArena {
             shard,
             instance: NEXT_INSTANCE.fetch_add(1, Ordering::Relaxed),
             reserved: HashSet::new(),
-            _on_one_core: PhantomData,
             mem: TableMemory::new(arena.table_arc()),
             batch: BlockBatch::new(),
             buddy: Buddy::new(config.block_bytes, config.ram_head_bytes),
@@ -199,13 +196,23 @@ impl ShardArena {
         self.ranks(self.fixed_reservation) >= 2
     }
 
+    /// A free block of region `rank`: from the batch of the core running this (the partition's
+    /// own on a thread without one).
     fn acquire_block(&mut self, kind: ReservationKind, rank: usize) -> Option<BlockId> {
-        self.batch.acquire(self.arena.pool(), kind, rank)
+        let pool = self.arena.pool();
+        match super::batch::with_core_batch(|batch| batch.acquire(pool, kind, rank)) {
+            Some(block) => block,
+            None => self.batch.acquire(pool, kind, rank),
+        }
     }
 
+    /// An emptied block goes to the running core's batch (or the partition's own).
     fn release_block(&mut self, block: BlockId) {
         let (kind, rank) = self.arena.home_of(block);
-        self.batch.release(self.arena.pool(), kind, rank, block);
+        let pool = self.arena.pool();
+        if super::batch::with_core_batch(|batch| batch.release(pool, kind, rank, block)).is_none() {
+            self.batch.release(pool, kind, rank, block);
+        }
     }
 
     /// One attempt at a small reservation: local region first (its partly used blocks, then

@@ -188,6 +188,11 @@ pub struct Cli {
     #[arg(long, value_name = "N")]
     pub threads: Option<usize>,
 
+    /// Partitions of the key space (each a store behind a short lock; any core serves any
+    /// partition) [default: 16 per serving CPU, fewer when --memory holds under 4 blocks each].
+    #[arg(long, value_name = "N")]
+    pub partitions: Option<usize>,
+
     /// Most client connections open at once; more are closed on accept [default: 1024].
     #[arg(long, value_name = "N")]
     pub max_connections: Option<usize>,
@@ -289,6 +294,7 @@ pub struct FileConfig {
     pub listen: Option<String>,
     pub log_level: Option<String>,
     pub threads: Option<usize>,
+    pub partitions: Option<usize>,
     pub max_connections: Option<usize>,
     pub idle_timeout: Option<u64>,
     pub spin_before_park: Option<u64>,
@@ -425,6 +431,9 @@ pub enum ConfigError {
     },
     PlacementPolicy {
         text: String,
+    },
+    Partitions {
+        count: usize,
     },
     SegmentEviction {
         text: String,
@@ -568,6 +577,11 @@ impl fmt::Display for ConfigError {
                 f,
                 "--placement-policy {text}: must be best_fit, free_ratio_first or random"
             ),
+            Partitions { count } => write!(
+                f,
+                "--partitions {count} must be from 1 to {}",
+                crate::store::PARTITIONS_MAX
+            ),
         }
     }
 }
@@ -581,6 +595,8 @@ pub struct Settings {
     pub listen: SocketAddr,
     /// The CPUs that get a shard each, ascending.
     pub cpus: Vec<usize>,
+    /// Partitions of the key space; `None`: chosen from the CPUs and the memory at start.
+    pub partitions: Option<usize>,
     pub max_connections: usize,
     /// 0: never.
     pub idle_timeout_seconds: u64,
@@ -842,6 +858,12 @@ pub fn resolve_with_file(
             cpus: node_cpus.len(),
         });
     }
+    let partitions = cli.partitions.or(file.partitions);
+    if let Some(count) = partitions {
+        if !(1..=crate::store::PARTITIONS_MAX).contains(&count) {
+            return Err(ConfigError::Partitions { count });
+        }
+    }
     let max_connections = cli
         .max_connections
         .or(file.max_connections)
@@ -969,6 +991,7 @@ pub fn resolve_with_file(
             .0,
         listen,
         cpus: node_cpus[..threads].to_vec(),
+        partitions,
         max_connections,
         idle_timeout_seconds: cli.idle_timeout.or(file.idle_timeout).unwrap_or(0),
         spin_before_park_micros: cli.spin_before_park.or(file.spin_before_park).unwrap_or(0),

@@ -2,7 +2,8 @@
 //! promotion and head locations. They are served only on the admin socket the operator opens
 //! (`--admin-socket PATH`, one command per line, answered `OK ...` or `ERROR ...`), whose file
 //! permissions decide who may use it; data connections are refused. Shard 0 serves the
-//! socket and drives each command: the placement master decides, every shard learns of it.
+//! socket and drives each command: the placement master decides, every shard learns of
+//! storage changes, and partitions are changed under their locks.
 //!
 //! ```text
 //! mount <segment spec>        e.g. mount file:/data/seg7,size=64G,numa=1
@@ -81,11 +82,11 @@ pub async fn run(ctx: &Rc<ShardCtx>, command: &[u8]) -> Result<String, String> {
             // Its objects leave every index; extents they held elsewhere go back.
             let mut freed = Vec::new();
             let mut dropped = 0u64;
-            for reply in broadcast(ctx, || ShardRequest::DropTarget(id)).await {
-                if let ShardReply::Dropped { items, extents } = reply {
-                    dropped += items;
-                    freed.extend(extents);
-                }
+            let partitions = &ctx.shared.partitions;
+            for index in 0..partitions.len() {
+                let mut store = partitions.lock(index);
+                dropped += store.drop_target(id);
+                freed.extend(store.take_pending_frees());
             }
             ctx.call_master(ShardRequest::Free(freed)).await;
             let ShardReply::Unmounted(outcome) = ctx.call_master(ShardRequest::UnmountCommit(id)).await else {
@@ -98,35 +99,18 @@ pub async fn run(ctx: &Rc<ShardCtx>, command: &[u8]) -> Result<String, String> {
         }
         ["promote"] => {
             let (mut exchanges, mut bytes, mut skipped) = (0, 0, 0);
-            for reply in broadcast(ctx, || ShardRequest::Promote).await {
-                if let ShardReply::Promoted {
-                    exchanges: e,
-                    bytes_moved: b,
-                    skipped_pinned: s,
-                } = reply
-                {
-                    exchanges += e;
-                    bytes += b;
-                    skipped += s;
-                }
+            for index in 0..ctx.shared.partitions.len() {
+                let report = super::shard::promote(&ctx.shared, index);
+                exchanges += report.exchanged.len();
+                bytes += report.bytes_moved;
+                skipped += report.skipped_pinned;
             }
             Ok(format!(
                 "promoted: {exchanges} block exchanges, {bytes} bytes moved, {skipped} blocks skipped for pins"
             ))
         }
         ["where", key] => {
-            let key = key.as_bytes().to_vec();
-            let hash = ctx.store.borrow().hash(&key);
-            let owner = crate::store::KeyHasher::shard_of(hash, ctx.shards);
-            let reply = if owner == ctx.id {
-                ctx.serve_local(ShardRequest::Where(key))
-            } else {
-                ctx.call(owner, ShardRequest::Where(key)).await
-            };
-            match reply {
-                ShardReply::Located(located) => located,
-                _ => unreachable!("a shard answers where with a location"),
-            }
+            ctx.shared.partitions.lock_key(key.as_bytes()).1.locate(key.as_bytes())
         }
         _ => Err(format!(
             "unknown command '{command}': use 'mount SPEC', 'unmount prepare TARGET', 'unmount commit TARGET', 'promote' or 'where KEY'"

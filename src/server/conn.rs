@@ -1,10 +1,11 @@
-//! One client connection: read frames, run them on their owning shards, write the replies in
-//! request order.
+//! One client connection: read bytes, decode frames, run each request on the spot against its
+//! key's partition (on this core, under the partition's lock), and write the replies in
+//! request order. A GET reads in one direction: socket -> `proto::decode` -> `execute` against
+//! the partition -> reply bytes (or a value lent from the arena) -> `Wire` -> socket.
 //!
-//! Frames are taken in *segments*: keyed requests this shard owns run at once; those of
-//! other shards are gathered into one batch per shard, sent, and awaited together; the
-//! replies are then stitched back into request order. FLUSH, STAT and QUIT end a segment (they
-//! see everything before them and nothing after). See `docs/server.md`.
+//! FLUSH and STAT see everything before them and nothing after (they run in order like every
+//! other request); a large SET's value is streamed into its segment before the next frame is
+//! decoded. See `docs/server.md`.
 
 use std::rc::Rc;
 use std::time::Duration;
@@ -13,12 +14,11 @@ use futures_lite::{AsyncReadExt, AsyncWriteExt};
 use glommio::net::TcpStream;
 
 use crate::proto::{decode_streaming, Decoded, FrameError, Request, ResponseWriter, Status};
-use crate::store::KeyHasher;
 
 use super::deferred::Held;
 use super::execute::execute_keyed;
 use super::large::{self, LargeSet};
-use super::shard::{RemoteOp, ShardCtx, ShardReply, ShardRequest};
+use super::shard::ShardCtx;
 use super::stats::{write_stats, ConnInfo};
 use super::unix_now;
 use super::wire::Wire;
@@ -27,134 +27,6 @@ use super::wire::Wire;
 const READ_BUFFER_BYTES: usize = 16 << 10;
 /// Replies gathered before they are written, so a pipeline of large GETs stays bounded.
 pub(super) const OUTPUT_CAP_BYTES: usize = 1 << 20;
-/// Frames per segment at most (bounds a batch's bookkeeping).
-const SEGMENT_MAX_FRAMES: usize = 4096;
-
-/// Where a reply of the current segment comes from.
-enum Piece {
-    /// `local[start..end]`.
-    Local { start: usize, end: usize },
-    /// Op `index` of the batch sent to `shard`.
-    Remote { shard: usize, index: usize },
-    /// A value sent by the connection itself (large, or lent zero-copy), run here.
-    Held(Held),
-}
-
-/// A batch's replies: bytes, op ends, and the values the connection sends itself.
-type BatchReply = (Vec<u8>, Vec<u32>, Vec<(u32, Held)>);
-
-/// A segment being assembled.
-#[derive(Default)]
-struct Segment {
-    pieces: Vec<Piece>,
-    local: Vec<u8>,
-    /// Per shard: the frames to send and their ops.
-    batches: Vec<(Vec<u8>, Vec<RemoteOp>)>,
-    /// Bytes held for values the connection sends itself (large heads, pinned values): they
-    /// count against the output cap.
-    held_bytes: usize,
-}
-
-impl Segment {
-    fn new(shards: usize) -> Segment {
-        Segment {
-            batches: (0..shards).map(|_| (Vec::new(), Vec::new())).collect(),
-            ..Segment::default()
-        }
-    }
-
-    fn is_empty(&self) -> bool {
-        self.pieces.is_empty()
-    }
-
-    fn local_reply(&mut self, write: impl FnOnce(&mut Vec<u8>)) {
-        let start = self.local.len();
-        write(&mut self.local);
-        let end = self.local.len();
-        if end > start {
-            self.pieces.push(Piece::Local { start, end });
-        }
-    }
-
-    fn remote(&mut self, shard: usize, op_bytes: &[u8], make: impl FnOnce(u32, u32) -> RemoteOp) {
-        let (buf, ops) = &mut self.batches[shard];
-        let start = buf.len() as u32;
-        buf.extend_from_slice(op_bytes);
-        ops.push(make(start, buf.len() as u32));
-        self.pieces.push(Piece::Remote {
-            shard,
-            index: ops.len() - 1,
-        });
-    }
-
-    /// Sends the batches, waits for every reply, and appends all replies in order to `out`;
-    /// values the connection sends itself are noted in `held` at their output offset.
-    async fn finish(
-        &mut self,
-        ctx: &Rc<ShardCtx>,
-        out: &mut Vec<u8>,
-        held: &mut Vec<(usize, Held)>,
-    ) {
-        let lend_from = ctx.io.lend_from();
-        let calls: Vec<_> = self
-            .batches
-            .iter_mut()
-            .enumerate()
-            .filter(|(_, (_, ops))| !ops.is_empty())
-            .map(|(shard, (buf, ops))| {
-                let request = ShardRequest::Batch {
-                    buf: std::mem::take(buf),
-                    ops: std::mem::take(ops),
-                    lend_from,
-                };
-                (shard, request)
-            })
-            .collect();
-        let mut replies: Vec<Option<BatchReply>> = (0..self.batches.len()).map(|_| None).collect();
-        // Every batch is in flight before the first reply is awaited.
-        let mut pending = Vec::with_capacity(calls.len());
-        for (shard, request) in calls {
-            pending.push((shard, ctx.start_call(shard, request).await));
-        }
-        for (shard, call) in pending {
-            if let ShardReply::Batch {
-                out,
-                ends,
-                deferred,
-            } = call.reply().await
-            {
-                let parts = deferred
-                    .into_iter()
-                    .map(|(i, part)| (i, Held::new(ctx, part)))
-                    .collect();
-                replies[shard] = Some((out, ends, parts));
-            }
-        }
-        for piece in self.pieces.drain(..) {
-            match piece {
-                Piece::Local { start, end } => out.extend_from_slice(&self.local[start..end]),
-                Piece::Held(part) => held.push((out.len(), part)),
-                Piece::Remote { shard, index } => {
-                    let (bytes, ends, remote_parts) =
-                        replies[shard].as_mut().expect("a reply per batch");
-                    let start = if index == 0 {
-                        0
-                    } else {
-                        ends[index - 1] as usize
-                    };
-                    // The op's own bytes (a lent value's header), then its part if it has one.
-                    out.extend_from_slice(&bytes[start..ends[index] as usize]);
-                    if let Some(at) = remote_parts.iter().position(|(i, _)| *i as usize == index) {
-                        let (_, part) = remote_parts.swap_remove(at);
-                        held.push((out.len(), part));
-                    }
-                }
-            }
-        }
-        self.local.clear();
-        self.held_bytes = 0;
-    }
-}
 
 /// What the connection does after writing its replies.
 enum After {
@@ -178,6 +50,8 @@ struct Conn {
     /// Values the connection sends itself, at their offsets in `out` (each lease or pin ends
     /// when it is dropped).
     held: Vec<(usize, Held)>,
+    /// Bytes `held` keeps in RAM until sent (they count against the output cap).
+    held_bytes: usize,
     /// SASL done, or not required (`--sasl-password-file` unset).
     authenticated: bool,
 }
@@ -255,259 +129,183 @@ impl Conn {
         let max_item = ctx.shared.settings.max_item_bytes as usize;
         // Values above ram_head live in segments: they are streamed, never buffered whole.
         let stream_from = ctx.shared.settings.arena.ram_head_bytes as usize;
-        let mut segment = Segment::new(ctx.shards);
+        let lend_from = ctx.io.lend_from();
         let now = unix_now();
-        let mut after = After::Read;
         loop {
             if self.skip > 0 {
                 let drop = (self.skip as usize).min(self.filled - self.consumed);
                 self.consumed += drop;
                 self.skip -= drop as u64;
                 if self.skip > 0 {
-                    break;
+                    return After::Read;
                 }
             }
-            if self.out.len() + segment.local.len() + segment.held_bytes > OUTPUT_CAP_BYTES
-                || segment.pieces.len() >= SEGMENT_MAX_FRAMES
-            {
-                after = After::Process;
-                break;
+            if self.out.len() + self.held_bytes > OUTPUT_CAP_BYTES {
+                return After::Process;
             }
             let frame = &self.buf[self.consumed..self.filled];
-            match decode_streaming(frame, max_item, stream_from) {
-                Decoded::Incomplete { needed } => {
-                    self.make_room(needed);
-                    break;
-                }
-                Decoded::Close { error } => {
-                    count(ctx, error);
-                    after = After::Close;
-                    break;
-                }
-                Decoded::Reject {
-                    opcode,
-                    opaque,
-                    status,
-                    skip,
-                    close,
-                    error,
-                } => {
-                    count(ctx, error);
-                    segment
-                        .local_reply(|out| ResponseWriter::new(out).error(opcode, opaque, status));
-                    let available = (self.filled - self.consumed) as u64;
-                    let now_dropped = skip.min(available);
-                    self.consumed += now_dropped as usize;
-                    self.skip = skip - now_dropped;
-                    if close {
-                        after = After::Close;
-                        break;
+            let (request, opcode, opaque, consumed) =
+                match decode_streaming(frame, max_item, stream_from) {
+                    Decoded::Incomplete { needed } => {
+                        self.make_room(needed);
+                        return After::Read;
                     }
-                }
-                Decoded::Request {
-                    request,
-                    opcode,
-                    opaque,
-                    consumed,
-                    skip_after,
-                } => {
-                    let frame_bytes = &frame[..consumed];
-                    self.skip = skip_after;
-                    ctx.counters.borrow_mut().commands += 1;
-                    if !self.authenticated && !allowed_before_auth(&request) {
-                        // Refused without running; a streamed value that follows is skipped.
-                        if let Request::LargeStore { value_len, .. } = request {
-                            self.skip += value_len;
+                    Decoded::Close { error } => {
+                        count(ctx, error);
+                        return After::Close;
+                    }
+                    Decoded::Reject {
+                        opcode,
+                        opaque,
+                        status,
+                        skip,
+                        close,
+                        error,
+                    } => {
+                        count(ctx, error);
+                        ResponseWriter::new(&mut self.out).error(opcode, opaque, status);
+                        let available = (self.filled - self.consumed) as u64;
+                        let now_dropped = skip.min(available);
+                        self.consumed += now_dropped as usize;
+                        self.skip = skip - now_dropped;
+                        if close {
+                            return After::Close;
                         }
-                        segment.local_reply(|out| {
-                            ResponseWriter::new(out).reply(
-                                opcode,
-                                opaque,
-                                Status::AuthError,
-                                0,
-                                &[],
-                                &[],
-                                b"Authentication required",
-                            )
-                        });
-                        self.consumed += consumed;
                         continue;
                     }
-                    match &request {
-                        Request::Noop | Request::Version | Request::Verbosity { .. } => {
-                            let version = ctx.shared.version.as_bytes();
-                            segment.local_reply(|out| {
-                                let value: &[u8] = if request == Request::Version {
-                                    version
-                                } else {
-                                    &[]
-                                };
-                                ResponseWriter::new(out).reply(
-                                    opcode,
-                                    opaque,
-                                    Status::Ok,
-                                    0,
-                                    &[],
-                                    &[],
-                                    value,
-                                )
-                            });
-                        }
-                        Request::Quit { quiet } => {
-                            if !quiet {
-                                segment.local_reply(|out| {
-                                    ResponseWriter::new(out).reply(
-                                        opcode,
-                                        opaque,
-                                        Status::Ok,
-                                        0,
-                                        &[],
-                                        &[],
-                                        &[],
-                                    )
-                                });
-                            }
-                            self.consumed += consumed;
-                            after = After::Close;
-                            break;
-                        }
-                        Request::Flush { delay, quiet } => {
-                            let (delay, quiet) = (*delay, *quiet);
-                            ctx.counters.borrow_mut().cmd_flush += 1;
-                            self.consumed += consumed;
-                            segment.finish(ctx, &mut self.out, &mut self.held).await;
-                            for shard in (0..ctx.shards).filter(|&s| s != ctx.id) {
-                                ctx.call(shard, ShardRequest::Flush { delay }).await;
-                            }
-                            ctx.store.borrow_mut().flush(delay, now);
-                            if !quiet {
-                                ResponseWriter::new(&mut self.out).reply(
-                                    opcode,
-                                    opaque,
-                                    Status::Ok,
-                                    0,
-                                    &[],
-                                    &[],
-                                    &[],
-                                );
-                            }
-                            continue;
-                        }
-                        Request::Stat { group } => {
-                            let group = group.to_vec();
-                            self.consumed += consumed;
-                            segment.finish(ctx, &mut self.out, &mut self.held).await;
-                            write_stats(ctx, &group, opcode, opaque, &mut self.out).await;
-                            continue;
-                        }
-                        Request::Admin { .. } => {
-                            segment.local_reply(|out| {
-                                ResponseWriter::new(out).reply(
-                                    opcode,
-                                    opaque,
-                                    Status::NotSupported,
-                                    0,
-                                    &[],
-                                    &[],
-                                    ADMIN_REFUSAL.as_bytes(),
-                                )
-                            });
-                        }
-                        Request::SaslListMechs | Request::SaslAuth { .. } => {
-                            let reply = sasl(ctx, &mut self.authenticated, &request);
-                            segment.local_reply(|out| {
-                                let (status, body) = reply;
-                                ResponseWriter::new(out).reply(
-                                    opcode,
-                                    opaque,
-                                    status,
-                                    0,
-                                    &[],
-                                    &[],
-                                    body.as_bytes(),
-                                )
-                            });
-                        }
-                        Request::LargeStore {
-                            mode,
-                            key,
-                            flags,
-                            expiry,
-                            cas,
-                            quiet,
-                            value_len,
-                            hints,
-                        } => {
-                            let set = LargeSet {
-                                hints: hints.clone(),
-                                mode: *mode,
-                                key: key.to_vec(),
-                                flags: *flags,
-                                expiry: *expiry,
-                                cas: *cas,
-                                quiet: *quiet,
-                                value_len: *value_len,
-                                opcode,
-                                opaque,
-                            };
-                            self.consumed += consumed;
-                            segment.finish(ctx, &mut self.out, &mut self.held).await;
-                            return After::LargeSet(set);
-                        }
-                        keyed => {
-                            let key = keyed.key().expect("keyed requests have keys");
-                            let hash = ctx.store.borrow().hash(key);
-                            let owner = KeyHasher::shard_of(hash, ctx.shards);
-                            if owner == ctx.id {
-                                let mut store = ctx.store.borrow_mut();
-                                let start = segment.local.len();
-                                let part = execute_keyed(
-                                    &mut store,
-                                    ctx.id,
-                                    keyed,
-                                    opcode,
-                                    opaque,
-                                    now,
-                                    &mut segment.local,
-                                    ctx.io.lend_from(),
-                                );
-                                drop(store);
-                                if segment.local.len() > start {
-                                    segment.pieces.push(Piece::Local {
-                                        start,
-                                        end: segment.local.len(),
-                                    });
-                                }
-                                if let Some(part) = part {
-                                    let part = Held::new(ctx, part);
-                                    segment.held_bytes += part.held_bytes();
-                                    segment.pieces.push(Piece::Held(part));
-                                }
-                            } else if let Request::TooLarge { key, drop_existing } = keyed {
-                                let drop_existing = *drop_existing;
-                                segment.remote(owner, key, |start, end| RemoteOp::TooLarge {
-                                    start,
-                                    end,
-                                    drop_existing,
-                                    opcode,
-                                    opaque,
-                                });
-                            } else {
-                                segment.remote(owner, frame_bytes, |start, end| RemoteOp::Frame {
-                                    start,
-                                    end,
-                                });
-                            }
-                        }
+                    Decoded::Request {
+                        request,
+                        opcode,
+                        opaque,
+                        consumed,
+                        skip_after,
+                    } => {
+                        self.skip = skip_after;
+                        (request, opcode, opaque, consumed)
+                    }
+                };
+            ctx.counters.borrow_mut().commands += 1;
+            if !self.authenticated && !allowed_before_auth(&request) {
+                // Refused without running; a streamed value that follows is skipped.
+                if let Request::LargeStore { value_len, .. } = request {
+                    self.skip += value_len;
+                }
+                ResponseWriter::new(&mut self.out).reply(
+                    opcode,
+                    opaque,
+                    Status::AuthError,
+                    0,
+                    &[],
+                    &[],
+                    b"Authentication required",
+                );
+                self.consumed += consumed;
+                continue;
+            }
+            let mut w = ResponseWriter::new(&mut self.out);
+            match &request {
+                Request::Noop | Request::Version | Request::Verbosity { .. } => {
+                    let value: &[u8] = if request == Request::Version {
+                        ctx.shared.version.as_bytes()
+                    } else {
+                        &[]
+                    };
+                    w.reply(opcode, opaque, Status::Ok, 0, &[], &[], value);
+                }
+                Request::Quit { quiet } => {
+                    if !quiet {
+                        w.reply(opcode, opaque, Status::Ok, 0, &[], &[], &[]);
                     }
                     self.consumed += consumed;
+                    return After::Close;
+                }
+                Request::Flush { delay, quiet } => {
+                    ctx.counters.borrow_mut().cmd_flush += 1;
+                    super::flush_all(&ctx.shared, *delay, now);
+                    if !quiet {
+                        w.reply(opcode, opaque, Status::Ok, 0, &[], &[], &[]);
+                    }
+                }
+                Request::Stat { group } => {
+                    let group = group.to_vec();
+                    self.consumed += consumed;
+                    write_stats(ctx, &group, opcode, opaque, &mut self.out).await;
+                    continue;
+                }
+                Request::Admin { .. } => w.reply(
+                    opcode,
+                    opaque,
+                    Status::NotSupported,
+                    0,
+                    &[],
+                    &[],
+                    ADMIN_REFUSAL.as_bytes(),
+                ),
+                Request::SaslListMechs | Request::SaslAuth { .. } => {
+                    let (status, body) = sasl(ctx, &mut self.authenticated, &request);
+                    ResponseWriter::new(&mut self.out).reply(
+                        opcode,
+                        opaque,
+                        status,
+                        0,
+                        &[],
+                        &[],
+                        body.as_bytes(),
+                    );
+                }
+                Request::LargeStore {
+                    mode,
+                    key,
+                    flags,
+                    expiry,
+                    cas,
+                    quiet,
+                    value_len,
+                    hints,
+                } => {
+                    let set = LargeSet {
+                        hints: hints.clone(),
+                        mode: *mode,
+                        key: key.to_vec(),
+                        flags: *flags,
+                        expiry: *expiry,
+                        cas: *cas,
+                        quiet: *quiet,
+                        value_len: *value_len,
+                        opcode,
+                        opaque,
+                    };
+                    self.consumed += consumed;
+                    return After::LargeSet(set);
+                }
+                keyed => {
+                    let key = keyed.key().expect("keyed requests have keys");
+                    let partitions = &ctx.shared.partitions;
+                    let (partition, mut store) = partitions.lock_key(key);
+                    // Past one output cap of held bytes, values are copied, not lent.
+                    let lend = lend_from.filter(|_| self.held_bytes <= OUTPUT_CAP_BYTES);
+                    let part = execute_keyed(
+                        &mut store,
+                        partition,
+                        keyed,
+                        opcode,
+                        opaque,
+                        now,
+                        &mut self.out,
+                        lend,
+                    );
+                    let frees = store.take_pending_frees();
+                    drop(store);
+                    ctx.free_extents(frees);
+                    if let Some(part) = part {
+                        let part = Held::new(ctx, part);
+                        self.held_bytes += part.held_bytes();
+                        self.held.push((self.out.len(), part));
+                    }
                 }
             }
+            self.consumed += consumed;
         }
-        if !segment.is_empty() {
-            segment.finish(ctx, &mut self.out, &mut self.held).await;
-        }
-        after
     }
 
     /// Makes the buffer able to hold a frame of `needed` bytes from `consumed`.
@@ -668,6 +466,7 @@ async fn serve_frames(
         skip: 0,
         out: Vec::new(),
         held: Vec::new(),
+        held_bytes: 0,
         authenticated: ctx.shared.credentials.is_none(),
     };
     loop {
@@ -694,6 +493,7 @@ async fn serve_frames(
             info.state.set("conn_write");
             // Replies in order: bytes up to each large value, the large value streamed, ...
             let mut written = 0;
+            conn.held_bytes = 0;
             for (at, part) in std::mem::take(&mut conn.held) {
                 if let Err(ended) =
                     write_out(ctx, stream, wire, idle, &mut conn.out, written, at).await
@@ -717,7 +517,6 @@ async fn serve_frames(
                 return ended;
             }
             conn.out.clear();
-            large::send_frees(ctx);
             let after = match after {
                 After::LargeSet(set) => {
                     info.state.set("conn_nread");

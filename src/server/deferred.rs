@@ -1,6 +1,7 @@
 //! Reply parts a connection sends itself, in their place among its other replies: large
 //! values (streamed from their segment) and values lent zero-copy from the arena. Each holds
-//! something on its owner shard (a lease, a pin) that ends when it is dropped, sent or not.
+//! something in its partition (a lease, a pin) that ends when it is dropped, sent or not: the
+//! end takes the partition's lock, from whichever core the connection is on.
 
 use std::rc::Rc;
 
@@ -9,7 +10,7 @@ use crate::ring::Lent;
 
 use super::execute::{Deferred, LentGet};
 use super::large::HeldLarge;
-use super::shard::{ShardCtx, ShardRequest};
+use super::shard::ShardCtx;
 
 pub enum Held {
     Large(HeldLarge),
@@ -33,7 +34,7 @@ impl Held {
     }
 }
 
-/// A value pinned in its owner's arena for a zero-copy send.
+/// A value pinned in its partition's arena for a zero-copy send.
 pub struct HeldLent {
     pin: Option<SendPin>,
     owner: usize,
@@ -69,26 +70,7 @@ impl Drop for HeldLent {
     }
 }
 
-/// Ends a send pin on the shard that made it.
+/// Ends a send pin in the partition that made it.
 pub(super) fn unpin(ctx: &Rc<ShardCtx>, owner: usize, pin: SendPin) {
-    if owner != ctx.id {
-        let ctx = Rc::clone(ctx);
-        glommio::spawn_local(async move {
-            ctx.call(owner, ShardRequest::Unpin { pin }).await;
-        })
-        .detach();
-        return;
-    }
-    // A completion can be reaped while the store is in use further up this task's stack:
-    // then the unpin waits for the next turn.
-    match ctx.store.try_borrow_mut() {
-        Ok(mut store) => store.unpin_sent(pin),
-        Err(_) => {
-            let ctx = Rc::clone(ctx);
-            glommio::spawn_local(async move {
-                ctx.store.borrow_mut().unpin_sent(pin);
-            })
-            .detach();
-        }
-    }
+    ctx.shared.partitions.lock(owner).unpin_sent(pin);
 }

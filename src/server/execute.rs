@@ -1,5 +1,5 @@
-//! Running one keyed request against the owning shard's store and composing its reply,
-//! exactly as memcached's binary protocol answers.
+//! Running one keyed request against its partition's store (held by the caller) and composing
+//! its reply, exactly as memcached's binary protocol answers.
 
 use crate::arena::SendPin;
 use crate::proto::{Request, ResponseWriter, Status};
@@ -16,7 +16,7 @@ pub struct LargeGet {
     pub hit: LargeHit,
     /// The head copy pinned for a zero-copy send (then `hit.head` is empty).
     pub head_pin: Option<SendPin>,
-    /// The shard holding the lease (and the pin).
+    /// The partition holding the lease (and the pin).
     pub owner: usize,
 }
 
@@ -28,7 +28,8 @@ impl LargeGet {
 }
 
 /// A GET hit whose value bytes leave zero-copy, straight from the arena, after the reply's
-/// header (already in the output): pinned on `owner` until the kernel is done with them.
+/// header (already in the output): pinned in partition `owner` until the kernel is done with
+/// them.
 #[derive(Debug)]
 pub struct LentGet {
     pub pin: SendPin,
@@ -48,7 +49,8 @@ pub enum Deferred {
 /// and appends its reply, if any, to `out`. Quiet requests reply only on errors (and GETQ
 /// family only on hits), as memcached does. A hit on a large value returns its [`LargeGet`]
 /// instead of a reply; with `lend_from`, a hit on a value of at least that many bytes appends
-/// only its header and returns the value pinned ([`LentGet`]). `owner` is this store's shard.
+/// only its header and returns the value pinned ([`LentGet`]). `owner` is this store's
+/// partition.
 #[allow(clippy::too_many_arguments)]
 pub fn execute_keyed(
     store: &mut Store,

@@ -17,11 +17,12 @@ use crate::proto::{PlacementHints, ResponseWriter, Status, StoreMode};
 use crate::ring::{Lent, PoolChunk};
 use crate::segment::storage::AlignedBuf;
 use crate::segment::{Extent, TargetStorage};
-use crate::store::{KeyHasher, LargeLink, StoreOutcome};
+use crate::store::{LargeLink, StoreOutcome};
 
 use super::conn::{with_limits, Io};
 use super::execute::LargeGet;
 use super::shard::{ShardCtx, ShardReply, ShardRequest};
+use super::unix_now;
 use super::wire::Wire;
 
 /// A SET, ADD or REPLACE whose value is being streamed to a segment.
@@ -206,35 +207,17 @@ impl SegmentFiles {
     }
 }
 
-/// Sends extents no item holds any more to the master, without waiting.
-pub fn send_frees(ctx: &Rc<ShardCtx>) {
-    let frees = ctx.store.borrow_mut().take_pending_frees();
-    if frees.is_empty() {
-        return;
-    }
-    let ctx = Rc::clone(ctx);
-    glommio::spawn_local(async move {
-        ctx.call_master(ShardRequest::Free(frees)).await;
-    })
-    .detach();
-}
-
-/// Ends a large GET's lease on its owner (here, or by a message).
+/// Ends a large GET's lease in its partition; extents freed meanwhile go to the master.
 pub fn release(ctx: &Rc<ShardCtx>, get: &LargeGet) {
     let Some(lease) = get.hit.lease else {
         return;
     };
-    if get.owner == ctx.id {
-        ctx.store.borrow_mut().release_lease(lease);
-        send_frees(ctx);
-    } else {
-        let ctx = Rc::clone(ctx);
-        let owner = get.owner;
-        glommio::spawn_local(async move {
-            ctx.call(owner, ShardRequest::Release { lease }).await;
-        })
-        .detach();
-    }
+    let frees = {
+        let mut store = ctx.shared.partitions.lock(get.owner);
+        store.release_lease(lease);
+        store.take_pending_frees()
+    };
+    ctx.free_extents(frees);
 }
 
 /// A large GET waiting to be streamed: its lease ends when this is dropped, whether the value
@@ -311,19 +294,9 @@ fn status_of(outcome: StoreOutcome) -> Status {
     }
 }
 
-/// Asks a request of the key's owner, here or over the mesh.
-async fn ask_owner(ctx: &Rc<ShardCtx>, key: &[u8], request: ShardRequest) -> ShardReply {
-    let owner = KeyHasher::shard_of(ctx.store.borrow().hash(key), ctx.shards);
-    if owner == ctx.id {
-        ctx.serve_local(request)
-    } else {
-        ctx.call(owner, request).await
-    }
-}
-
 /// Places a large value. With `--segment-eviction lru` a full store answers with the least
-/// recently used large values to evict first: their owners drop them, their extents go back,
-/// and the placement is asked once more.
+/// recently used large values to evict first: they leave their partitions, their extents go
+/// back, and the placement is asked once more.
 async fn place(
     ctx: &Rc<ShardCtx>,
     op: &LargeSet,
@@ -338,14 +311,9 @@ async fn place(
             ShardReply::EvictFirst(victims) if attempt == 0 => {
                 let mut freed = Vec::new();
                 for victim in victims {
-                    let evict = ShardRequest::EvictLarge {
-                        key: victim.key.clone(),
-                        target: victim.target,
-                        offset: victim.offset,
-                    };
-                    if let ShardReply::Evicted(extents) = ask_owner(ctx, &victim.key, evict).await {
-                        freed.extend(extents);
-                    }
+                    let (_, mut store) = ctx.shared.partitions.lock_key(&victim.key);
+                    store.evict_large(&victim.key, victim.target, victim.offset);
+                    freed.extend(store.take_pending_frees());
                 }
                 if !freed.is_empty() {
                     ctx.call_master(ShardRequest::Free(freed)).await;
@@ -385,12 +353,13 @@ pub async fn receive_set(
     let from_buffer = buffered.len().min(op.value_len as usize);
     let rest = op.value_len - from_buffer as u64;
     // An ADD of a live key (say) is refused before a byte goes to a segment.
-    let check = ShardRequest::CheckLarge {
-        mode: op.mode,
-        key: op.key.clone(),
-        cas: op.cas,
-    };
-    if let ShardReply::Linked(refused) = ask_owner(ctx, &op.key, check).await {
+    let refused =
+        ctx.shared
+            .partitions
+            .lock_key(&op.key)
+            .1
+            .check_large(op.mode, &op.key, op.cas, unix_now());
+    if let Some(refused) = refused {
         discard(ctx, idle, stream, rest).await?;
         ResponseWriter::new(out).error(op.opcode, op.opaque, status_of(refused));
         return Ok(from_buffer);
@@ -485,23 +454,26 @@ pub async fn receive_set(
         };
     }
     let placed_replicas = replicas.len() as u8;
-    let link = ShardRequest::LinkLarge {
-        mode: op.mode,
-        key: op.key.clone(),
-        flags: op.flags,
-        expiry: op.expiry,
-        cas: op.cas,
-        link: LargeLink {
-            value_len: op.value_len,
-            checksum,
-            replicas,
-            head,
-        },
+    let link = LargeLink {
+        value_len: op.value_len,
+        checksum,
+        replicas,
+        head,
     };
-    let ShardReply::Linked(outcome) = ask_owner(ctx, &op.key, link).await else {
-        unreachable!("a link is answered with its outcome");
+    let (outcome, frees) = {
+        let (_, mut store) = ctx.shared.partitions.lock_key(&op.key);
+        let outcome = store.link_large(
+            op.mode,
+            &op.key,
+            op.flags,
+            op.expiry,
+            op.cas,
+            unix_now(),
+            link,
+        );
+        (outcome, store.take_pending_frees())
     };
-    send_frees(ctx);
+    ctx.free_extents(frees);
     let mut w = ResponseWriter::new(out);
     match outcome {
         StoreOutcome::Stored { cas } => {

@@ -214,20 +214,12 @@ fn serve(master: &mut Master, request: ShardRequest) -> ShardReply {
                 })
                 .collect(),
         })),
-        ShardRequest::Batch { .. }
-        | ShardRequest::Flush { .. }
-        | ShardRequest::Stats
+        ShardRequest::Stats
         | ShardRequest::StatQuery(_)
-        | ShardRequest::LinkLarge { .. }
-        | ShardRequest::CheckLarge { .. }
-        | ShardRequest::EvictLarge { .. }
         | ShardRequest::AddStorage(_)
-        | ShardRequest::DropTarget(_)
-        | ShardRequest::RemoveStorage(_)
-        | ShardRequest::Release { .. }
-        | ShardRequest::Unpin { .. }
-        | ShardRequest::Promote
-        | ShardRequest::Where(_) => unreachable!("shard requests never go to the master"),
+        | ShardRequest::RemoveStorage(_) => {
+            unreachable!("shard requests never go to the master")
+        }
     }
 }
 

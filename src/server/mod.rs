@@ -1,5 +1,7 @@
-//! The server: one glommio executor per serving CPU, each a shard with its own store and
-//! listener (SO_REUSEPORT), joined by a channel mesh. See `docs/server.md`.
+//! The server: one glommio executor per serving CPU (a shard: its listener, connections, ring
+//! and block batch), the key space in partitions any shard serves under a short lock, and a
+//! placement master; a channel mesh joins them for the control plane only. See
+//! `docs/server.md`.
 //!
 //! Start-up takes what can be refused cheaply first: the data directory's lock, the listening
 //! sockets, the admin socket and the password file; only then is the arena mapped and are the
@@ -15,6 +17,7 @@ mod large;
 pub mod listen;
 mod log_limit;
 mod master;
+pub mod partition;
 mod shard;
 mod stats;
 mod warm;
@@ -31,7 +34,7 @@ use glommio::{LocalExecutorBuilder, Placement};
 
 use crate::arena::{Arena, MemoryPlan};
 use crate::config::Settings;
-use crate::store::{KeyHasher, Store, StoreConfig};
+use crate::store::{KeyHasher, StoreConfig};
 use crate::topology::Topology;
 
 use crate::placement::Placer;
@@ -91,12 +94,13 @@ impl ConnCounters {
     }
 }
 
-/// State every shard sees (the only cross-core shared state: configuration and atomics
-/// touched on accept, close and STAT, never per request).
+/// State every shard sees: configuration, the partitions (each behind its own lock), and
+/// atomics touched on accept, close and STAT.
 pub struct Shared {
     pub settings: Settings,
     pub arena: Arc<Arena>,
-    pub hasher: KeyHasher,
+    /// The key space: every store, each behind its lock.
+    pub partitions: partition::Partitions,
     pub version: String,
     pub started: Instant,
     pub stop: AtomicBool,
@@ -113,6 +117,8 @@ pub struct Shared {
     pub(crate) finished: AtomicUsize,
     /// Shards that have read the warm-restart snapshot (the last one deletes it).
     pub(crate) restored: AtomicUsize,
+    /// Every shard waits here after its restore: none serves before all partitions are back.
+    restore_done: std::sync::Barrier,
     /// Whether a refused io_uring ring has been logged (it is said once).
     pub(crate) io_fallback_said: std::sync::atomic::AtomicBool,
     /// Store targets mounted at start, by placement target id.
@@ -200,6 +206,13 @@ impl Running {
             let _ = handle.join();
         }
         tracing::info!("stopped");
+    }
+}
+
+/// FLUSH: every partition drops its items now, or marks them to die at `now + delay`.
+pub(crate) fn flush_all(shared: &Shared, delay: u32, now: u32) {
+    for index in 0..shared.partitions.len() {
+        shared.partitions.lock(index).flush(delay, now);
     }
 }
 
@@ -293,8 +306,30 @@ pub fn start(settings: Settings, topology: &Topology) -> Result<Running, ServerE
         .map(|_| crate::ring::Doorbell::new())
         .collect::<Result<Vec<_>, _>>()
         .map_err(|err| ServerError::Executor(format!("eventfd: {err}")))?;
+    let fixed_blocks = arena
+        .plan()
+        .regions
+        .iter()
+        .filter(|r| r.reservation == settings.arena.head_reservation())
+        .map(|r| r.blocks as u64)
+        .sum();
+    let count = settings
+        .partitions
+        .unwrap_or_else(|| partition::default_count(shards, fixed_blocks));
+    let partitions = partition::Partitions::new(
+        &arena,
+        KeyHasher::with_seed(random_seed()),
+        count,
+        |index| StoreConfig {
+            max_item_bytes: settings.max_item_bytes,
+            partition: index,
+            promotion_half_life_seconds: settings.promotion_half_life_seconds,
+        },
+    );
+    tracing::info!(partitions = count, shards, "key space partitioned");
     let shared = Arc::new(Shared {
-        hasher: KeyHasher::with_seed(random_seed()),
+        partitions,
+        restore_done: std::sync::Barrier::new(shards),
         version: format!("1.6.0-headroom-{}", env!("CARGO_PKG_VERSION")),
         started: Instant::now(),
         stop: AtomicBool::new(false),
@@ -386,26 +421,13 @@ async fn shard_main(
     let peers = shared.register_shard(index, senders.peer_id());
     let id = index;
     let listener = listen::into_glommio(listener);
-    let store = Store::new(
-        shared.arena.shard(id),
-        shared.hasher.clone(),
-        StoreConfig {
-            max_item_bytes: shared.settings.max_item_bytes,
-            shard: id,
-            promotion_half_life_seconds: shared.settings.promotion_half_life_seconds,
-        },
-    );
+    crate::arena::batch::install_core_batch();
     let io = wire::ShardIo::setup(&shared, id);
-    let ctx = Rc::new(ShardCtx::new(
-        id,
-        store,
-        Arc::clone(&shared),
-        senders,
-        peers,
-        io,
-    ));
+    let ctx = Rc::new(ShardCtx::new(id, Arc::clone(&shared), senders, peers, io));
     shard::spawn_receivers(&ctx, receivers);
     warm::restore(&ctx).await;
+    // Only the master answers during restores, so blocking this thread here is safe.
+    shared.restore_done.wait();
     // Shard 0 also serves the admin socket; a failure to bind it stops the start-up.
     let admin = match (&shared.settings.admin_socket, index) {
         (Some(path), 0) => admin::bind_socket(path).map(Some),
@@ -459,11 +481,16 @@ async fn shard_main(
     ctx.io.close(&shared).await;
     warm::write_part(&ctx).await;
     // Extents freed by the last requests reach the master before it stops.
-    let frees = ctx.store.borrow_mut().take_pending_frees();
+    let mut frees = Vec::new();
+    for index in shared.partitions.owned_by(id, ctx.shards) {
+        let mut store = shared.partitions.lock(index);
+        frees.extend(store.take_pending_frees());
+        store.arena_mut().return_idle_blocks();
+    }
     if !frees.is_empty() {
         ctx.call_master(shard::ShardRequest::Free(frees)).await;
     }
-    ctx.store.borrow_mut().arena_mut().return_idle_blocks();
+    crate::arena::batch::retire_core_batch(shared.arena.pool());
     shared.finished.fetch_add(1, Ordering::AcqRel);
     shared.doorbells[ctx.shards].ring();
 }

@@ -1,8 +1,12 @@
-//! One shard: its store, its place in the channel mesh, its listener and its background
-//! tasks. Cross-shard traffic is two kinds of message on one full mesh: requests (a batch of
-//! frames for keys this shard owns, a flush, a stats snapshot) and replies. A receiver never
-//! blocks on sending a reply (it hands a full channel to a task), so two shards replying to
-//! each other cannot deadlock.
+//! One serving executor (a shard): its connections, its ring and streaming pool, its per-core
+//! block batch, the background work for the partitions it looks after, and its place in the
+//! channel mesh.
+//!
+//! Requests never cross the mesh: a connection runs each request against the key's partition
+//! on its own core (`execute.rs`). The mesh carries the control plane only: placement (the
+//! master decides where a large value goes), statistics gathered from every core, and storage
+//! changes every core must learn (mounts). A receiver never blocks on sending a reply (it hands
+//! a full channel to a task), so two peers replying to each other cannot deadlock.
 
 use std::cell::{Cell, RefCell};
 use std::collections::HashMap;
@@ -15,18 +19,14 @@ use glommio::channels::channel_mesh::{Receivers, Senders};
 use glommio::channels::local_channel::{self, LocalSender};
 use glommio::net::TcpListener;
 
-use crate::arena::ShardArenaStats;
 use crate::placement::{Placed, PlacementError, PlacementRequest, PlacementStats, TargetId};
-use crate::proto::{decode, Decoded, StoreMode};
 use crate::segment::{Extent, MountedTarget, SegmentSpec, TargetSpec, TargetStorage};
-use crate::store::{LargeLink, Store, StoreOutcome, StoreStats};
 
 use super::event::LocalEvent;
-use super::execute::{execute_keyed, Deferred};
 use super::large::SegmentFiles;
 use super::{unix_now, ConnCounters, Shared};
 
-/// Messages between shards.
+/// Messages between peers of the mesh (shards and the placement master).
 pub enum Message {
     Request {
         from: usize,
@@ -39,20 +39,11 @@ pub enum Message {
     },
 }
 
+/// Control-plane requests: to the placement master, or to every shard.
 pub enum ShardRequest {
-    /// Frames for keys the receiver owns, to run in order; `buf` holds them back to back.
-    Batch {
-        buf: Vec<u8>,
-        ops: Vec<RemoteOp>,
-        /// Values of at least this many bytes are pinned and lent to the caller's zero-copy
-        /// send instead of copied (the caller's ring decides).
-        lend_from: Option<usize>,
-    },
-    Flush {
-        delay: u32,
-    },
+    /// To a shard: its per-core figures (STAT).
     Stats,
-    /// A STAT group every shard answers for itself (detail, reset, sizes, conns).
+    /// To a shard: a STAT group answered per core (connections).
     StatQuery(super::stats::StatQuery),
     /// To the placement master: extents for a large value of `key`.
     Place {
@@ -60,37 +51,11 @@ pub enum ShardRequest {
         key: Vec<u8>,
     },
     /// To the placement master: an extent was just read (LRU order).
-    Touch {
-        target: TargetId,
-        offset: u64,
-    },
-    /// To a key's owner: evict this large value if it still lives at that extent; answer with
-    /// every extent now free.
-    EvictLarge {
-        key: Vec<u8>,
-        target: TargetId,
-        offset: u64,
-    },
+    Touch { target: TargetId, offset: u64 },
     /// To the placement master: extents no object uses any more.
     Free(Vec<(TargetId, Extent)>),
     /// To the placement master: its figures.
     PlacementStats,
-    /// To a key's owner: link a large value already written to its extents.
-    LinkLarge {
-        mode: StoreMode,
-        key: Vec<u8>,
-        flags: u32,
-        expiry: u32,
-        cas: u64,
-        link: LargeLink,
-    },
-    /// To a key's owner: would a large SET/ADD/REPLACE be refused right now? (Checked again
-    /// at the link.)
-    CheckLarge {
-        mode: StoreMode,
-        key: Vec<u8>,
-        cas: u64,
-    },
     /// To the master: take exactly these extents for `key` (a warm restart), all or none.
     Claim {
         key: Vec<u8>,
@@ -108,73 +73,34 @@ pub enum ShardRequest {
     UnmountCommit(TargetId),
     /// To every shard: the storage of newly mounted targets.
     AddStorage(Vec<(TargetId, TargetStorage)>),
-    /// To every shard: drop every item with a replica on this target.
-    DropTarget(TargetId),
     /// To every shard: forget this target's storage.
     RemoveStorage(TargetId),
-    /// To a key's owner: a reader is done with a large item's extents.
-    Release {
-        lease: u64,
-    },
-    /// To a key's owner: a zero-copy send of a value it pinned is done.
-    Unpin {
-        pin: crate::arena::SendPin,
-    },
-    /// To every shard: run a promotion pass now.
-    Promote,
-    /// To a key's owner: where is the key's fixed head (ADMIN `where`)?
-    Where(Vec<u8>),
 }
 
-/// One operation of a batch.
-pub enum RemoteOp {
-    /// A whole request frame at `buf[start..end]`.
-    Frame { start: u32, end: u32 },
-    /// A store over the size limit whose value was never read: refuse it (and for SET drop the
-    /// old value) under the key at `buf[start..end]`.
-    TooLarge {
-        start: u32,
-        end: u32,
-        drop_existing: bool,
-        opcode: u8,
-        opaque: u32,
-    },
+impl ShardRequest {
+    /// Whether this request serves large values' placement (else it is administration).
+    fn is_placement(&self) -> bool {
+        matches!(
+            self,
+            ShardRequest::Place { .. }
+                | ShardRequest::Touch { .. }
+                | ShardRequest::Free(_)
+                | ShardRequest::Claim { .. }
+        )
+    }
 }
 
 pub enum ShardReply {
-    /// Replies of a batch, back to back: op `i` answered `out[ends[i-1]..ends[i]]`.
-    Batch {
-        out: Vec<u8>,
-        ends: Vec<u32>,
-        /// Ops whose value the caller sends itself (large, or lent), after the op's bytes.
-        deferred: Vec<(u32, Deferred)>,
-    },
     Done,
-    Linked(StoreOutcome),
     Stats(Box<ShardSnapshot>),
     StatAnswer(super::stats::StatAnswer),
     Placed(Result<Placed, PlacementError>),
     /// No room: evict these large values (least recently used) and ask again.
     EvictFirst(Vec<Victim>),
-    /// Extents freed by an eviction.
-    Evicted(Vec<(TargetId, Extent)>),
     Mounted(Result<Vec<(TargetId, MountedTarget)>, String>),
     Claimed(bool),
     Unmounted(Result<(), String>),
-    /// Items dropped with an unmounted target, and the extents they held.
-    Dropped {
-        items: u64,
-        extents: Vec<(TargetId, Extent)>,
-    },
     PlacementStats(Box<MasterSnapshot>),
-    /// A promotion pass: exchanges, bytes moved, blocks skipped for pins.
-    Promoted {
-        exchanges: u64,
-        bytes_moved: u64,
-        skipped_pinned: u64,
-    },
-    /// The sentence answering ADMIN `where`.
-    Located(Result<String, String>),
 }
 
 /// A large value the master wants evicted to make room.
@@ -206,27 +132,36 @@ pub struct TargetRow {
     pub draining: bool,
 }
 
-/// Mesh peer ids: each shard's (by key-space index) and the placement master's.
+/// Mesh peer ids: each shard's (by index) and the placement master's.
 #[derive(Clone, Debug)]
 pub struct Peers {
     pub shards: Vec<usize>,
     pub master: usize,
 }
 
+/// Mesh messages a shard sent, by purpose (STAT `mesh_*`): requests never send any.
+#[derive(Clone, Copy, Debug, Default)]
+pub struct MeshCounters {
+    /// Placement of large values (to the master).
+    pub placement: u64,
+    /// Administration and statistics.
+    pub control: u64,
+}
+
 /// One shard's figures, for STAT.
 #[derive(Clone, Debug, Default)]
 pub struct ShardSnapshot {
-    pub store: StoreStats,
-    pub arena: ShardArenaStats,
     pub conn: ConnCounters,
     pub io: super::wire::IoSnapshot,
+    pub mesh: MeshCounters,
+    /// Idle blocks in this core's batch.
+    pub idle_blocks: u64,
 }
 
 /// Everything a shard's tasks share (single-threaded; `Rc`).
 pub struct ShardCtx {
     pub id: usize,
     pub shards: usize,
-    pub store: RefCell<Store>,
     pub shared: Arc<Shared>,
     pub counters: RefCell<ConnCounters>,
     /// Limits the log lines failed authentications provoke.
@@ -240,6 +175,7 @@ pub struct ShardCtx {
     pub storage: RefCell<Vec<Option<TargetStorage>>>,
     /// The ring (if any), the streaming pool, and the data path's counters.
     pub io: super::wire::ShardIo,
+    mesh_sent: Cell<MeshCounters>,
     mesh: Rc<Senders<Message>>,
     peers: Peers,
     waiters: RefCell<HashMap<u64, LocalSender<ShardReply>>>,
@@ -249,7 +185,6 @@ pub struct ShardCtx {
 impl ShardCtx {
     pub fn new(
         id: usize,
-        store: Store,
         shared: Arc<Shared>,
         mesh: Senders<Message>,
         peers: Peers,
@@ -265,7 +200,6 @@ impl ShardCtx {
             shards: peers.shards.len(),
             peers,
             mesh: Rc::new(mesh),
-            store: RefCell::new(store),
             shared,
             counters: RefCell::new(ConnCounters::default()),
             auth_log: Default::default(),
@@ -275,12 +209,13 @@ impl ShardCtx {
             files: SegmentFiles,
             io,
             storage: RefCell::new(storage),
+            mesh_sent: Cell::new(MeshCounters::default()),
             waiters: RefCell::new(HashMap::new()),
             next_token: Cell::new(0),
         }
     }
 
-    /// Sends a request to shard `to` (its key-space index) and waits for its reply.
+    /// Sends a request to shard `to` and waits for its reply.
     pub async fn call(&self, to: usize, request: ShardRequest) -> ShardReply {
         self.call_peer(self.peers.shards[to], request).await
     }
@@ -291,16 +226,13 @@ impl ShardCtx {
     }
 
     async fn call_peer(&self, to: usize, request: ShardRequest) -> ShardReply {
-        self.start_peer(to, request).await.reply().await
-    }
-
-    /// Sends a request to shard `to` without waiting for the reply (so several can be in
-    /// flight at once); the reply comes from [`PendingCall::reply`].
-    pub async fn start_call(&self, to: usize, request: ShardRequest) -> PendingCall {
-        self.start_peer(self.peers.shards[to], request).await
-    }
-
-    async fn start_peer(&self, to: usize, request: ShardRequest) -> PendingCall {
+        let mut sent = self.mesh_sent.get();
+        if request.is_placement() {
+            sent.placement += 1;
+        } else {
+            sent.control += 1;
+        }
+        self.mesh_sent.set(sent);
         let token = self.next_token.get();
         self.next_token.set(token + 1);
         let (tx, rx) = local_channel::new_bounded(1);
@@ -313,149 +245,15 @@ impl ShardCtx {
         if self.mesh.send_to(to, message).await.is_err() {
             // Only at shutdown, after the peer finished: nothing will answer.
             tracing::debug!(peer = to, "a request found its peer gone");
-            if let Some(tx) = self.waiters.borrow_mut().remove(&token) {
-                let _ = tx.try_send(ShardReply::Done);
-            }
+            self.waiters.borrow_mut().remove(&token);
+            return ShardReply::Done;
         }
-        PendingCall { rx }
+        rx.recv().await.unwrap_or(ShardReply::Done)
     }
 
-    /// Runs a request from another shard, synchronously.
-    /// Runs a request here, as another shard would have it run (large links, leases).
-    /// One promotion pass on this shard's store, logged when it moved anything.
-    pub fn promote(&self) -> crate::arena::PromotionReport {
-        let budget = self.shared.settings.promotion_budget_blocks;
-        let report = self.store.borrow_mut().promote(budget, super::unix_now());
-        if !report.exchanged.is_empty() {
-            tracing::debug!(
-                shard = self.id,
-                exchanges = report.exchanged.len(),
-                bytes_moved = report.bytes_moved,
-                skipped_pinned = report.skipped_pinned,
-                "promotion: hot heads exchanged into local blocks"
-            );
-        }
-        report
-    }
-
-    pub fn serve_local(&self, request: ShardRequest) -> ShardReply {
-        self.serve(request)
-    }
-
+    /// Runs a request from another peer, synchronously.
     fn serve(&self, request: ShardRequest) -> ShardReply {
         match request {
-            ShardRequest::Batch {
-                buf,
-                ops,
-                lend_from,
-            } => {
-                let mut out = Vec::new();
-                let mut deferred = Vec::new();
-                let mut head_bytes = 0;
-                let mut ends = Vec::with_capacity(ops.len());
-                let now = unix_now();
-                let mut store = self.store.borrow_mut();
-                let max_item = self.shared.settings.max_item_bytes as usize;
-                for op in ops {
-                    match op {
-                        RemoteOp::Frame { start, end } => {
-                            let frame = &buf[start as usize..end as usize];
-                            if let Decoded::Request {
-                                request,
-                                opcode,
-                                opaque,
-                                ..
-                            } = decode(frame, max_item)
-                            {
-                                // Past one output cap of held bytes, values are copied.
-                                let lend = lend_from
-                                    .filter(|_| head_bytes <= super::conn::OUTPUT_CAP_BYTES);
-                                let part = execute_keyed(
-                                    &mut store, self.id, &request, opcode, opaque, now, &mut out,
-                                    lend,
-                                );
-                                match part {
-                                    Some(Deferred::Large(mut large)) => {
-                                        // Heads are a latency device: past one output cap of them
-                                        // in a batch, the rest stream from their segment from 0.
-                                        head_bytes += large.head_len();
-                                        if head_bytes > super::conn::OUTPUT_CAP_BYTES {
-                                            large.hit.head = Vec::new();
-                                            if let Some(pin) = large.head_pin.take() {
-                                                store.unpin_sent(pin);
-                                            }
-                                        }
-                                        deferred.push((ends.len() as u32, Deferred::Large(large)));
-                                    }
-                                    Some(Deferred::Lent(lent)) => {
-                                        head_bytes += lent.pin.len();
-                                        deferred.push((ends.len() as u32, Deferred::Lent(lent)));
-                                    }
-                                    None => {}
-                                }
-                            }
-                        }
-                        RemoteOp::TooLarge {
-                            start,
-                            end,
-                            drop_existing,
-                            opcode,
-                            opaque,
-                        } => {
-                            let key = &buf[start as usize..end as usize];
-                            let request = crate::proto::Request::TooLarge { key, drop_existing };
-                            execute_keyed(
-                                &mut store, self.id, &request, opcode, opaque, now, &mut out, None,
-                            );
-                        }
-                    }
-                    ends.push(out.len() as u32);
-                }
-                ShardReply::Batch {
-                    out,
-                    ends,
-                    deferred,
-                }
-            }
-            ShardRequest::LinkLarge {
-                mode,
-                key,
-                flags,
-                expiry,
-                cas,
-                link,
-            } => {
-                let outcome = self.store.borrow_mut().link_large(
-                    mode,
-                    &key,
-                    flags,
-                    expiry,
-                    cas,
-                    unix_now(),
-                    link,
-                );
-                ShardReply::Linked(outcome)
-            }
-            ShardRequest::CheckLarge { mode, key, cas } => match self
-                .store
-                .borrow_mut()
-                .check_large(mode, &key, cas, unix_now())
-            {
-                Some(refused) => ShardReply::Linked(refused),
-                None => ShardReply::Done,
-            },
-            ShardRequest::Release { lease } => {
-                self.store.borrow_mut().release_lease(lease);
-                ShardReply::Done
-            }
-            ShardRequest::Unpin { pin } => {
-                self.store.borrow_mut().unpin_sent(pin);
-                ShardReply::Done
-            }
-            ShardRequest::Flush { delay } => {
-                self.store.borrow_mut().flush(delay, unix_now());
-                ShardReply::Done
-            }
             ShardRequest::Stats => ShardReply::Stats(Box::new(self.snapshot())),
             ShardRequest::StatQuery(query) => {
                 ShardReply::StatAnswer(super::stats::answer(self, query))
@@ -471,37 +269,11 @@ impl ShardCtx {
                 }
                 ShardReply::Done
             }
-            ShardRequest::Promote => {
-                let report = self.promote();
-                ShardReply::Promoted {
-                    exchanges: report.exchanged.len() as u64,
-                    bytes_moved: report.bytes_moved,
-                    skipped_pinned: report.skipped_pinned,
-                }
-            }
-            ShardRequest::Where(key) => ShardReply::Located(self.store.borrow().locate(&key)),
-            ShardRequest::DropTarget(target) => {
-                let mut store = self.store.borrow_mut();
-                let items = store.drop_target(target);
-                ShardReply::Dropped {
-                    items,
-                    extents: store.take_pending_frees(),
-                }
-            }
             ShardRequest::RemoveStorage(target) => {
                 if let Some(slot) = self.storage.borrow_mut().get_mut(target.0 as usize) {
                     *slot = None;
                 }
                 ShardReply::Done
-            }
-            ShardRequest::EvictLarge {
-                key,
-                target,
-                offset,
-            } => {
-                let mut store = self.store.borrow_mut();
-                store.evict_large(&key, target, offset);
-                ShardReply::Evicted(store.take_pending_frees())
             }
             ShardRequest::Place { .. }
             | ShardRequest::Touch { .. }
@@ -518,41 +290,37 @@ impl ShardCtx {
         }
     }
 
+    /// Serves `request` here as a peer would (storage changes every shard must learn).
+    pub fn serve_local(&self, request: ShardRequest) -> ShardReply {
+        self.serve(request)
+    }
+
     pub fn snapshot(&self) -> ShardSnapshot {
-        let store = self.store.borrow();
         ShardSnapshot {
-            store: store.stats(),
-            arena: store.arena().stats(),
             conn: self.counters.borrow().clone(),
             io: self.io.snapshot(),
+            mesh: self.mesh_sent.get(),
+            idle_blocks: crate::arena::batch::with_core_batch(|batch| batch.all_held().count())
+                .unwrap_or(0) as u64,
         }
     }
 
-    fn deliver(self: &Rc<Self>, token: u64, reply: ShardReply) {
-        let Some(tx) = self.waiters.borrow_mut().remove(&token) else {
+    fn deliver(&self, token: u64, reply: ShardReply) {
+        if let Some(tx) = self.waiters.borrow_mut().remove(&token) {
+            let _ = tx.try_send(reply);
+        }
+    }
+
+    /// Sends extents no item holds any more to the master, without waiting.
+    pub fn free_extents(self: &Rc<Self>, extents: Vec<(TargetId, Extent)>) {
+        if extents.is_empty() {
             return;
-        };
-        // The waiter may be gone (its connection closed): then the reply is dropped, but the
-        // leases of any large values in it must still end.
-        if let Err(glommio::GlommioError::Closed(glommio::ResourceType::Channel(
-            ShardReply::Batch { deferred, .. },
-        ))) = tx.try_send(reply)
-        {
-            for (_, part) in deferred {
-                drop(super::deferred::Held::new(self, part));
-            }
         }
-    }
-}
-
-/// A request in flight.
-pub struct PendingCall {
-    rx: glommio::channels::local_channel::LocalReceiver<ShardReply>,
-}
-
-impl PendingCall {
-    pub async fn reply(self) -> ShardReply {
-        self.rx.recv().await.unwrap_or(ShardReply::Done)
+        let ctx = Rc::clone(self);
+        glommio::spawn_local(async move {
+            ctx.call_master(ShardRequest::Free(extents)).await;
+        })
+        .detach();
     }
 }
 
@@ -573,16 +341,23 @@ pub fn send_reply(mesh: &Rc<Senders<Message>>, to: usize, token: u64, reply: Sha
     }
 }
 
-/// The promotion pass every `--promotion-interval` (never with 0, or with one fixed-head
-/// region, where the arena has nothing to exchange).
-pub async fn promotion_loop(ctx: Rc<ShardCtx>) {
-    let interval = ctx.shared.settings.promotion_interval_ms;
-    // An arena whose fixed heads have one region has nothing to exchange: no timer at all.
-    if interval == 0 || !ctx.store.borrow().arena().can_promote() {
-        return;
-    }
-    while tick_or_stop(&ctx, Duration::from_millis(interval)).await {
-        ctx.promote();
+/// Receives from every peer: runs requests, delivers replies.
+pub fn spawn_receivers(ctx: &Rc<ShardCtx>, mut receivers: Receivers<Message>) {
+    for (_peer, stream) in receivers.streams() {
+        let ctx = Rc::clone(ctx);
+        glommio::spawn_local(async move {
+            while let Some(message) = stream.recv().await {
+                match message {
+                    Message::Request {
+                        from,
+                        token,
+                        request,
+                    } => send_reply(&ctx.mesh, from, token, ctx.serve(request)),
+                    Message::Reply { token, reply } => ctx.deliver(token, reply),
+                }
+            }
+        })
+        .detach();
     }
 }
 
@@ -599,29 +374,6 @@ async fn tick_or_stop(ctx: &ShardCtx, period: Duration) -> bool {
         },
     )
     .await
-}
-
-/// Receives from every peer: runs requests, delivers replies.
-pub fn spawn_receivers(ctx: &Rc<ShardCtx>, mut receivers: Receivers<Message>) {
-    for (_peer, stream) in receivers.streams() {
-        let ctx = Rc::clone(ctx);
-        glommio::spawn_local(async move {
-            while let Some(message) = stream.recv().await {
-                match message {
-                    Message::Request {
-                        from,
-                        token,
-                        request,
-                    } => {
-                        send_reply(&ctx.mesh, from, token, ctx.serve(request));
-                        super::large::send_frees(&ctx);
-                    }
-                    Message::Reply { token, reply } => ctx.deliver(token, reply),
-                }
-            }
-        })
-        .detach();
-    }
 }
 
 /// Accepts connections until the stop event fires.
@@ -670,14 +422,56 @@ pub async fn accept_loop(ctx: Rc<ShardCtx>, listener: TcpListener) {
     }
 }
 
-/// Bounded background sweep of expired items, once a second.
+/// Bounded background sweep of expired items in this shard's partitions, once a second.
 pub async fn sweep_loop(ctx: Rc<ShardCtx>) {
     const SWEEP_ITEMS_PER_TICK: usize = 10_000;
-    while tick_or_stop(&ctx, Duration::from_secs(1)).await {
-        ctx.store
-            .borrow_mut()
-            .sweep_expired(SWEEP_ITEMS_PER_TICK, unix_now());
-        // Expired large items give their extents back now, not at the next request.
-        super::large::send_frees(&ctx);
+    let partitions = &ctx.shared.partitions;
+    let mine: Vec<usize> = partitions.owned_by(ctx.id, ctx.shards).collect();
+    if mine.is_empty() {
+        return;
     }
+    let budget = (SWEEP_ITEMS_PER_TICK / mine.len()).max(1);
+    while tick_or_stop(&ctx, Duration::from_secs(1)).await {
+        let now = unix_now();
+        for &index in &mine {
+            let mut store = partitions.lock(index);
+            store.sweep_expired(budget, now);
+            // Expired large items give their extents back now, not at the next request.
+            let frees = store.take_pending_frees();
+            drop(store);
+            ctx.free_extents(frees);
+        }
+    }
+}
+
+/// The promotion pass over this shard's partitions every `--promotion-interval` (never with
+/// 0, or with one fixed-head region, where the arena has nothing to exchange).
+pub async fn promotion_loop(ctx: Rc<ShardCtx>) {
+    let interval = ctx.shared.settings.promotion_interval_ms;
+    let partitions = &ctx.shared.partitions;
+    if interval == 0 || partitions.is_empty() || !partitions.lock(0).arena().can_promote() {
+        return;
+    }
+    let mine: Vec<usize> = partitions.owned_by(ctx.id, ctx.shards).collect();
+    while tick_or_stop(&ctx, Duration::from_millis(interval)).await {
+        for &index in &mine {
+            promote(&ctx.shared, index);
+        }
+    }
+}
+
+/// One promotion pass on a partition, logged when it moved anything.
+pub fn promote(shared: &Shared, index: usize) -> crate::arena::PromotionReport {
+    let budget = shared.settings.promotion_budget_blocks;
+    let report = shared.partitions.lock(index).promote(budget, unix_now());
+    if !report.exchanged.is_empty() {
+        tracing::debug!(
+            partition = index,
+            exchanges = report.exchanged.len(),
+            bytes_moved = report.bytes_moved,
+            skipped_pinned = report.skipped_pinned,
+            "promotion: hot heads exchanged into local blocks"
+        );
+    }
+    report
 }

@@ -15,6 +15,27 @@ use super::shard::{MasterSnapshot, ShardCtx, ShardReply, ShardRequest, ShardSnap
 use super::ConnCounters;
 
 /// Gathers every shard's snapshot (this one's directly, the others over the mesh).
+/// Every partition's figures, each read under its lock.
+struct PartitionFigures {
+    store: StoreStats,
+    arena: Vec<crate::arena::ShardArenaStats>,
+}
+
+fn partition_figures(ctx: &ShardCtx) -> PartitionFigures {
+    let partitions = &ctx.shared.partitions;
+    let mut figures = PartitionFigures {
+        store: StoreStats::default(),
+        arena: Vec::with_capacity(partitions.len()),
+    };
+    for index in 0..partitions.len() {
+        let store = partitions.lock(index);
+        figures.store.add(&store.stats());
+        figures.arena.push(store.arena().stats());
+    }
+    figures
+}
+
+/// Every shard's per-core figures (this one's directly, the others over the mesh).
 async fn gather(ctx: &ShardCtx) -> Vec<ShardSnapshot> {
     let mut snapshots = Vec::with_capacity(ctx.shards);
     for shard in 0..ctx.shards {
@@ -27,20 +48,15 @@ async fn gather(ctx: &ShardCtx) -> Vec<ShardSnapshot> {
     snapshots
 }
 
-/// A STAT group every shard answers for its own store and connections.
+/// A STAT group every shard answers for its own core (its connections and counters).
 #[derive(Clone, Copy, Debug)]
 pub enum StatQuery {
-    Detail(bool),
-    DetailDump,
     Reset,
-    Sizes,
     Conns,
 }
 
 pub enum StatAnswer {
     Done,
-    Prefixes(Vec<(Vec<u8>, PrefixCounts)>),
-    Sizes(BTreeMap<u64, u64>),
     Conns(Vec<ConnRow>),
 }
 
@@ -69,17 +85,10 @@ pub struct ConnRow {
 /// Answers a [`StatQuery`] on this shard.
 pub fn answer(ctx: &ShardCtx, query: StatQuery) -> StatAnswer {
     match query {
-        StatQuery::Detail(on) => {
-            ctx.store.borrow_mut().detail.enabled = on;
-            StatAnswer::Done
-        }
-        StatQuery::DetailDump => StatAnswer::Prefixes(ctx.store.borrow().detail.snapshot()),
         StatQuery::Reset => {
-            ctx.store.borrow_mut().reset_stats();
             *ctx.counters.borrow_mut() = ConnCounters::default();
             StatAnswer::Done
         }
-        StatQuery::Sizes => StatAnswer::Sizes(ctx.store.borrow().sizes()),
         StatQuery::Conns => {
             let mut rows: Vec<ConnRow> = ctx
                 .conns
@@ -126,18 +135,18 @@ fn rusage_seconds() -> (f64, f64) {
 
 fn general(ctx: &ShardCtx, snapshots: &[ShardSnapshot]) -> Vec<(String, String)> {
     let shared = &ctx.shared;
-    let mut store = StoreStats::default();
+    let figures = partition_figures(ctx);
+    let store = figures.store;
     let mut conn = ConnCounters::default();
+    let (mut mesh_placement, mut mesh_control, mut idle_blocks) = (0u64, 0u64, 0u64);
     for s in snapshots {
-        store.add(&s.store);
         conn.add(&s.conn);
+        mesh_placement += s.mesh.placement;
+        mesh_control += s.mesh.control;
+        idle_blocks += s.idle_blocks;
     }
-    let arena = shared.arena.stats(
-        &snapshots
-            .iter()
-            .map(|s| s.arena.clone())
-            .collect::<Vec<_>>(),
-    );
+    let arena = shared.arena.stats(&figures.arena);
+    let (acquisitions, contended, holds) = shared.partitions.lock_stats();
     let (user, system) = rusage_seconds();
     let pairs: Vec<(&str, String)> = vec![
         ("pid", std::process::id().to_string()),
@@ -225,16 +234,26 @@ fn general(ctx: &ShardCtx, snapshots: &[ShardSnapshot]) -> Vec<(String, String)>
         ("auth_cmds", conn.auth_cmds.to_string()),
         ("auth_errors", conn.auth_errors.to_string()),
         ("large_evictions", store.large_evictions.to_string()),
+        ("partitions", shared.partitions.len().to_string()),
+        ("partition_locks", acquisitions.to_string()),
+        ("partition_locks_contended", contended.to_string()),
+        (
+            "partition_lock_hold_p50_ns",
+            super::partition::quantile_ns(&holds, 0.5).to_string(),
+        ),
+        (
+            "partition_lock_hold_p99_ns",
+            super::partition::quantile_ns(&holds, 0.99).to_string(),
+        ),
+        (
+            "partition_lock_hold_max_ns",
+            super::partition::quantile_ns(&holds, 1.0).to_string(),
+        ),
+        ("mesh_messages_placement", mesh_placement.to_string()),
+        ("mesh_messages_control", mesh_control.to_string()),
+        ("core_batch_idle_blocks", idle_blocks.to_string()),
     ];
-    let mut pairs: Vec<(String, String)> =
-        pairs.into_iter().map(|(n, v)| (n.to_string(), v)).collect();
-    for (shard, s) in snapshots.iter().enumerate() {
-        pairs.push((
-            format!("shard_{shard}_curr_items"),
-            s.store.curr_items.to_string(),
-        ));
-    }
-    pairs
+    pairs.into_iter().map(|(n, v)| (n.to_string(), v)).collect()
 }
 
 fn settings(ctx: &ShardCtx) -> Vec<(String, String)> {
@@ -501,25 +520,15 @@ fn conns(answers: Vec<StatAnswer>) -> Vec<(String, String)> {
 pub async fn group_pairs(ctx: &ShardCtx, group: &[u8]) -> Option<Vec<(String, String)>> {
     Some(match group {
         b"" => general(ctx, &gather(ctx).await),
-        b"items" => {
-            let mut store = StoreStats::default();
-            for s in gather(ctx).await {
-                store.add(&s.store);
-            }
-            items(&store)
-        }
-        b"slabs" => {
-            let snapshots = gather(ctx).await;
-            let shards: Vec<_> = snapshots.iter().map(|s| s.arena.clone()).collect();
-            slabs(ctx, &ctx.shared.arena.stats(&shards))
-        }
+        b"items" => items(&partition_figures(ctx).store),
+        b"slabs" => slabs(ctx, &ctx.shared.arena.stats(&partition_figures(ctx).arena)),
         b"sizes" => {
+            let partitions = &ctx.shared.partitions;
             let mut sizes = BTreeMap::new();
-            for answer in query_all(ctx, StatQuery::Sizes).await {
-                if let StatAnswer::Sizes(shard) = answer {
-                    for (bucket, count) in shard {
-                        *sizes.entry(bucket).or_insert(0u64) += count;
-                    }
+            for index in 0..partitions.len() {
+                let part = partitions.lock(index).sizes();
+                for (bucket, count) in part {
+                    *sizes.entry(bucket).or_insert(0u64) += count;
                 }
             }
             sizes
@@ -529,6 +538,10 @@ pub async fn group_pairs(ctx: &ShardCtx, group: &[u8]) -> Option<Vec<(String, St
         }
         b"conns" => conns(query_all(ctx, StatQuery::Conns).await),
         b"reset" => {
+            let partitions = &ctx.shared.partitions;
+            for index in 0..partitions.len() {
+                partitions.lock(index).reset_stats();
+            }
             query_all(ctx, StatQuery::Reset).await;
             ctx.shared.total_connections.store(0, Ordering::Relaxed);
             ctx.shared.rejected_connections.store(0, Ordering::Relaxed);
@@ -536,16 +549,18 @@ pub async fn group_pairs(ctx: &ShardCtx, group: &[u8]) -> Option<Vec<(String, St
             Vec::new()
         }
         b"detail on" | b"detail off" => {
-            query_all(ctx, StatQuery::Detail(group == b"detail on")).await;
+            let partitions = &ctx.shared.partitions;
+            for index in 0..partitions.len() {
+                partitions.lock(index).detail.enabled = group == b"detail on";
+            }
             Vec::new()
         }
         b"detail dump" => {
+            let partitions = &ctx.shared.partitions;
             let mut merged: BTreeMap<Vec<u8>, PrefixCounts> = BTreeMap::new();
-            for answer in query_all(ctx, StatQuery::DetailDump).await {
-                if let StatAnswer::Prefixes(prefixes) = answer {
-                    for (prefix, counts) in prefixes {
-                        merged.entry(prefix).or_default().add(&counts);
-                    }
+            for index in 0..partitions.len() {
+                for (prefix, counts) in partitions.lock(index).detail.snapshot() {
+                    merged.entry(prefix).or_default().add(&counts);
                 }
             }
             let merged: Vec<_> = merged.into_iter().collect();
@@ -570,11 +585,11 @@ pub async fn group_pairs(ctx: &ShardCtx, group: &[u8]) -> Option<Vec<(String, St
             .enumerate()
             .flat_map(|(shard, s)| s.io.pairs(shard))
             .collect(),
-        b"arena" => {
-            let snapshots = gather(ctx).await;
-            let shards: Vec<_> = snapshots.iter().map(|s| s.arena.clone()).collect();
-            ctx.shared.arena.stats(&shards).pairs()
-        }
+        b"arena" => ctx
+            .shared
+            .arena
+            .stats(&partition_figures(ctx).arena)
+            .pairs(),
         _ => return None,
     })
 }

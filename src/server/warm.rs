@@ -1,8 +1,9 @@
-//! Warm restart: each shard writes its large items on file segments to a snapshot part at a
-//! clean shutdown, and at start-up restores, from every part, the objects it owns whose segment
-//! is mounted with the same identity, whose extents are free and whose data still checks. The
-//! parts are deleted once every shard has read them, so a later crash never resurrects
-//! anything. See `src/snapshot.rs` for the format.
+//! Warm restart: each shard writes the large items on file segments of the partitions it looks
+//! after to a snapshot part at a clean shutdown, and at start-up restores, from every part, the
+//! objects of the partitions it looks after now (by key: any `--threads`, any partition count)
+//! whose segment is mounted with the same identity, whose extents are free and whose data still
+//! checks. The parts are deleted once every shard has read them, so a later crash never
+//! resurrects anything. See `src/snapshot.rs` for the format.
 
 use std::collections::HashMap;
 use std::path::PathBuf;
@@ -14,7 +15,7 @@ use crate::placement::TargetId;
 use crate::proto::StoreMode;
 use crate::segment::{Extent, TargetKind, TargetSpec, TargetStorage};
 use crate::snapshot::{self, Snapshot, SnapshotObject, SnapshotTarget};
-use crate::store::{KeyHasher, LargeLink, StoreOutcome};
+use crate::store::{LargeLink, StoreOutcome};
 
 use super::shard::{ShardCtx, ShardReply, ShardRequest, TargetRow};
 use super::unix_now;
@@ -41,7 +42,8 @@ fn to_snapshot_target(spec: &TargetSpec) -> SnapshotTarget {
     }
 }
 
-/// Writes this shard's part: its large items, with their replicas on file segments.
+/// Writes this shard's part: the large items of its partitions, with their replicas on file
+/// segments.
 pub async fn write_part(ctx: &Rc<ShardCtx>) {
     let rows = target_rows(ctx).await;
     let files: HashMap<TargetId, &TargetSpec> = rows
@@ -49,7 +51,12 @@ pub async fn write_part(ctx: &Rc<ShardCtx>) {
         .filter(|r| r.spec.kind == TargetKind::File)
         .map(|r| (r.id, &r.spec))
         .collect();
-    let items = ctx.store.borrow().large_items(unix_now());
+    let now = unix_now();
+    let partitions = &ctx.shared.partitions;
+    let items: Vec<_> = partitions
+        .owned_by(ctx.id, ctx.shards)
+        .flat_map(|index| partitions.lock(index).large_items(now))
+        .collect();
     let mut snapshot = Snapshot {
         targets: files.values().map(|s| to_snapshot_target(s)).collect(),
         objects: Vec::new(),
@@ -157,7 +164,7 @@ async fn verify(
         .await
 }
 
-/// Restores the objects this shard owns from every snapshot part.
+/// Restores the objects of this shard's partitions from every snapshot part.
 pub async fn restore(ctx: &Rc<ShardCtx>) {
     let dir = snapshot_dir(ctx);
     let Ok(entries) = std::fs::read_dir(&dir) else {
@@ -191,8 +198,8 @@ pub async fn restore(ctx: &Rc<ShardCtx>) {
         let known: HashMap<u128, &SnapshotTarget> =
             snap.targets.iter().map(|t| (t.uuid, t)).collect();
         for object in snap.objects {
-            let owner = KeyHasher::shard_of(ctx.store.borrow().hash(&object.key), ctx.shards);
-            if owner != ctx.id {
+            let partition = ctx.shared.partitions.of_key(&object.key);
+            if partition % ctx.shards != ctx.id {
                 continue;
             }
             if object.expiry != 0 && object.expiry <= now {
@@ -244,7 +251,8 @@ pub async fn restore(ctx: &Rc<ShardCtx>) {
                 replicas,
                 head,
             };
-            match ctx.store.borrow_mut().link_large(
+            let mut store = ctx.shared.partitions.lock(partition);
+            let outcome = store.link_large(
                 StoreMode::Set,
                 &object.key,
                 object.flags,
@@ -252,13 +260,16 @@ pub async fn restore(ctx: &Rc<ShardCtx>) {
                 0,
                 now,
                 link,
-            ) {
+            );
+            let frees = store.take_pending_frees();
+            drop(store);
+            ctx.free_extents(frees);
+            match outcome {
                 StoreOutcome::Stored { .. } => restored += 1,
                 _ => skipped += 1,
             }
         }
     }
-    super::large::send_frees(ctx);
     if restored + skipped > 0 {
         tracing::info!(
             shard = ctx.id,

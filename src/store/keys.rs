@@ -9,7 +9,7 @@ use crate::segment::Extent;
 use super::item::{self, ValueAt};
 use super::stats::{ItemClass, StoreStats};
 
-/// The key hash every shard shares: it picks the owning shard and the index bucket.
+/// The key hash every partition shares: it picks the key's partition and its index bucket.
 #[derive(Clone, Debug)]
 pub struct KeyHasher(foldhash::fast::FixedState);
 
@@ -23,10 +23,10 @@ impl KeyHasher {
         self.0.hash_one(key)
     }
 
-    /// The shard owning a key hash: the high half scaled to `shards` (independent of the low
-    /// bits the index uses for buckets).
-    pub fn shard_of(hash: u64, shards: usize) -> usize {
-        (((hash >> 32) * shards as u64) >> 32) as usize
+    /// The partition of a key hash: the high half scaled to `partitions` (independent of the
+    /// low bits the index uses for buckets).
+    pub fn partition_of(hash: u64, partitions: usize) -> usize {
+        (((hash >> 32) * partitions as u64) >> 32) as usize
     }
 }
 

@@ -1,8 +1,8 @@
-//! One shard's store: the index, the item records in the arena, admission and eviction,
+//! One partition's store: the index, the item records in the arena, admission and eviction,
 //! expiry. The one place that combines the arena with keys (see `docs/store.md`).
 //!
-//! Every operation is synchronous and runs on the shard's own core; the server calls it with
-//! the current Unix time so expiry is testable.
+//! Every operation is synchronous; the server runs it on whichever core serves the request,
+//! holding the partition's lock, and passes the current Unix time so expiry is testable.
 
 pub mod detail;
 pub mod item;
@@ -22,13 +22,18 @@ pub use stats::{ClassStats, ItemClass, StoreStats};
 /// Relative expiry times above this are absolute Unix times (memcached's rule: 30 days).
 pub const RELATIVE_EXPIRY_MAX_SECONDS: u32 = 30 * 24 * 3600;
 
+/// Most partitions (stores) one server has: their number fits the top 16 bits of a CAS.
+pub const PARTITIONS_MAX: usize = 1 << 16;
+/// CAS bits a partition counts with.
+const CAS_COUNTER_BITS: u32 = 48;
+
 /// Settings a store needs.
 #[derive(Clone, Debug)]
 pub struct StoreConfig {
     /// Values longer than this are refused as too large.
     pub max_item_bytes: u64,
-    /// Shard number, mixed into CAS values so they are unique across shards.
-    pub shard: usize,
+    /// Partition number, mixed into CAS values so they are unique across partitions.
+    pub partition: usize,
     /// Fixed heads' access scores halve once per this many seconds (at least 1).
     pub promotion_half_life_seconds: u32,
 }
@@ -225,8 +230,11 @@ impl Store {
     }
 
     fn new_cas(&mut self) -> u64 {
-        // Unique across shards: the shard number in the top byte, a counter below.
-        let cas = ((self.config.shard as u64 & 0xff) << 56) | (self.next_cas & ((1 << 56) - 1));
+        // Unique across partitions: the partition number in the top 16 bits, a 48-bit counter
+        // below (2.8e14 mutations of one partition before it wraps).
+        debug_assert!(self.config.partition < PARTITIONS_MAX);
+        let cas = ((self.config.partition as u64) << CAS_COUNTER_BITS)
+            | (self.next_cas & ((1 << CAS_COUNTER_BITS) - 1));
         self.next_cas += 1;
         cas
     }

@@ -1,0 +1,230 @@
+//! The key space in partitions: many more than cores, each a store (index, records, expiry
+//! hand, eviction state) behind a short lock. Any executor runs any key's request on the spot,
+//! holding the key's partition: no request ever travels to another core.
+//!
+//! The lock is taken only in synchronous code and never held across an await; a holder runs one
+//! store operation (a lookup and a copy, or an admission with at most one block compacted and a
+//! bounded eviction walk) and lets go. `docs/server.md` names the bound and the measured hold
+//! times; every 64th hold is timed into a log2 histogram, and every acquisition that found the
+//! lock taken is counted.
+
+use std::cell::Cell;
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::{Arc, Mutex, MutexGuard};
+use std::time::Instant;
+
+use crate::arena::Arena;
+use crate::store::{KeyHasher, Store, StoreConfig, PARTITIONS_MAX};
+
+/// Partitions per serving core by default, when the arena has blocks enough for them.
+pub const PARTITIONS_PER_CORE: usize = 16;
+/// Fixed-head blocks each partition should be able to hold by default (a partition keeps at
+/// least one partly used block per class it stores in).
+const BLOCKS_PER_PARTITION_MIN: u64 = 4;
+/// One hold in this many is timed.
+const HOLD_SAMPLE_EVERY: u32 = 64;
+/// Buckets of the hold-time histogram: bucket `i` counts holds of [2^i, 2^(i+1)) ns.
+pub const HOLD_BUCKETS: usize = 40;
+
+/// How many partitions a server with `cores` serving cores and `fixed_blocks` blocks for fixed
+/// heads gets by default: `PARTITIONS_PER_CORE` per core, fewer when memory is too small for
+/// each to hold a few blocks, at least one.
+pub fn default_count(cores: usize, fixed_blocks: u64) -> usize {
+    let by_memory = (fixed_blocks / BLOCKS_PER_PARTITION_MIN).max(1) as usize;
+    (cores * PARTITIONS_PER_CORE)
+        .min(by_memory)
+        .clamp(1, PARTITIONS_MAX)
+}
+
+/// One partition: its store, and what its lock saw.
+#[repr(align(128))] // one cache line pair each: two cores locking neighbours do not share one
+pub struct Partition {
+    store: Mutex<Store>,
+    /// Acquisitions that found the lock held by another core.
+    contended: AtomicU64,
+    acquisitions: AtomicU64,
+    /// Sampled hold times, log2 nanosecond buckets.
+    hold_ns: [AtomicU64; HOLD_BUCKETS],
+}
+
+/// Every partition, and the hash that picks one for a key.
+pub struct Partitions {
+    parts: Box<[Partition]>,
+    hasher: KeyHasher,
+}
+
+/// A held partition: its store, for as long as this lives.
+pub struct Held<'a> {
+    store: MutexGuard<'a, Store>,
+    timed: Option<(&'a Partition, Instant)>,
+}
+
+impl std::ops::Deref for Held<'_> {
+    type Target = Store;
+    fn deref(&self) -> &Store {
+        &self.store
+    }
+}
+
+impl std::ops::DerefMut for Held<'_> {
+    fn deref_mut(&mut self) -> &mut Store {
+        &mut self.store
+    }
+}
+
+impl Drop for Held<'_> {
+    fn drop(&mut self) {
+        HOLDING.with(|h| h.set(false));
+        if let Some((part, since)) = self.timed.take() {
+            let ns = since.elapsed().as_nanos().max(1) as u64;
+            let bucket = (63 - ns.leading_zeros() as usize).min(HOLD_BUCKETS - 1);
+            part.hold_ns[bucket].fetch_add(1, Ordering::Relaxed);
+        }
+    }
+}
+
+thread_local! {
+    static HOLDS: Cell<u32> = const { Cell::new(0) };
+    /// Whether this thread holds a partition now: a thread never holds two (no lock order to
+    /// get wrong, no self-deadlock), which debug builds assert.
+    static HOLDING: Cell<bool> = const { Cell::new(false) };
+}
+
+impl Partitions {
+    /// `count` empty stores over `arena`, keys spread by `hasher`.
+    pub fn new(
+        arena: &Arc<Arena>,
+        hasher: KeyHasher,
+        count: usize,
+        config: impl Fn(usize) -> StoreConfig,
+    ) -> Partitions {
+        assert!((1..=PARTITIONS_MAX).contains(&count), "{count} partitions");
+        let parts = (0..count)
+            .map(|index| Partition {
+                store: Mutex::new(Store::new(
+                    arena.shard(index),
+                    hasher.clone(),
+                    config(index),
+                )),
+                contended: AtomicU64::new(0),
+                acquisitions: AtomicU64::new(0),
+                hold_ns: std::array::from_fn(|_| AtomicU64::new(0)),
+            })
+            .collect();
+        Partitions { parts, hasher }
+    }
+
+    pub fn len(&self) -> usize {
+        self.parts.len()
+    }
+
+    pub fn is_empty(&self) -> bool {
+        self.parts.is_empty()
+    }
+
+    pub fn hasher(&self) -> &KeyHasher {
+        &self.hasher
+    }
+
+    /// The partition holding `key`.
+    pub fn of_key(&self, key: &[u8]) -> usize {
+        KeyHasher::partition_of(self.hasher.hash(key), self.parts.len())
+    }
+
+    /// Takes partition `index`'s lock (counting a wait, timing a sample of holds).
+    pub fn lock(&self, index: usize) -> Held<'_> {
+        HOLDING.with(|h| {
+            debug_assert!(
+                !h.get(),
+                "a partition lock taken while this thread holds one"
+            );
+            h.set(true);
+        });
+        let part = &self.parts[index];
+        part.acquisitions.fetch_add(1, Ordering::Relaxed);
+        let store = match part.store.try_lock() {
+            Ok(store) => store,
+            Err(std::sync::TryLockError::WouldBlock) => {
+                part.contended.fetch_add(1, Ordering::Relaxed);
+                part.store.lock().unwrap_or_else(|e| e.into_inner())
+            }
+            Err(std::sync::TryLockError::Poisoned(e)) => e.into_inner(),
+        };
+        let sampled = HOLDS.with(|n| {
+            let next = n.get().wrapping_add(1);
+            n.set(next);
+            next % HOLD_SAMPLE_EVERY == 0
+        });
+        Held {
+            store,
+            timed: sampled.then(|| (part, Instant::now())),
+        }
+    }
+
+    /// The partition of `key`, locked.
+    pub fn lock_key(&self, key: &[u8]) -> (usize, Held<'_>) {
+        let index = self.of_key(key);
+        (index, self.lock(index))
+    }
+
+    /// The partitions core `core` of `cores` runs background work for (expiry sweeps,
+    /// promotion, the warm-restart snapshot): every `cores`-th one.
+    pub fn owned_by(&self, core: usize, cores: usize) -> impl Iterator<Item = usize> {
+        (core..self.parts.len()).step_by(cores.max(1))
+    }
+
+    /// Lock figures over every partition: (acquisitions, contended, hold-time histogram).
+    pub fn lock_stats(&self) -> (u64, u64, [u64; HOLD_BUCKETS]) {
+        let mut holds = [0u64; HOLD_BUCKETS];
+        let (mut acquisitions, mut contended) = (0, 0);
+        for part in self.parts.iter() {
+            acquisitions += part.acquisitions.load(Ordering::Relaxed);
+            contended += part.contended.load(Ordering::Relaxed);
+            for (sum, bucket) in holds.iter_mut().zip(&part.hold_ns) {
+                *sum += bucket.load(Ordering::Relaxed);
+            }
+        }
+        (acquisitions, contended, holds)
+    }
+}
+
+/// The upper bound in nanoseconds of the bucket holding quantile `q` of a log2 histogram.
+pub fn quantile_ns(holds: &[u64; HOLD_BUCKETS], q: f64) -> u64 {
+    let total: u64 = holds.iter().sum();
+    if total == 0 {
+        return 0;
+    }
+    let rank = ((total as f64) * q).ceil() as u64;
+    let mut seen = 0;
+    for (bucket, &count) in holds.iter().enumerate() {
+        seen += count;
+        if seen >= rank.max(1) {
+            return 1u64 << (bucket + 1);
+        }
+    }
+    1u64 << HOLD_BUCKETS
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn default_counts() {
+        assert_eq!(default_count(2, 32), 8, "64 MiB of 2 MiB blocks");
+        assert_eq!(default_count(2, 2048), 32, "16 per core");
+        assert_eq!(default_count(1, 2), 1, "at least one");
+        assert_eq!(default_count(64, 1 << 30), 1024);
+    }
+
+    #[test]
+    fn quantiles_of_a_log2_histogram() {
+        let mut holds = [0u64; HOLD_BUCKETS];
+        holds[9] = 98; // 512..1024 ns
+        holds[14] = 2; // 16..32 us
+        assert_eq!(quantile_ns(&holds, 0.5), 1024);
+        assert_eq!(quantile_ns(&holds, 0.98), 1024);
+        assert_eq!(quantile_ns(&holds, 0.99), 32768);
+        assert_eq!(quantile_ns(&[0; HOLD_BUCKETS], 0.99), 0);
+    }
+}
