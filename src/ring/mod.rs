@@ -2,9 +2,13 @@
 //! schedules, but it cannot register our memory or send zero-copy. This ring holds the arena as
 //! fixed buffers and runs the data path's socket sends and segment reads and writes.
 //!
-//! - **Driving**: the ring signals an eventfd on every completion; a glommio task reads that
-//!   eventfd (through glommio's own ring) and reaps. Every submission also reaps at once, so a
-//!   completion the kernel posts inline is seen without a wake-up.
+//! - **Driving**: entries are queued, not submitted one by one: the first entry of a pass
+//!   schedules a flush task behind every task already runnable, so all the entries of one
+//!   executor pass (every connection's replies and next receives) go to the kernel in one
+//!   `io_uring_enter`, with the ring's eventfd notifications off for its duration, and are
+//!   reaped right after it. Completions that come later (a receive's data) signal the eventfd,
+//!   which a driver task reads through glommio's own ring (so glommio sleeps until then), and
+//!   the driver reaps.
 //! - **Bounded**: at most [`RING_IN_FLIGHT_MAX`] operations are in flight (a zero-copy send
 //!   counts until its notification); a submission beyond that waits for room. The completion
 //!   queue has room for every completion those can post (two for a zero-copy send, plus a
@@ -43,6 +47,8 @@ pub const RING_IN_FLIGHT_MAX: usize = 256;
 const SEND_ZC_REPORT_USAGE: u16 = 1 << 3;
 /// `IORING_NOTIF_USAGE_ZC_COPIED`, in a notification's result.
 const NOTIF_USAGE_ZC_COPIED: u32 = 1 << 31;
+/// `IORING_ENTER_GETEVENTS` (the crate keeps its constants private).
+const ENTER_GETEVENTS: u32 = 1;
 /// The user data of cancellation requests: their completions are only counted.
 const CANCEL_USER_DATA: u64 = u64::MAX;
 
@@ -53,14 +59,16 @@ pub enum OpKind {
     SendZc,
     ReadFixed,
     WriteFixed,
+    Recv,
 }
 
 impl OpKind {
-    pub const ALL: [OpKind; 4] = [
+    pub const ALL: [OpKind; 5] = [
         OpKind::Send,
         OpKind::SendZc,
         OpKind::ReadFixed,
         OpKind::WriteFixed,
+        OpKind::Recv,
     ];
 
     pub fn name(self) -> &'static str {
@@ -69,6 +77,7 @@ impl OpKind {
             OpKind::SendZc => "send_zc",
             OpKind::ReadFixed => "read_fixed",
             OpKind::WriteFixed => "write_fixed",
+            OpKind::Recv => "recv",
         }
     }
 }
@@ -77,9 +86,9 @@ impl OpKind {
 #[derive(Clone, Debug, Default, PartialEq, Eq)]
 pub struct RingStats {
     /// Operations completed, by [`OpKind`] (index as in `OpKind::ALL`).
-    pub ops: [u64; 4],
+    pub ops: [u64; 5],
     /// Bytes moved, by kind.
-    pub bytes: [u64; 4],
+    pub bytes: [u64; 5],
     /// Operations that completed with an error (a cancellation included).
     pub errors: u64,
     pub zc_notifications: u64,
@@ -102,6 +111,11 @@ pub struct RingStats {
     pub cancels: u64,
     /// Eventfd wake-ups of the driver.
     pub wakeups: u64,
+    /// `io_uring_enter` calls that submitted queued entries, and the entries they carried.
+    pub submits: u64,
+    pub entries_submitted: u64,
+    /// `io_uring_enter` calls made only to run completions waiting for this thread.
+    pub task_runs: u64,
 }
 
 /// Zero-copy sends a connection probes before it trusts what their notifications say.
@@ -265,6 +279,13 @@ pub struct Ring {
     fd_waiters: RefCell<Vec<(RawFd, Waker)>>,
     stats: RefCell<RingStats>,
     stopping: Cell<bool>,
+    /// Entries queued since the last submission, and whether a flush task is on its way.
+    queued: Cell<u32>,
+    flush_scheduled: Cell<bool>,
+    /// The flusher task, while it waits for a flush to be asked.
+    flusher: RefCell<Option<Waker>>,
+    /// Completions wait for this thread to enter with GETEVENTS (`IORING_SETUP_DEFER_TASKRUN`).
+    defer_taskrun: bool,
 }
 
 impl Ring {
@@ -276,10 +297,26 @@ impl Ring {
         huge_page_ranges: Vec<(usize, usize)>,
     ) -> Result<Rc<Ring>, String> {
         let entries = RING_IN_FLIGHT_MAX as u32;
-        let uring = IoUring::builder()
+        // Completions run only when this thread asks for them (DEFER_TASKRUN, one issuer):
+        // a receive then completes when the shard reaps, not inside the softirq that brought
+        // its data (where it would fight the sender for the socket's lock). Older kernels get
+        // the default.
+        let deferred = IoUring::builder()
             .setup_cqsize(entries * 4)
-            .build(entries)
-            .map_err(|err| format!("io_uring_setup: {err}"))?;
+            .setup_single_issuer()
+            .setup_defer_taskrun()
+            .setup_taskrun_flag()
+            .build(entries);
+        let (uring, defer_taskrun) = match deferred {
+            Ok(uring) => (uring, true),
+            Err(_) => (
+                IoUring::builder()
+                    .setup_cqsize(entries * 4)
+                    .build(entries)
+                    .map_err(|err| format!("io_uring_setup: {err}"))?,
+                false,
+            ),
+        };
         // SAFETY: a plain eventfd syscall; the descriptor is owned right away.
         let raw = unsafe { libc::eventfd(0, libc::EFD_CLOEXEC) };
         if raw < 0 {
@@ -322,6 +359,10 @@ impl Ring {
             fd_waiters: RefCell::new(Vec::new()),
             stats: RefCell::new(RingStats::default()),
             stopping: Cell::new(false),
+            queued: Cell::new(0),
+            flush_scheduled: Cell::new(false),
+            flusher: RefCell::new(None),
+            defer_taskrun,
         }))
     }
 
@@ -333,8 +374,28 @@ impl Ring {
         self.stats.borrow().clone()
     }
 
-    /// Runs the completion driver on the current glommio executor until [`Ring::stop`].
+    /// Runs the completion driver and the flusher on the current glommio executor until
+    /// [`Ring::stop`].
     pub fn spawn_driver(self: &Rc<Self>) -> glommio::task::JoinHandle<()> {
+        let flusher = Rc::clone(self);
+        glommio::spawn_local(async move {
+            loop {
+                std::future::poll_fn(|cx| {
+                    if flusher.flush_scheduled.get() || flusher.stopping.get() {
+                        Poll::Ready(())
+                    } else {
+                        *flusher.flusher.borrow_mut() = Some(cx.waker().clone());
+                        Poll::Pending
+                    }
+                })
+                .await;
+                flusher.flush();
+                if flusher.stopping.get() {
+                    break;
+                }
+            }
+        })
+        .detach();
         let ring = Rc::clone(self);
         glommio::spawn_local(async move {
             // SAFETY: dup of our own eventfd; the duplicate is owned by the glommio file.
@@ -361,6 +422,9 @@ impl Ring {
     /// Stops the driver (after [`Ring::drain`]).
     pub fn stop(&self) {
         self.stopping.set(true);
+        if let Some(waker) = self.flusher.borrow_mut().take() {
+            waker.wake();
+        }
         let one = 1u64;
         // SAFETY: writes 8 bytes from a live u64 to our own eventfd.
         unsafe {
@@ -399,9 +463,9 @@ impl Ring {
         let cancel = opcode::AsyncCancel2::new(types::CancelBuilder::fd(types::Fd(fd)).all())
             .build()
             .user_data(CANCEL_USER_DATA);
-        self.push(&cancel);
+        self.queue(&cancel);
         self.stats.borrow_mut().cancels += 1;
-        self.reap();
+        self.flush();
     }
 
     /// Waits until every operation on `fd` has completed, notifications included.
@@ -498,6 +562,30 @@ impl Ring {
             sent += result?;
         }
         Ok(())
+    }
+
+    /// Receives into `buf[at..]` (plain `RECV`, queued with the pass's other entries: no
+    /// syscall of its own). Returns the bytes received (0: the peer closed) and the buffer;
+    /// if this future is dropped first, the buffer stays with the ring until the kernel is
+    /// done and is then freed.
+    pub async fn recv(
+        self: &Rc<Self>,
+        fd: RawFd,
+        buf: Vec<u8>,
+        at: usize,
+    ) -> (io::Result<usize>, Vec<u8>) {
+        assert!(at < buf.len(), "a receive needs room");
+        let room = (buf.len() - at) as u32;
+        let (result, back) = self
+            .submit(OpKind::Recv, fd, Buf::Owned(buf), None, |b| {
+                // SAFETY (of the pointer arithmetic): `at < len` of the owned buffer.
+                opcode::Recv::new(types::Fd(fd), b.ptr().wrapping_add(at) as *mut u8, room).build()
+            })
+            .await;
+        match back {
+            Some(Buf::Owned(v)) => (result, v),
+            _ => unreachable!("a receive hands its buffer back"),
+        }
     }
 
     /// Reads `len` bytes at `offset` of `fd` into `chunk` (`READ_FIXED`; O_DIRECT wants the
@@ -599,8 +687,8 @@ impl Ring {
             stats.in_flight += 1;
             stats.in_flight_max = stats.in_flight_max.max(stats.in_flight);
         }
-        self.push(&sqe);
-        self.reap();
+        self.queue(&sqe);
+        self.schedule_flush();
         Op {
             ring: Rc::clone(self),
             index,
@@ -610,23 +698,68 @@ impl Ring {
         .await
     }
 
-    /// Queues and submits one entry.
-    fn push(&self, sqe: &squeue::Entry) {
+    /// Queues one entry for the next submission (submitting at once only when the queue is
+    /// full).
+    fn queue(&self, sqe: &squeue::Entry) {
         let mut uring = self.uring.borrow_mut();
         loop {
             // SAFETY: every buffer an entry names is owned by its slot until the operation's
             // last completion (or, for a cancellation, names nothing).
             let pushed = unsafe { uring.submission().push(sqe) };
             if pushed.is_ok() {
+                self.queued.set(self.queued.get() + 1);
                 break;
             }
-            if let Err(err) = uring.submit() {
-                tracing::error!(%err, "io_uring submit failed");
-            }
+            self.submit_queued(&mut uring);
         }
-        if let Err(err) = uring.submit() {
+    }
+
+    fn submit_queued(&self, uring: &mut IoUring) {
+        let queued = self.queued.replace(0);
+        if queued == 0 {
+            return;
+        }
+        // Completions the kernel posts inside this very call (a send that fits the socket
+        // buffer) are reaped right after it: they need no eventfd signal to wake the driver.
+        uring.completion().disable_eventfd();
+        let submitted = if self.defer_taskrun {
+            // The same call runs the completions waiting for us.
+            // SAFETY: no signal mask or argument is passed.
+            unsafe {
+                uring
+                    .submitter()
+                    .enter::<libc::sigset_t>(queued, 0, ENTER_GETEVENTS, None)
+            }
+        } else {
+            uring.submit()
+        };
+        uring.completion().enable_eventfd();
+        if let Err(err) = submitted {
             tracing::error!(%err, "io_uring submit failed");
         }
+        let mut stats = self.stats.borrow_mut();
+        stats.submits += 1;
+        stats.entries_submitted += u64::from(queued);
+    }
+
+    /// Makes sure the queued entries are submitted at the end of this executor pass: the
+    /// flusher task is woken, and a woken task runs behind every task already runnable, so
+    /// they all queue first. (A task spawned now would run at once: glommio runs a new task
+    /// eagerly.)
+    fn schedule_flush(&self) {
+        if self.flush_scheduled.replace(true) {
+            return;
+        }
+        if let Some(waker) = self.flusher.borrow_mut().take() {
+            waker.wake();
+        }
+    }
+
+    /// Submits every queued entry now, and reaps.
+    pub fn flush(&self) {
+        self.flush_scheduled.set(false);
+        self.submit_queued(&mut self.uring.borrow_mut());
+        self.reap();
     }
 
     /// Waits until fewer than [`RING_IN_FLIGHT_MAX`] operations are in flight.
@@ -641,6 +774,8 @@ impl Ring {
                 self.stats.borrow_mut().full_waits += 1;
             }
             self.room_waiters.borrow_mut().push_back(cx.waker().clone());
+            // Whatever is queued must reach the kernel for room to come back.
+            self.submit_queued(&mut self.uring.borrow_mut());
             self.reap();
             Poll::Pending
         })
@@ -648,11 +783,22 @@ impl Ring {
     }
 
     /// Takes every completion the kernel has posted (flushing an overflow first), records
-    /// results and notifications, wakes waiters and frees finished slots.
-    pub fn reap(&self) {
+    /// results and notifications, wakes waiters and frees finished slots. Returns how many it
+    /// took.
+    pub fn reap(&self) -> usize {
         let mut completions = Vec::new();
         {
             let mut uring = self.uring.borrow_mut();
+            if self.defer_taskrun && uring.submission().taskrun() {
+                self.stats.borrow_mut().task_runs += 1;
+                // Completions are waiting to be run on this thread: one enter runs them.
+                // SAFETY: no signal mask or argument is passed.
+                let _ = unsafe {
+                    uring
+                        .submitter()
+                        .enter::<libc::sigset_t>(0, 0, ENTER_GETEVENTS, None)
+                };
+            }
             if uring.submission().cq_overflow() {
                 self.stats.borrow_mut().cq_overflows += 1;
                 // With IORING_FEAT_NODROP the kernel kept them; an enter flushes them.
@@ -665,8 +811,9 @@ impl Ring {
             );
         }
         if completions.is_empty() {
-            return;
+            return 0;
         }
+        let taken = completions.len();
         let mut wake = Vec::new();
         let mut release = Vec::new();
         {
@@ -720,6 +867,7 @@ impl Ring {
             w.wake();
         }
         self.wake_room();
+        taken
     }
 
     /// Frees a finished slot; returns its buffer (to be dropped outside the borrows).
@@ -858,7 +1006,8 @@ impl Drop for Op {
             let entry = opcode::AsyncCancel::new(user_data(self.index, self.generation))
                 .build()
                 .user_data(CANCEL_USER_DATA);
-            self.ring.push(&entry);
+            self.ring.queue(&entry);
+            self.ring.schedule_flush();
             self.ring.stats.borrow_mut().cancels += 1;
         }
         // A result that already arrived (or arrives with this reap) frees the slot.

@@ -10,7 +10,7 @@
 use std::rc::Rc;
 use std::time::Duration;
 
-use futures_lite::{AsyncReadExt, AsyncWriteExt};
+use futures_lite::AsyncWriteExt;
 use glommio::net::TcpStream;
 
 use crate::proto::{decode_streaming, Decoded, FrameError, Request, ResponseWriter, Status};
@@ -469,11 +469,46 @@ async fn serve_frames(
         held_bytes: 0,
         authenticated: ctx.shared.credentials.is_none(),
     };
+    // On the ring path the last replies of a pass go out with the next receive: both queued,
+    // one submission for the pair (and for every other connection's of the same pass).
+    let mut pending: Option<Vec<u8>> = None;
+    // The other reply buffer: one is in flight while the next pass fills the other.
+    let mut spare: Vec<u8> = Vec::new();
     loop {
         info.state.set("conn_waiting");
-        let read = {
-            let Conn { buf, filled, .. } = &mut conn;
-            with_limits(ctx, idle, stream.read(&mut buf[*filled..])).await
+        let read = match pending.take() {
+            Some(bytes) => {
+                let len = bytes.len();
+                let Conn { buf, filled, .. } = &mut conn;
+                let mut back = None;
+                let (written, read) = futures_lite::future::zip(
+                    with_limits(ctx, idle, async {
+                        let sent = wire.write_queued(bytes).await?;
+                        let n = sent.len().max(1);
+                        back = Some(sent);
+                        Ok(n)
+                    }),
+                    with_limits(ctx, idle, wire.read(stream, buf, *filled)),
+                )
+                .await;
+                if let Some(mut sent) = back {
+                    sent.clear();
+                    spare = sent;
+                }
+                match written {
+                    Io::Done(_) => ctx.counters.borrow_mut().bytes_written += len as u64,
+                    Io::TimedOut => {
+                        ctx.counters.borrow_mut().idle_closed += 1;
+                        return Ended::Cut;
+                    }
+                    Io::Closed | Io::Stopped => return Ended::Cut,
+                }
+                read
+            }
+            None => {
+                let Conn { buf, filled, .. } = &mut conn;
+                with_limits(ctx, idle, wire.read(stream, buf, *filled)).await
+            }
         };
         info.state.set("conn_parse_cmd");
         info.last_command.set(std::time::Instant::now());
@@ -511,7 +546,14 @@ async fn serve_frames(
                 }
             }
             let end = conn.out.len();
-            if let Err(ended) =
+            if matches!(after, After::Read) && wire.on_ring() && end > written {
+                // Sent together with the next receive (above); the buffer itself when whole.
+                pending = Some(if written == 0 {
+                    std::mem::replace(&mut conn.out, std::mem::take(&mut spare))
+                } else {
+                    conn.out[written..end].to_vec()
+                });
+            } else if let Err(ended) =
                 write_out(ctx, stream, wire, idle, &mut conn.out, written, end).await
             {
                 return ended;

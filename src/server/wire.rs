@@ -77,6 +77,9 @@ impl IoSnapshot {
         put("cq_overflows", ring.cq_overflows.to_string());
         put("cancels", ring.cancels.to_string());
         put("ring_wakeups", ring.wakeups.to_string());
+        put("ring_submits", ring.submits.to_string());
+        put("ring_entries_submitted", ring.entries_submitted.to_string());
+        put("ring_task_runs", ring.task_runs.to_string());
         out
     }
 }
@@ -208,6 +211,40 @@ impl Wire {
             fd: stream.as_raw_fd(),
             zc: Rc::new(ZcReport::default()),
         }
+    }
+
+    /// Whether this connection's bytes go through the ring.
+    pub fn on_ring(&self) -> bool {
+        self.ring.is_some()
+    }
+
+    /// Reads into `buf[at..]`: on the ring a `RECV` queued with the pass's other entries, else
+    /// glommio's read. Returns the bytes read (0: the peer closed). If this future is dropped
+    /// midway on the ring path, `buf` is left empty (the connection is ending anyway).
+    pub async fn read(
+        &self,
+        stream: &mut TcpStream,
+        buf: &mut Vec<u8>,
+        at: usize,
+    ) -> io::Result<usize> {
+        match &self.ring {
+            Some(ring) => {
+                let (result, back) = ring.recv(self.fd, std::mem::take(buf), at).await;
+                *buf = back;
+                result
+            }
+            None => futures_lite::AsyncReadExt::read(stream, &mut buf[at..]).await,
+        }
+    }
+
+    /// Ring path: queues a send of all of `bytes` (with the pass's other entries) and hands
+    /// the buffer back when it is done.
+    pub async fn write_queued(&self, bytes: Vec<u8>) -> io::Result<Vec<u8>> {
+        let ring = self
+            .ring
+            .as_ref()
+            .expect("queued writes are the ring path's");
+        ring.send_all(self.fd, bytes).await
     }
 
     /// Writes all of `bytes` and hands the buffer back for reuse.
