@@ -8,16 +8,33 @@
 //! used; no target is tried twice in one request. A strict request never leaves tier 0. The
 //! same seed and the same requests give the same placements (RFCs in `../shared/seeds/`; the
 //! design as built in `docs/placement.md`).
+//!
+//! Cost: a request never walks every target. Per locality group the active targets sit in
+//! ordered indexes (`index.rs`) kept current on every allocate, free, claim, mount, unmount and
+//! status change: classes of equal largest free region (and, under `free_ratio_first`, of equal
+//! free ratio) ordered by key, a class of many targets kept as a bitset. A tier is answered in
+//! O(log K) for the K distinct keys of its groups, plus the entries the request itself rules out
+//! on the way: its excluded and already tried targets, and in tier 3 the targets of the hosts
+//! that hold one of its replicas already (a local group on a used host is skipped whole);
+//! `free_ratio_first` also passes over better-ranked targets too fragmented for the object. A
+//! failure reports free bytes and the largest hole from running totals and the indexes' top
+//! keys (O(G) for G groups); a mount checks uuid and range in O(log S). `place_exhaustive` is
+//! the reference the indexes are tested against: the same decisions by scanning every target.
 
+mod index;
+mod reference;
 mod stats;
 
-use std::collections::{BTreeMap, BTreeSet, HashMap, HashSet};
+use std::collections::{BTreeMap, HashMap, HashSet};
 use std::fmt;
+
+use foldhash::fast::RandomState as FastHash;
 
 pub use crate::segment::target::{HostId, TargetKind, TargetSpec};
 use crate::segment::{Extent, ExtentAllocator};
 use crate::topology::NodeId;
 
+use index::{rotation, GroupIndex, Multiset};
 pub use stats::PlacementStats;
 
 /// A target's number in the placer (dense, never reused).
@@ -40,7 +57,7 @@ pub enum TargetStatus {
 /// How targets within one tier are ranked.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
 pub enum Policy {
-    /// A seeded random order.
+    /// Uniformly random among the targets that can hold the object (seeded).
     Random,
     /// The target with the most free space (by ratio) first.
     FreeRatioFirst,
@@ -174,8 +191,8 @@ impl fmt::Display for MountError {
 
 impl std::error::Error for MountError {}
 
-/// Which ordered index a target sits in.
-#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+/// Which ordered index a target sits in. The order (by node, unknown first) is tier 2's.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, PartialOrd, Ord)]
 enum Group {
     /// This host, by node (`None`: unknown locality).
     Local(Option<NodeId>),
@@ -183,32 +200,122 @@ enum Group {
     Remote,
 }
 
-#[derive(Debug)]
+/// Draws from the RNG a `random` placement may take before it lists the tier's fitting
+/// targets instead (when few of them fit).
+const RANDOM_SAMPLES_MAX: u32 = 16;
+
+/// A mounted target. What an allocation on it reads comes first, in two whole cache lines, and
+/// the spec (read by none) last: a tie among thousands of empty targets lands on a cold target,
+/// and each line it touches is a miss.
+#[derive(Clone, Debug)]
+#[repr(C, align(64))]
 pub struct Target {
-    pub spec: TargetSpec,
     pub status: TargetStatus,
-    pub alloc: ExtentAllocator,
-    pub objects: u64,
-    /// Live extents by last use (a logical clock), oldest first, and each extent's tick.
-    by_use: BTreeMap<u64, Extent>,
-    tick_of: HashMap<u64, u64>,
-    /// The key under which it sits in its group's index.
+    /// The spec's host and node, where a placement reads them.
+    host: HostId,
+    locality: Option<NodeId>,
+    /// Its place in its group's `members` while active.
+    slot: u32,
+    /// What the indexes and totals hold for it: its largest free region, free bytes and free
+    /// ratio (`f64` bits) as of its last change.
     indexed_largest: u64,
+    indexed_free: u64,
+    indexed_ratio: u64,
+    pub objects: u64,
+    pub alloc: ExtentAllocator,
+    pub spec: TargetSpec,
+}
+
+/// What a placement checks of a target before it touches the target itself, by id (unmounted:
+/// inactive). Dense and small (16 bytes a target), so looking over candidates stays in cache.
+#[derive(Clone, Copy, Debug, Default)]
+struct Hot {
+    active: bool,
+    host: HostId,
+    largest: u64,
+}
+
+/// Live extents by last use, over every target: placer-wide, so these are as large as the live
+/// extents (not the targets), and a target's first object allocates nothing of its own.
+#[derive(Clone, Debug, Default)]
+struct Uses {
+    /// By (target, tick of last use): each target's extents, oldest first.
+    by_tick: BTreeMap<(TargetId, u64), Extent>,
+    /// Each live extent's tick, by (target, offset). (Ordered rather than hashed: it grows a
+    /// node at a time, where a hash table would rehash every live extent at once.)
+    tick_of: BTreeMap<(TargetId, u64), u64>,
+}
+
+impl Uses {
+    fn record(&mut self, id: TargetId, extent: Extent, tick: u64) {
+        self.by_tick.insert((id, tick), extent);
+        self.tick_of.insert((id, extent.offset), tick);
+    }
+
+    fn forget(&mut self, id: TargetId, offset: u64) {
+        if let Some(tick) = self.tick_of.remove(&(id, offset)) {
+            self.by_tick.remove(&(id, tick));
+        }
+    }
+
+    /// Moves an extent to the back of its target's use order; false if it is not live.
+    fn touch(&mut self, id: TargetId, offset: u64, tick: u64) -> bool {
+        let Some(old) = self.tick_of.get_mut(&(id, offset)) else {
+            return false;
+        };
+        let extent = self.by_tick.remove(&(id, *old)).expect("ticks agree");
+        *old = tick;
+        self.by_tick.insert((id, tick), extent);
+        true
+    }
+
+    /// A target's live extents, least recently used first.
+    fn oldest(&self, id: TargetId) -> impl Iterator<Item = &Extent> + '_ {
+        self.by_tick.range((id, 0)..=(id, u64::MAX)).map(|(_, e)| e)
+    }
+
+    fn drop_target(&mut self, id: TargetId) {
+        let extents: Vec<Extent> = self.oldest(id).copied().collect();
+        for extent in extents {
+            self.forget(id, extent.offset);
+        }
+    }
 }
 
 /// The placer's state: targets, their allocators, the ordered indexes, the RNG.
-#[derive(Debug)]
+#[derive(Clone, Debug)]
 pub struct Placer {
     local_host: HostId,
     policy: Policy,
     rng: u64,
     targets: Vec<Option<Target>>,
-    /// Per group, targets ordered by (largest free region, id).
-    index: HashMap<Group, BTreeSet<(u64, TargetId)>>,
+    /// Per group, its active targets. A group, once created, stays (tier 2 is every node ever
+    /// mounted here, as before).
+    index: BTreeMap<Group, GroupIndex>,
+    /// The largest free regions of draining targets (the active ones are the groups' keys): with
+    /// the groups', the largest hole of any target.
+    draining_holes: Multiset,
+    /// Over every mounted target: granules and free bytes.
+    granules: Multiset,
+    free_bytes: u64,
+    /// Mount checks: the uuids, and each space's ranges.
+    uuids: HashMap<u128, TargetId>,
+    spaces: HashMap<Space, Ranges>,
+    /// Per target id, what choosing among candidates reads.
+    hot: Vec<Hot>,
+    uses: Uses,
     /// The logical clock of extent use (for LRU eviction plans).
     clock: u64,
+    scratch: Progress,
     pub stats: PlacementStats,
 }
+
+/// Where a target's range lives: host, kind and segment name (ranges of one space may not
+/// overlap).
+type Space = (HostId, TargetKind, String);
+
+/// A space's ranges by base: (end, target).
+type Ranges = BTreeMap<u64, (u64, TargetId)>;
 
 fn splitmix(state: &mut u64) -> u64 {
     *state = state.wrapping_add(0x9E37_79B9_7F4A_7C15);
@@ -218,6 +325,48 @@ fn splitmix(state: &mut u64) -> u64 {
     z ^ (z >> 31)
 }
 
+/// A target's free ratio as the bits of the `f64` it is ranked by.
+fn ratio_bits(alloc: &ExtentAllocator) -> u64 {
+    (alloc.free_bytes() as f64 / alloc.capacity() as f64).to_bits()
+}
+
+/// How a request's candidates are found: through the indexes, or (the test reference) by
+/// scanning every target.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+enum Scan {
+    Indexed,
+    Exhaustive,
+}
+
+/// One request's progress: what rules a target out for its next replica. The placer keeps
+/// one to reuse its buffers (a request allocates only the replicas it returns).
+#[derive(Clone, Debug, Default)]
+struct Progress {
+    /// Hosts holding a replica already (at most one per replica).
+    used_hosts: Vec<HostId>,
+    tried: HashSet<TargetId, FastHash>,
+    /// Best fit: tiers found to hold nothing that fits (for the rest of the request).
+    swept: [bool; 4],
+    /// The groups of the tier being tried.
+    groups: Vec<Group>,
+}
+
+/// Tried targets a reused `Progress` may keep room for (the exhaustive reference tries whole
+/// tiers).
+const TRIED_KEPT_MAX: usize = 256;
+
+impl Progress {
+    fn clear(&mut self) {
+        self.used_hosts.clear();
+        if self.tried.capacity() > TRIED_KEPT_MAX {
+            self.tried = HashSet::default();
+        }
+        self.tried.clear();
+        self.swept = [false; 4];
+        self.groups.clear();
+    }
+}
+
 impl Placer {
     pub fn new(local_host: HostId, policy: Policy, seed: u64) -> Placer {
         Placer {
@@ -225,8 +374,16 @@ impl Placer {
             policy,
             rng: seed,
             targets: Vec::new(),
-            index: HashMap::new(),
+            index: BTreeMap::new(),
+            draining_holes: Multiset::default(),
+            granules: Multiset::default(),
+            free_bytes: 0,
+            uuids: HashMap::new(),
+            spaces: HashMap::new(),
+            hot: Vec::new(),
+            uses: Uses::default(),
             clock: 0,
+            scratch: Progress::default(),
             stats: PlacementStats::default(),
         }
     }
@@ -247,6 +404,31 @@ impl Placer {
         }
     }
 
+    /// The first target (lowest id) a new spec conflicts with: the same uuid, or an overlapping
+    /// range of the same host, kind and name (ranges of one space never overlap, so the ones
+    /// that overlap a new range are a run in base order).
+    fn mount_conflict(&self, spec: &TargetSpec) -> Option<MountError> {
+        let duplicate = self.uuids.get(&spec.uuid).copied();
+        let end = spec.base.saturating_add(spec.size);
+        let overlap = self
+            .spaces
+            .get(&(spec.host, spec.kind, spec.name.clone()))
+            .and_then(|ranges| {
+                ranges
+                    .range(..end)
+                    .rev()
+                    .take_while(|(_, &(other_end, _))| other_end > spec.base)
+                    .map(|(_, &(_, id))| id)
+                    .min()
+            });
+        match (duplicate, overlap) {
+            (Some(d), Some(o)) if o < d => Some(MountError::Overlap { with: o }),
+            (Some(_), _) => Some(MountError::DuplicateUuid(spec.uuid)),
+            (None, Some(o)) => Some(MountError::Overlap { with: o }),
+            (None, None) => None,
+        }
+    }
+
     /// Mounts a target. Refused: a uuid already mounted, an empty range, or a range that
     /// overlaps another target of the same host, kind and name.
     pub fn mount(&mut self, spec: TargetSpec) -> Result<TargetId, MountError> {
@@ -254,37 +436,39 @@ impl Placer {
         if usable == 0 {
             return Err(MountError::Empty);
         }
-        for (i, target) in self.targets.iter().enumerate() {
-            let Some(t) = target else { continue };
-            if t.spec.uuid == spec.uuid {
-                return Err(MountError::DuplicateUuid(spec.uuid));
-            }
-            let same_space =
-                t.spec.host == spec.host && t.spec.kind == spec.kind && t.spec.name == spec.name;
-            let overlaps =
-                spec.base < t.spec.base + t.spec.size && t.spec.base < spec.base + spec.size;
-            if same_space && overlaps {
-                return Err(MountError::Overlap {
-                    with: TargetId(i as u32),
-                });
-            }
+        if let Some(err) = self.mount_conflict(&spec) {
+            return Err(err);
         }
         let id = TargetId(self.targets.len() as u32);
-        let group = self.group_of(&spec);
         let alloc = ExtentAllocator::new(usable, spec.granule);
         let largest = alloc.largest_free_region();
-        self.index.entry(group).or_default().insert((largest, id));
+        self.granules.insert(spec.granule);
+        self.free_bytes += alloc.free_bytes();
+        self.uuids.insert(spec.uuid, id);
+        self.spaces
+            .entry((spec.host, spec.kind, spec.name.clone()))
+            .or_default()
+            .insert(spec.base, (spec.base.saturating_add(spec.size), id));
         self.stats
             .on_mount(&spec, usable, spec.host == self.local_host);
+        self.hot.push(Hot {
+            active: true,
+            host: spec.host,
+            largest,
+        });
         self.targets.push(Some(Target {
+            host: spec.host,
+            locality: spec.locality,
             spec,
             status: TargetStatus::Active,
+            indexed_largest: largest,
+            indexed_free: alloc.free_bytes(),
+            indexed_ratio: ratio_bits(&alloc),
             alloc,
             objects: 0,
-            by_use: BTreeMap::new(),
-            tick_of: HashMap::new(),
-            indexed_largest: largest,
+            slot: 0,
         }));
+        self.index_add(id);
         Ok(id)
     }
 
@@ -293,14 +477,16 @@ impl Placer {
     }
 
     /// Free bytes over every target, and the largest hole in any one of them: what a failed
-    /// placement is reported with (enough free bytes and no hole: fragmentation).
+    /// placement is reported with (enough free bytes and no hole: fragmentation). From running
+    /// totals and each group's top key: O(G) for G locality groups, never O(S).
     pub fn free_and_largest_hole(&self) -> (u64, u64) {
-        self.targets().fold((0, 0), |(free, largest), (_, t)| {
-            (
-                free + t.alloc.free_bytes(),
-                largest.max(t.alloc.largest_free_region()),
-            )
-        })
+        let largest = self
+            .index
+            .values()
+            .filter_map(|g| g.by_hole.max_key())
+            .chain(self.draining_holes.max())
+            .max();
+        (self.free_bytes, largest.unwrap_or(0))
     }
 
     pub fn targets(&self) -> impl Iterator<Item = (TargetId, &Target)> {
@@ -310,19 +496,54 @@ impl Placer {
             .filter_map(|(i, t)| t.as_ref().map(|t| (TargetId(i as u32), t)))
     }
 
-    /// Stops new placements on a target (unmount, phase one); reads go on.
+    /// Stops new placements on a target (unmount, phase one), or resumes them; reads go on.
+    /// A draining target leaves its group's indexes, so no request skips over it.
     pub fn set_status(&mut self, id: TargetId, status: TargetStatus) {
-        if let Some(Some(target)) = self.targets.get_mut(id.0 as usize) {
-            target.status = status;
+        let Some(Some(target)) = self.targets.get_mut(id.0 as usize) else {
+            return;
+        };
+        if target.status == status {
+            return;
+        }
+        self.hot[id.0 as usize].active = status == TargetStatus::Active;
+        let largest = target.indexed_largest;
+        match status {
+            TargetStatus::Active => {
+                target.status = status;
+                self.draining_holes.remove(largest);
+                self.index_add(id);
+            }
+            TargetStatus::Draining => {
+                self.index_drop(id);
+                self.draining_holes.insert(largest);
+                self.targets[id.0 as usize]
+                    .as_mut()
+                    .expect("live target")
+                    .status = status;
+            }
         }
     }
 
     /// Forgets a target (unmount, phase two). Its objects must already be gone from the index.
     pub fn unmount(&mut self, id: TargetId) -> Option<Target> {
-        let target = self.targets.get_mut(id.0 as usize)?.take()?;
-        let group = self.group_of(&target.spec);
-        if let Some(set) = self.index.get_mut(&group) {
-            set.remove(&(target.indexed_largest, id));
+        if self.target(id)?.status == TargetStatus::Active {
+            self.index_drop(id);
+        }
+        let target = self.targets[id.0 as usize].take().expect("live target");
+        self.hot[id.0 as usize] = Hot::default();
+        self.uses.drop_target(id);
+        if target.status == TargetStatus::Draining {
+            self.draining_holes.remove(target.indexed_largest);
+        }
+        self.granules.remove(target.spec.granule);
+        self.free_bytes -= target.indexed_free;
+        self.uuids.remove(&target.spec.uuid);
+        let space = (target.spec.host, target.spec.kind, target.spec.name.clone());
+        if let Some(ranges) = self.spaces.get_mut(&space) {
+            ranges.remove(&target.spec.base);
+            if ranges.is_empty() {
+                self.spaces.remove(&space);
+            }
         }
         self.stats.on_unmount(
             &target.spec,
@@ -332,23 +553,88 @@ impl Placer {
         Some(target)
     }
 
-    fn reindex(&mut self, id: TargetId) {
-        let (group, old, new) = {
-            let t = self.targets[id.0 as usize].as_ref().expect("live target");
-            (
-                self.group_of(&t.spec),
-                t.indexed_largest,
-                t.alloc.largest_free_region(),
-            )
-        };
-        if old != new {
-            let set = self.index.get_mut(&group).expect("indexed group");
-            set.remove(&(old, id));
-            set.insert((new, id));
-            self.targets[id.0 as usize]
+    /// Puts an active target into its group's indexes.
+    fn index_add(&mut self, id: TargetId) {
+        let frf = self.policy == Policy::FreeRatioFirst;
+        let group_key = self.group_of(&self.targets[id.0 as usize].as_ref().expect("live").spec);
+        let target = self.targets[id.0 as usize].as_mut().expect("live target");
+        let group = self.index.entry(group_key).or_default();
+        let fresh = group.by_hole.insert(target.indexed_largest, id);
+        debug_assert!(fresh, "{id} indexed twice");
+        if frf {
+            group.by_ratio.insert(target.indexed_ratio, id);
+        }
+        target.slot = group.members.len() as u32;
+        group.members.push(id);
+    }
+
+    /// Takes an active target out of its group's indexes.
+    fn index_drop(&mut self, id: TargetId) {
+        let group_key = self.group_of(&self.targets[id.0 as usize].as_ref().expect("live").spec);
+        let target = self.targets[id.0 as usize].as_ref().expect("live target");
+        let (largest, ratio, slot) = (
+            target.indexed_largest,
+            target.indexed_ratio,
+            target.slot as usize,
+        );
+        let group = self.index.get_mut(&group_key).expect("indexed group");
+        let was = group.by_hole.remove(largest, id);
+        debug_assert!(was, "{id} was not indexed");
+        group.by_ratio.remove(ratio, id);
+        debug_assert_eq!(group.members[slot], id);
+        group.members.swap_remove(slot);
+        if let Some(&moved) = group.members.get(slot) {
+            self.targets[moved.0 as usize]
                 .as_mut()
                 .expect("live target")
-                .indexed_largest = new;
+                .slot = slot as u32;
+        }
+    }
+
+    /// Brings the indexes and totals up to date with a target's allocator after it changed.
+    fn reindex(&mut self, id: TargetId) {
+        let frf = self.policy == Policy::FreeRatioFirst;
+        let Placer {
+            targets,
+            index,
+            draining_holes,
+            free_bytes,
+            hot,
+            local_host,
+            ..
+        } = self;
+        let target = targets[id.0 as usize].as_mut().expect("live target");
+        let largest = target.alloc.largest_free_region();
+        let free = target.alloc.free_bytes();
+        let ratio = ratio_bits(&target.alloc);
+        *free_bytes = *free_bytes - target.indexed_free + free;
+        target.indexed_free = free;
+        let active = target.status == TargetStatus::Active;
+        let group = if target.host == *local_host {
+            Group::Local(target.locality)
+        } else {
+            Group::Remote
+        };
+        if largest != target.indexed_largest {
+            hot[id.0 as usize].largest = largest;
+            if active {
+                let set = &mut index.get_mut(&group).expect("indexed group").by_hole;
+                let was = set.remove(target.indexed_largest, id);
+                debug_assert!(was, "{id} index key stale");
+                set.insert(largest, id);
+            } else {
+                draining_holes.replace(target.indexed_largest, largest);
+            }
+            target.indexed_largest = largest;
+        }
+        if ratio != target.indexed_ratio {
+            if active && frf {
+                let set = &mut index.get_mut(&group).expect("indexed group").by_ratio;
+                let was = set.remove(target.indexed_ratio, id);
+                debug_assert!(was, "{id} ratio key stale");
+                set.insert(ratio, id);
+            }
+            target.indexed_ratio = ratio;
         }
     }
 
@@ -359,11 +645,8 @@ impl Placer {
             .expect("free on a mounted target");
         target.alloc.free(extent);
         target.objects -= 1;
-        if let Some(tick) = target.tick_of.remove(&extent.offset) {
-            target.by_use.remove(&tick);
-        }
-        let local = target.spec.host == self.local_host;
-        let locality = target.spec.locality;
+        self.uses.forget(id, extent.offset);
+        let (local, locality) = (target.host == self.local_host, target.locality);
         self.stats.on_free(extent.len, local, locality);
         self.reindex(id);
     }
@@ -378,74 +661,115 @@ impl Placer {
         }
         target.objects += 1;
         self.clock += 1;
-        target.by_use.insert(self.clock, extent);
-        target.tick_of.insert(extent.offset, self.clock);
-        let (local, locality) = (target.spec.host == self.local_host, target.spec.locality);
+        let (local, locality) = (target.host == self.local_host, target.locality);
+        self.uses.record(id, extent, self.clock);
         self.stats.on_allocate(extent.len, local, locality);
         self.reindex(id);
         true
     }
 
-    fn usable(&self, id: TargetId, req: &PlacementRequest, used_hosts: &HashSet<HostId>) -> bool {
-        self.target(id).is_some_and(|t| {
-            t.status == TargetStatus::Active
-                && !req.excluded.contains(&id)
-                && !used_hosts.contains(&t.spec.host)
+    fn usable(&self, id: TargetId, req: &PlacementRequest, used_hosts: &[HostId]) -> bool {
+        self.hot.get(id.0 as usize).is_some_and(|h| {
+            h.active && !req.excluded.contains(&id) && !used_hosts.contains(&h.host)
         })
     }
 
-    /// Groups of a tier for this request.
-    fn tier_groups(&self, tier: usize, node: Option<NodeId>) -> Vec<Group> {
+    /// Usable for this request's next replica and not tried yet.
+    fn open(&self, id: TargetId, req: &PlacementRequest, p: &Progress) -> bool {
+        !p.tried.contains(&id) && self.usable(id, req, &p.used_hosts)
+    }
+
+    /// Every target of the group is on a host that holds a replica already.
+    fn closed(&self, group: Group, p: &Progress) -> bool {
+        matches!(group, Group::Local(_)) && p.used_hosts.contains(&self.local_host)
+    }
+
+    /// Whether a target's largest region holds `size` bytes at its own granule (a region is
+    /// whole granules, so that is `size <= region`): exactly when allocating succeeds.
+    fn fits(&self, id: TargetId, size: u64) -> bool {
+        self.hot[id.0 as usize].largest >= size
+    }
+
+    /// Groups of a tier for this request, into `out`.
+    fn tier_groups_into(&self, tier: usize, node: Option<NodeId>, out: &mut Vec<Group>) {
+        out.clear();
         match tier {
-            0 => node
-                .map(|n| vec![Group::Local(Some(n))])
-                .unwrap_or_default(),
-            1 => vec![Group::Local(None)],
-            2 => {
-                let mut groups: Vec<Group> = self
-                    .index
+            0 => out.extend(node.map(|n| Group::Local(Some(n)))),
+            1 => out.push(Group::Local(None)),
+            2 => out.extend(
+                self.index
                     .keys()
                     .copied()
-                    .filter(|g| matches!(g, Group::Local(Some(n)) if Some(*n) != node))
-                    .collect();
-                groups.sort_by_key(|g| match g {
-                    Group::Local(n) => *n,
-                    Group::Remote => None,
-                });
-                groups
-            }
-            _ => vec![Group::Remote],
+                    .filter(|g| matches!(g, Group::Local(Some(n)) if Some(*n) != node)),
+            ),
+            _ => out.push(Group::Remote),
         }
     }
 
-    /// Best fit within a tier: the target whose largest region is the smallest that holds
-    /// `rounded` bytes, found through the ordered index; ties broken by a seeded rotation.
-    fn best_fit_in(
+    fn tier_groups(&self, tier: usize, node: Option<NodeId>) -> Vec<Group> {
+        let mut groups = Vec::new();
+        self.tier_groups_into(tier, node, &mut groups);
+        groups
+    }
+
+    /// The seeded start of the rotation that breaks ties, drawn once per tier tried.
+    fn pivot(&mut self) -> TargetId {
+        TargetId(splitmix(&mut self.rng) as u32 % (self.targets.len().max(1) as u32))
+    }
+
+    /// This tier's choice for the next replica, through the indexes.
+    fn choose(
         &mut self,
+        tier: usize,
+        groups: &[Group],
+        req: &PlacementRequest,
+        rounded: u64,
+        p: &mut Progress,
+    ) -> Option<TargetId> {
+        match self.policy {
+            Policy::BestFit => {
+                let pivot = self.pivot();
+                if p.swept[tier] {
+                    return None;
+                }
+                self.best_fit(groups, rounded, pivot, req, p).or_else(|| {
+                    self.sweep(tier, groups, req, p);
+                    None
+                })
+            }
+            Policy::LargestHoleFirst | Policy::FreeRatioFirst => {
+                let pivot = self.pivot();
+                self.highest(groups, pivot, req, p)
+            }
+            Policy::Random => self.random(groups, req, p),
+        }
+    }
+
+    /// Best fit within a tier: per group the smallest class of largest region that holds
+    /// `rounded` bytes (skipping the targets this request rules out), ties by the rotation; the
+    /// first group with the smallest class wins. O(log K) per group plus the skipped entries.
+    fn best_fit(
+        &self,
         groups: &[Group],
         rounded: u64,
-        usable: impl Fn(&Self, TargetId) -> bool,
+        pivot: TargetId,
+        req: &PlacementRequest,
+        p: &Progress,
     ) -> Option<TargetId> {
         let mut best: Option<(u64, TargetId)> = None;
-        let pivot = TargetId(splitmix(&mut self.rng) as u32 % (self.targets.len().max(1) as u32));
-        for group in groups {
-            let Some(set) = self.index.get(group) else {
+        for &group in groups {
+            if self.closed(group, p) {
+                continue;
+            }
+            let Some(g) = self.index.get(&group) else {
                 continue;
             };
-            // The smallest fitting size class in this group (skipping unusable targets).
-            let Some(&(size, _)) = set
-                .range((rounded, TargetId(0))..)
-                .find(|(_, id)| usable(self, *id))
+            let Some((size, pick)) = g
+                .by_hole
+                .lowest_from(rounded, pivot, |id| self.open(id, req, p))
             else {
                 continue;
             };
-            // Among equals, start at the pivot and wrap: a seeded rotation of the id order.
-            let pick = set
-                .range((size, pivot)..=(size, TargetId(u32::MAX)))
-                .chain(set.range((size, TargetId(0))..(size, pivot)))
-                .map(|&(_, id)| id)
-                .find(|id| usable(self, *id))
-                .expect("a usable target of this size exists");
             best = match best {
                 Some((s, _)) if s <= size => best,
                 _ => Some((size, pick)),
@@ -454,62 +778,140 @@ impl Placer {
         best.map(|(_, id)| id)
     }
 
-    /// Every usable target of a tier in the policy's order (used by the policies that rank by
-    /// something other than the largest region, and for the fallback of best fit).
-    fn ranked(
+    /// Best fit found nothing in this tier. The exhaustive scan (the placer as it was) then
+    /// walks every open target of the tier in a seeded order (one draw when there is any) and
+    /// counts each as tried: none of them fits, and within a request targets only fill and
+    /// fewer stay open, so the tier holds nothing for the rest of the request. The indexes make
+    /// the same draw and remember the tier as swept instead of listing it. (The preferred
+    /// targets, the only ones the list could still matter for, were all tried before the
+    /// tiers, or are off tier 0 under a strict request.)
+    fn sweep(&mut self, tier: usize, groups: &[Group], req: &PlacementRequest, p: &mut Progress) {
+        let any_open = groups.iter().any(|&group| {
+            !self.closed(group, p)
+                && self
+                    .index
+                    .get(&group)
+                    .is_some_and(|g| g.by_hole.ids_from(0).any(|id| self.open(id, req, p)))
+        });
+        if any_open {
+            splitmix(&mut self.rng);
+        }
+        debug_assert!(req.preferred.iter().all(|&id| {
+            !self.open(id, req, p)
+                || self
+                    .target(id)
+                    .is_some_and(|t| !groups.contains(&self.group_of(&t.spec)))
+        }));
+        p.swept[tier] = true;
+    }
+
+    /// Largest hole first and free ratio first: the highest class (of largest region, or of
+    /// free ratio) with an open target that fits, ties by the rotation over the whole tier.
+    /// Largest hole first skips only what the request rules out; free ratio first also skips
+    /// the better-ranked targets that cannot hold the object.
+    fn highest(
+        &self,
+        groups: &[Group],
+        pivot: TargetId,
+        req: &PlacementRequest,
+        p: &Progress,
+    ) -> Option<TargetId> {
+        let mut best: Option<(u64, TargetId)> = None;
+        for &group in groups {
+            if self.closed(group, p) {
+                continue;
+            }
+            let Some(g) = self.index.get(&group) else {
+                continue;
+            };
+            let found = match self.policy {
+                Policy::LargestHoleFirst => g
+                    .by_hole
+                    .highest_down_to(req.size, pivot, |id| self.open(id, req, p)),
+                _ => g.by_ratio.highest_down_to(0, pivot, |id| {
+                    self.open(id, req, p) && self.fits(id, req.size)
+                }),
+            };
+            if let Some((key, id)) = found {
+                best = match best {
+                    Some((k, b))
+                        if k > key || (k == key && rotation(b, pivot) < rotation(id, pivot)) =>
+                    {
+                        best
+                    }
+                    _ => Some((key, id)),
+                };
+            }
+        }
+        best.map(|(_, id)| id)
+    }
+
+    /// Random: a target drawn uniformly from the tier's active ones until one is open and
+    /// fits (so uniform among those), at most `RANDOM_SAMPLES_MAX` draws; then (few fit) a
+    /// uniform pick among the fitting ones, listed from the index. When nothing fits, the
+    /// largest holes say so without a draw.
+    fn random(
         &mut self,
         groups: &[Group],
         req: &PlacementRequest,
-        used_hosts: &HashSet<HostId>,
-        tried: &HashSet<TargetId>,
-    ) -> Vec<TargetId> {
-        let mut ids: Vec<TargetId> = groups
-            .iter()
-            .filter_map(|g| self.index.get(g))
-            .flat_map(|set| set.iter().map(|&(_, id)| id))
-            .filter(|id| !tried.contains(id) && self.usable(*id, req, used_hosts))
-            .collect();
-        ids.sort_unstable();
-        // Seeded rotation, then a stable sort by the policy's key.
-        if !ids.is_empty() {
-            let shift = (splitmix(&mut self.rng) % ids.len() as u64) as usize;
-            ids.rotate_left(shift);
+        p: &Progress,
+    ) -> Option<TargetId> {
+        let open_groups = || {
+            groups
+                .iter()
+                .filter(|&&g| !self.closed(g, p))
+                .filter_map(|g| self.index.get(g))
+        };
+        let any_fits = open_groups().any(|g| g.by_hole.max_key().is_some_and(|k| k >= req.size));
+        if !any_fits {
+            return None;
         }
-        match self.policy {
-            Policy::Random => {
-                for i in (1..ids.len()).rev() {
-                    let j = (splitmix(&mut self.rng) % (i as u64 + 1)) as usize;
-                    ids.swap(i, j);
-                }
+        let mut rng = self.rng;
+        let total: usize = open_groups().map(|g| g.members.len()).sum();
+        let mut pick = None;
+        for _ in 0..RANDOM_SAMPLES_MAX {
+            let mut at = (splitmix(&mut rng) % total as u64) as usize;
+            let id = open_groups()
+                .find_map(|g| match g.members.get(at) {
+                    Some(&id) => Some(id),
+                    None => {
+                        at -= g.members.len();
+                        None
+                    }
+                })
+                .expect("a draw below the total lands in a group");
+            if self.open(id, req, p) && self.fits(id, req.size) {
+                pick = Some(id);
+                break;
             }
-            Policy::FreeRatioFirst => ids.sort_by(|a, b| {
-                let ratio = |id: &TargetId| {
-                    let t = self.target(*id).expect("live");
-                    t.alloc.free_bytes() as f64 / t.alloc.capacity() as f64
-                };
-                ratio(b)
-                    .partial_cmp(&ratio(a))
-                    .unwrap_or(std::cmp::Ordering::Equal)
-            }),
-            Policy::LargestHoleFirst => ids.sort_by_key(|id| {
-                std::cmp::Reverse(self.target(*id).expect("live").alloc.largest_free_region())
-            }),
-            // Fallback order for best fit: the targets that do not fit, most room first.
-            Policy::BestFit => ids.sort_by_key(|id| {
-                std::cmp::Reverse(self.target(*id).expect("live").alloc.largest_free_region())
-            }),
         }
-        ids
+        if pick.is_none() {
+            let fitting: Vec<TargetId> = open_groups()
+                .flat_map(|g| g.by_hole.ids_from(req.size))
+                .filter(|&id| self.open(id, req, p))
+                .collect();
+            if !fitting.is_empty() {
+                pick = Some(fitting[(splitmix(&mut rng) % fitting.len() as u64) as usize]);
+            }
+        }
+        self.rng = rng;
+        pick
     }
 
     fn allocate_on(&mut self, id: TargetId, size: u64) -> Option<Extent> {
         let target = self.targets[id.0 as usize].as_mut().expect("live target");
+        // A tie among thousands of empty targets lands on a cold one. Reading an end of each of
+        // its allocator's two trees first lets their cache misses overlap, where the allocation
+        // would take them one after the other (a quarter off a cold allocation here).
+        std::hint::black_box((
+            target.alloc.largest_free_region(),
+            target.alloc.holes().next(),
+        ));
         let extent = target.alloc.allocate(size).ok()?;
         target.objects += 1;
         self.clock += 1;
-        target.by_use.insert(self.clock, extent);
-        target.tick_of.insert(extent.offset, self.clock);
-        let (local, locality) = (target.spec.host == self.local_host, target.spec.locality);
+        let (local, locality) = (target.host == self.local_host, target.locality);
+        self.uses.record(id, extent, self.clock);
         self.stats.on_allocate(extent.len, local, locality);
         self.reindex(id);
         Some(extent)
@@ -518,6 +920,24 @@ impl Placer {
     /// Places every replica it can. Errors only when not even one replica fits (or, strict,
     /// none fits on the node).
     pub fn place(&mut self, req: &PlacementRequest) -> Result<Placed, PlacementError> {
+        self.place_with(req, Scan::Indexed)
+    }
+
+    /// The reference `place` is tested against: the same decisions (and the same draws from
+    /// the RNG, except under `random`) by scanning every target, as the placer did before its
+    /// indexes. For tests only.
+    #[doc(hidden)]
+    pub fn place_exhaustive(&mut self, req: &PlacementRequest) -> Result<Placed, PlacementError> {
+        self.place_with(req, Scan::Exhaustive)
+    }
+
+    /// The RNG's state, so tests can check that two placers draw alike.
+    #[doc(hidden)]
+    pub fn rng_state(&self) -> u64 {
+        self.rng
+    }
+
+    fn place_with(&mut self, req: &PlacementRequest, scan: Scan) -> Result<Placed, PlacementError> {
         if req.size == 0 || req.replicas == 0 {
             return Err(PlacementError::Invalid(
                 "size and replicas must be at least 1".into(),
@@ -528,37 +948,46 @@ impl Placer {
                 "a strict request must name its node".into(),
             ));
         }
+        let mut p = std::mem::take(&mut self.scratch);
+        p.clear();
+        let outcome = self.place_replicas(req, scan, &mut p);
+        self.scratch = p;
+        outcome
+    }
+
+    fn place_replicas(
+        &mut self,
+        req: &PlacementRequest,
+        scan: Scan,
+        p: &mut Progress,
+    ) -> Result<Placed, PlacementError> {
         self.stats.requests += 1;
         if req.hint.node.is_none() {
             self.stats.requests_without_locality += 1;
         }
-        let granule = self
-            .targets()
-            .map(|(_, t)| t.alloc.granule())
-            .max()
-            .unwrap_or(1);
+        let granule = match scan {
+            Scan::Indexed => self.granules.max().unwrap_or(1),
+            Scan::Exhaustive => self.granule_exhaustive(),
+        };
         let rounded = req
             .size
             .checked_next_multiple_of(granule)
             .unwrap_or(u64::MAX);
         let mut placed: Vec<(TargetId, Extent)> = Vec::new();
-        let mut used_hosts: HashSet<HostId> = HashSet::new();
-        let mut tried: HashSet<TargetId> = HashSet::new();
         let tiers: &[usize] = if req.hint.strict { &[0] } else { &[0, 1, 2, 3] };
         for _ in 0..req.replicas {
             let mut chosen: Option<(TargetId, Extent, Option<usize>)> = None;
             // Preferred targets first, in order.
             for &id in &req.preferred {
-                if tried.contains(&id) || !self.usable(id, req, &used_hosts) {
+                if !self.open(id, req, p) {
                     continue;
                 }
-                let on_node = self.target(id).expect("usable").spec.locality == req.hint.node;
-                if req.hint.strict
-                    && !(on_node && self.target(id).expect("usable").spec.host == self.local_host)
-                {
+                let target = self.target(id).expect("usable");
+                let on_node = target.locality == req.hint.node;
+                if req.hint.strict && !(on_node && target.host == self.local_host) {
                     continue;
                 }
-                tried.insert(id);
+                p.tried.insert(id);
                 if let Some(extent) = self.allocate_on(id, req.size) {
                     chosen = Some((id, extent, None));
                     break;
@@ -569,39 +998,24 @@ impl Placer {
                 if chosen.is_some() {
                     break;
                 }
-                let groups = self.tier_groups(tier, req.hint.node);
-                if groups.is_empty() {
-                    continue;
-                }
-                if self.policy == Policy::BestFit {
-                    let fit = self.best_fit_in(&groups, rounded, |p, id| {
-                        !tried.contains(&id) && p.usable(id, req, &used_hosts)
-                    });
-                    if let Some(id) = fit {
-                        tried.insert(id);
-                        if let Some(extent) = self.allocate_on(id, req.size) {
-                            chosen = Some((id, extent, Some(tier)));
-                            break;
-                        }
-                    }
-                }
-                for id in self.ranked(&groups, req, &used_hosts, &tried) {
-                    tried.insert(id);
-                    if self.policy == Policy::BestFit
-                        && self.target(id).expect("live").alloc.largest_free_region() < rounded
-                    {
-                        // Cannot fit without making room; nothing makes room here.
-                        continue;
-                    }
-                    if let Some(extent) = self.allocate_on(id, req.size) {
-                        chosen = Some((id, extent, Some(tier)));
-                        break;
-                    }
+                let mut groups = std::mem::take(&mut p.groups);
+                self.tier_groups_into(tier, req.hint.node, &mut groups);
+                let pick = match scan {
+                    _ if groups.is_empty() => None,
+                    Scan::Indexed => self.choose(tier, &groups, req, rounded, p),
+                    Scan::Exhaustive => self.choose_exhaustive(&groups, req, rounded, p),
+                };
+                p.groups = groups;
+                if let Some(id) = pick {
+                    p.tried.insert(id);
+                    let extent = self.allocate_on(id, req.size);
+                    debug_assert!(extent.is_some(), "{id} was chosen and cannot hold it");
+                    chosen = extent.map(|extent| (id, extent, Some(tier)));
                 }
             }
             match chosen {
                 Some((id, extent, tier)) => {
-                    used_hosts.insert(self.target(id).expect("live").spec.host);
+                    p.used_hosts.push(self.target(id).expect("live").host);
                     self.stats.on_placed(tier, extent.len);
                     placed.push((id, extent));
                 }
@@ -609,12 +1023,10 @@ impl Placer {
             }
         }
         if placed.is_empty() {
-            let free = self.targets().map(|(_, t)| t.alloc.free_bytes()).sum();
-            let largest_hole = self
-                .targets()
-                .map(|(_, t)| t.alloc.largest_free_region())
-                .max()
-                .unwrap_or(0);
+            let (free, largest_hole) = match scan {
+                Scan::Indexed => self.free_and_largest_hole(),
+                Scan::Exhaustive => self.free_and_largest_hole_exhaustive(),
+            };
             self.stats.on_failure(req.hint.strict, free, largest_hole);
             return Err(if req.hint.strict {
                 PlacementError::Strict {
@@ -640,92 +1052,187 @@ impl Placer {
 
     /// Notes that an extent was just used (a read of its object), for LRU eviction plans.
     pub fn touch(&mut self, id: TargetId, offset: u64) {
-        let Some(Some(target)) = self.targets.get_mut(id.0 as usize) else {
-            return;
-        };
-        if let Some(tick) = target.tick_of.get_mut(&offset) {
-            let extent = target.by_use.remove(tick).expect("ticks agree");
+        if self.uses.touch(id, offset, self.clock + 1) {
             self.clock += 1;
-            *tick = self.clock;
-            target.by_use.insert(self.clock, extent);
         }
     }
 
     /// For a request that found no hole: the least recently used extents of the first target
-    /// (in the request's candidate order) whose freeing, oldest first, would leave a hole for
-    /// it, at most `bound` of them. Pure: nothing is freed here.
+    /// (in the request's candidate order: preferred, then tier by tier, largest region first)
+    /// whose freeing, oldest first, would leave a hole for it, at most `bound` of them. Pure:
+    /// nothing is freed here. A failure path of `--segment-eviction lru` only: it may look at
+    /// every candidate, but rules one out from its free bytes and its `bound` oldest extents
+    /// before it simulates anything.
     pub fn eviction_plan(
         &self,
         req: &PlacementRequest,
         bound: usize,
     ) -> Option<(TargetId, Vec<Extent>)> {
-        let granule = self
-            .targets()
-            .map(|(_, t)| t.alloc.granule())
-            .max()
-            .unwrap_or(1);
-        let rounded = req.size.checked_next_multiple_of(granule)?;
+        let rounded = req
+            .size
+            .checked_next_multiple_of(self.granules.max().unwrap_or(1))?;
         let tiers: &[usize] = if req.hint.strict { &[0] } else { &[0, 1, 2, 3] };
-        let no_hosts = HashSet::new();
-        let mut candidates: Vec<TargetId> = req.preferred.clone();
-        for &tier in tiers {
-            for group in self.tier_groups(tier, req.hint.node) {
-                if let Some(set) = self.index.get(&group) {
-                    candidates.extend(set.iter().rev().map(|&(_, id)| id));
-                }
-            }
-        }
+        let tiered = tiers
+            .iter()
+            .flat_map(|&tier| self.tier_groups(tier, req.hint.node))
+            .filter_map(|group| self.index.get(&group))
+            .flat_map(|g| g.by_hole.ids_descending());
         let mut seen = HashSet::new();
-        for id in candidates {
-            if !seen.insert(id) || !self.usable(id, req, &no_hosts) {
+        for id in req.preferred.iter().copied().chain(tiered) {
+            if !seen.insert(id) {
                 continue;
             }
-            let target = self.target(id).expect("usable");
-            if req.hint.strict
-                && !(target.spec.locality == req.hint.node && target.spec.host == self.local_host)
-            {
-                continue;
-            }
-            if target.alloc.capacity() < rounded {
-                continue;
-            }
-            let mut scratch = target.alloc.clone();
-            let mut victims = Vec::new();
-            for extent in target.by_use.values().take(bound) {
-                scratch.free(*extent);
-                victims.push(*extent);
-                if scratch.largest_free_region() >= rounded {
-                    return Some((id, victims));
-                }
+            if let Some(victims) = self.plan_on(id, req, rounded, bound, true) {
+                return Some((id, victims));
             }
         }
         None
     }
 
-    /// Checks that every target sits in its group's index under its current largest region.
+    /// The oldest extents of one target whose freeing leaves a hole of `rounded` bytes, if
+    /// the target is a candidate for the request and its `bound` oldest do.
+    fn plan_on(
+        &self,
+        id: TargetId,
+        req: &PlacementRequest,
+        rounded: u64,
+        bound: usize,
+        prefilter: bool,
+    ) -> Option<Vec<Extent>> {
+        if !self.usable(id, req, &[]) {
+            return None;
+        }
+        let target = self.target(id).expect("usable");
+        if req.hint.strict && !(target.locality == req.hint.node && target.host == self.local_host)
+        {
+            return None;
+        }
+        if target.alloc.capacity() < rounded {
+            return None;
+        }
+        if prefilter {
+            // No hole can outgrow the free bytes the victims leave.
+            let reclaimable: u64 = self.uses.oldest(id).take(bound).map(|e| e.len).sum();
+            if reclaimable == 0 || target.alloc.free_bytes() + reclaimable < rounded {
+                return None;
+            }
+        }
+        let mut scratch = target.alloc.clone();
+        let mut victims = Vec::new();
+        for extent in self.uses.oldest(id).take(bound) {
+            scratch.free(*extent);
+            victims.push(*extent);
+            if scratch.largest_free_region() >= rounded {
+                return Some(victims);
+            }
+        }
+        None
+    }
+
+    /// Checks every index and total against the targets: each active target sits exactly once
+    /// in its group's indexes under its current keys, no draining or unmounted one does, and the
+    /// multisets and sums over mounted targets equal the ones kept.
     pub fn check_invariants(&self) {
-        let mut indexed = 0;
+        let frf = self.policy == Policy::FreeRatioFirst;
+        let (mut draining, mut granules, mut free) = (Multiset::default(), Multiset::default(), 0);
+        let mut active: HashMap<Group, usize> = HashMap::new();
+        let (mut spaced, mut objects) = (0, 0);
         for (id, t) in self.targets() {
             t.alloc.check_invariants();
             assert_eq!(
-                t.by_use.len() as u64,
+                self.uses.oldest(id).count() as u64,
                 t.objects,
                 "{id}: use order lost an extent"
             );
-            assert_eq!(t.tick_of.len(), t.by_use.len());
-            assert!(t
-                .tick_of
-                .iter()
-                .all(|(off, tick)| t.by_use.get(tick).is_some_and(|e| e.offset == *off)));
+            objects += t.objects;
             assert_eq!(
                 t.indexed_largest,
                 t.alloc.largest_free_region(),
                 "{id} index key stale"
             );
-            assert!(self.index[&self.group_of(&t.spec)].contains(&(t.indexed_largest, id)));
-            indexed += 1;
+            assert_eq!(
+                t.indexed_free,
+                t.alloc.free_bytes(),
+                "{id} free bytes stale"
+            );
+            assert_eq!(t.indexed_ratio, ratio_bits(&t.alloc), "{id} ratio stale");
+            if t.status == TargetStatus::Draining {
+                draining.insert(t.indexed_largest);
+            }
+            granules.insert(t.spec.granule);
+            free += t.indexed_free;
+            assert_eq!(self.uuids.get(&t.spec.uuid), Some(&id), "{id} uuid");
+            let space = (t.spec.host, t.spec.kind, t.spec.name.clone());
+            assert_eq!(
+                self.spaces.get(&space).and_then(|r| r.get(&t.spec.base)),
+                Some(&(t.spec.base.saturating_add(t.spec.size), id)),
+                "{id} range"
+            );
+            spaced += 1;
+            let group = self.group_of(&t.spec);
+            assert_eq!(
+                (t.host, t.locality),
+                (t.spec.host, t.spec.locality),
+                "{id} copies of its spec"
+            );
+            let hot = self.hot[id.0 as usize];
+            assert_eq!(
+                (hot.active, hot.host, hot.largest),
+                (t.status == TargetStatus::Active, t.host, t.indexed_largest),
+                "{id} hot copy"
+            );
+            let g = &self.index[&group];
+            let listed = g.by_hole.contains(t.indexed_largest, id);
+            let in_ratio = g.by_ratio.contains(t.indexed_ratio, id);
+            let member = g.members.get(t.slot as usize) == Some(&id);
+            match t.status {
+                TargetStatus::Active => {
+                    assert!(listed && member, "{id} active and not indexed");
+                    assert_eq!(in_ratio, frf, "{id} ratio index");
+                    *active.entry(group).or_default() += 1;
+                }
+                TargetStatus::Draining => {
+                    assert!(!listed && !member && !in_ratio, "{id} draining and indexed")
+                }
+            }
         }
-        let total: usize = self.index.values().map(BTreeSet::len).sum();
-        assert_eq!(total, indexed, "the index holds unmounted targets");
+        for (group, g) in &self.index {
+            let n = active.get(group).copied().unwrap_or(0);
+            assert_eq!(g.by_hole.len(), n, "{group:?} holds other targets");
+            assert_eq!(g.members.len(), n, "{group:?} members");
+            assert_eq!(
+                g.by_ratio.len(),
+                if frf { n } else { 0 },
+                "{group:?} ratios"
+            );
+        }
+        assert_eq!(
+            draining, self.draining_holes,
+            "largest holes of draining targets"
+        );
+        assert_eq!(granules, self.granules, "granules");
+        assert_eq!(free, self.free_bytes, "free bytes");
+        assert_eq!(self.uuids.len(), spaced, "uuids of unmounted targets");
+        let ranges: usize = self.spaces.values().map(BTreeMap::len).sum();
+        assert_eq!(ranges, spaced, "ranges of unmounted targets");
+        assert_eq!(self.hot.len(), self.targets.len(), "hot copies");
+        assert!(
+            self.hot
+                .iter()
+                .enumerate()
+                .all(|(i, h)| !h.active || self.target(TargetId(i as u32)).is_some()),
+            "an unmounted target is active"
+        );
+        assert_eq!(
+            self.uses.by_tick.len() as u64,
+            objects,
+            "uses of unmounted targets"
+        );
+        assert_eq!(self.uses.tick_of.len(), self.uses.by_tick.len());
+        assert!(self.uses.tick_of.iter().all(|(&(id, off), tick)| self
+            .uses
+            .by_tick
+            .get(&(id, *tick))
+            .is_some_and(|e| e.offset == off)));
     }
 }
