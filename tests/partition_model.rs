@@ -1,0 +1,497 @@
+//! Model-based test of the partition / per-core-batch layer under concurrent access: two real
+//! threads, each a "core" with its own block batch installed, run seeded operations (SET, GET,
+//! DELETE, CAS, INCR, APPEND, expiry sweeps, promotion passes, pins held across steps) against
+//! shared partitions over a two-node arena small enough that admission compacts and evicts. A
+//! seeded scheduler decides which thread runs each step, so an interleaving replays from its
+//! seed (`HEADROOM_SEED`). After every step: every GET hit is byte-exact against the model,
+//! every CAS has its one winner, INCR totals are exact, pinned heads never move, every block is
+//! in exactly one place (the pool, one core's batch, or one partition), and every store's
+//! invariants hold.
+
+mod common;
+
+use std::collections::{HashMap, HashSet};
+use std::sync::mpsc;
+use std::sync::Arc;
+
+use common::{for_each_seed, Rng};
+use headroom::arena::batch::{install_core_batch, with_core_batch};
+use headroom::arena::{Arena, ArenaConfig, BlockId, MemoryPlan, NumaMode, SendPin, UnlockedMapper};
+use headroom::proto::StoreMode;
+use headroom::server::partition::Partitions;
+use headroom::store::{ArithOutcome, KeyHasher, Lookup, StoreConfig, StoreOutcome};
+use headroom::topology::Topology;
+
+const HUGE: u64 = 64 << 10;
+const CORES: usize = 2;
+const KEYS: u64 = 48;
+
+fn topology() -> Topology {
+    Topology::synthetic(&[1, 1], vec![vec![10, 21], vec![21, 10]], HUGE).unwrap()
+}
+
+fn config(rng: &mut Rng) -> ArenaConfig {
+    ArenaConfig {
+        numa: NumaMode::Explicit(0),
+        memory_bytes: (3 + rng.below(3)) * HUGE,
+        sub_memory_bytes: (2 + rng.below(3)) * HUGE,
+        small_memory_bytes: None,
+        small_sub_memory_bytes: 0,
+        block_bytes: HUGE,
+        ram_head_bytes: 8192,
+        small_min_alloc_bytes: 16,
+        io_chunk_bytes: 4096,
+        stream_bytes: 0,
+        perverse: false,
+    }
+}
+
+/// One step a core runs.
+enum Op {
+    /// `ttl` 0: never expires; else it dies at the sweeps' later clock.
+    Set {
+        key: Vec<u8>,
+        value: Vec<u8>,
+        ttl: u32,
+    },
+    Get {
+        key: Vec<u8>,
+    },
+    Delete {
+        key: Vec<u8>,
+    },
+    /// CAS with the token the model last saw: exactly one of racing CASes can win.
+    Cas {
+        key: Vec<u8>,
+        cas: u64,
+        value: Vec<u8>,
+    },
+    Incr {
+        key: Vec<u8>,
+    },
+    Append {
+        key: Vec<u8>,
+        token: Vec<u8>,
+    },
+    Sweep {
+        partition: usize,
+        now: u32,
+    },
+    Promote {
+        partition: usize,
+    },
+    /// Pin a hit's bytes (a lent send in flight) and keep the pin for later steps.
+    Pin {
+        key: Vec<u8>,
+    },
+    Unpin,
+    Stop,
+}
+
+/// What a core answers, with the idle blocks its batch holds after the step.
+struct Done {
+    outcome: Outcome,
+    batch: Vec<BlockId>,
+}
+
+#[derive(Debug)]
+enum Outcome {
+    Stored(StoreOutcome),
+    Value(Option<(Vec<u8>, u64)>),
+    Counter(Option<u64>),
+    Deleted(bool),
+    /// A pin taken: its bytes as seen now.
+    Pinned(Option<Vec<u8>>),
+    /// Pins ended; each pinned range's bytes just before the unpin.
+    Unpinned(Vec<(Vec<u8>, Vec<u8>)>),
+    Nothing,
+}
+
+const NOW: u32 = 1_000_000;
+
+fn core(
+    arena: Arc<Arena>,
+    partitions: Arc<Partitions>,
+    ops: mpsc::Receiver<Op>,
+    done: mpsc::Sender<Done>,
+) {
+    install_core_batch();
+    // Pins this core holds: (partition, pin, the bytes when pinned).
+    let mut pins: Vec<(usize, SendPin, Vec<u8>)> = Vec::new();
+    for op in ops {
+        let outcome = match op {
+            Op::Stop => break,
+            Op::Set { key, value, ttl } => {
+                let (_, mut store) = partitions.lock_key(&key);
+                Outcome::Stored(store.store(StoreMode::Set, &key, &value, 0, ttl, 0, NOW))
+            }
+            Op::Cas { key, cas, value } => {
+                let (_, mut store) = partitions.lock_key(&key);
+                Outcome::Stored(store.store(StoreMode::Set, &key, &value, 0, 0, cas, NOW))
+            }
+            Op::Append { key, token } => {
+                let (_, mut store) = partitions.lock_key(&key);
+                Outcome::Stored(store.store(StoreMode::Append, &key, &token, 0, 0, 0, NOW))
+            }
+            Op::Get { key } => {
+                let (_, mut store) = partitions.lock_key(&key);
+                match store.lookup(&key, None, NOW, false) {
+                    Lookup::Small(hit) => Outcome::Value(Some((hit.value.to_vec(), hit.cas))),
+                    _ => Outcome::Value(None),
+                }
+            }
+            Op::Delete { key } => {
+                let (_, mut store) = partitions.lock_key(&key);
+                Outcome::Deleted(matches!(
+                    store.delete(&key, 0, NOW),
+                    headroom::store::DeleteOutcome::Deleted
+                ))
+            }
+            Op::Incr { key } => {
+                let (_, mut store) = partitions.lock_key(&key);
+                match store.arith(true, &key, 1, 0, 0, 0, NOW) {
+                    ArithOutcome::Value { value, .. } => Outcome::Counter(Some(value)),
+                    _ => Outcome::Counter(None),
+                }
+            }
+            Op::Sweep { partition, now } => {
+                partitions.lock(partition).sweep_expired(64, now);
+                Outcome::Nothing
+            }
+            Op::Promote { partition } => {
+                partitions.lock(partition).promote(2, NOW);
+                Outcome::Nothing
+            }
+            Op::Pin { key } => {
+                let (partition, mut store) = partitions.lock_key(&key);
+                let found = match store.lookup(&key, None, NOW, false) {
+                    Lookup::Small(hit) if !hit.value.is_empty() => {
+                        Some((hit.at, hit.value.len(), hit.value.to_vec()))
+                    }
+                    _ => None,
+                };
+                match found {
+                    Some((at, len, bytes)) => {
+                        let pin = store.pin_for_send(at, len);
+                        pins.push((partition, pin, bytes.clone()));
+                        Outcome::Pinned(Some(bytes))
+                    }
+                    None => Outcome::Pinned(None),
+                }
+            }
+            Op::Unpin => {
+                let mut seen = Vec::new();
+                for (partition, pin, bytes) in pins.drain(..) {
+                    // The pinned bytes, read where the pin says they are (as a send would),
+                    // then the pin back, as the send's completion hands it back.
+                    let back = std::rc::Rc::new(std::cell::RefCell::new(None));
+                    let slot = std::rc::Rc::clone(&back);
+                    let lent = pin.lend(Box::new(move |pin| *slot.borrow_mut() = Some(pin)));
+                    let now = lent.as_slice().to_vec();
+                    drop(lent);
+                    let pin = back.borrow_mut().take().expect("the pin comes back");
+                    seen.push((bytes, now));
+                    partitions.lock(partition).unpin_sent(pin);
+                }
+                Outcome::Unpinned(seen)
+            }
+        };
+        let batch = with_core_batch(|b| b.all_held().collect()).unwrap_or_default();
+        if done.send(Done { outcome, batch }).is_err() {
+            break;
+        }
+    }
+    // Give the idle blocks back, as a shard does at shutdown.
+    headroom::arena::batch::retire_core_batch(arena.pool());
+}
+
+fn value_for(key: u64, version: u64, rng: &mut Rng) -> Vec<u8> {
+    // Sizes on both sides of the small class's reach and exactly ram_head (a fixed slot).
+    let len = match rng.below(10) {
+        0 => 8192,
+        1..=3 => 1 + rng.below(400) as usize,
+        _ => 1 + rng.below(40) as usize,
+    };
+    let mut v = format!("{key}:{version}:").into_bytes();
+    v.resize(len.max(v.len()), b'a' + (version % 26) as u8);
+    v
+}
+
+fn run(seed: u64, steps: usize) {
+    let mut rng = Rng::new(seed);
+    let topo = topology();
+    let arena = Arena::map(
+        MemoryPlan::new(&config(&mut rng), &topo),
+        &UnlockedMapper,
+        CORES,
+    )
+    .expect("map");
+    let count = 1 + rng.below(4) as usize;
+    let partitions = Arc::new(Partitions::new(
+        &arena,
+        KeyHasher::with_seed(seed),
+        count,
+        |index| StoreConfig {
+            max_item_bytes: 1 << 20,
+            partition: index,
+            promotion_half_life_seconds: 10,
+        },
+    ));
+    let total_blocks = arena.table().len();
+    let mut to_core = Vec::new();
+    let mut from_core = Vec::new();
+    let mut threads = Vec::new();
+    for _ in 0..CORES {
+        let (op_tx, op_rx) = mpsc::channel();
+        let (done_tx, done_rx) = mpsc::channel();
+        let partitions = Arc::clone(&partitions);
+        let arena = Arc::clone(&arena);
+        threads.push(std::thread::spawn(move || {
+            core(arena, partitions, op_rx, done_tx)
+        }));
+        to_core.push(op_tx);
+        from_core.push(done_rx);
+    }
+    let mut batches: Vec<Vec<BlockId>> = vec![Vec::new(); CORES];
+    // The model: what each key holds, its CAS, and whether eviction may have taken it.
+    let mut model: HashMap<Vec<u8>, (Vec<u8>, u64)> = HashMap::new();
+    let mut uncertain: HashSet<Vec<u8>> = HashSet::new();
+    let mut versions = 0u64;
+    let mut counter = 0u64;
+    let mut counter_known = false;
+    let mut pins_held = [false; CORES];
+    let key = |i: u64| format!("k{i}").into_bytes();
+    for step in 0..steps {
+        let who = rng.below(CORES as u64) as usize;
+        let k = rng.below(KEYS);
+        let op = match rng.below(100) {
+            0..=29 => {
+                versions += 1;
+                Op::Set {
+                    key: key(k),
+                    value: value_for(k, versions, &mut rng),
+                    ttl: if rng.chance(15) { NOW + 1 } else { 0 },
+                }
+            }
+            30..=54 => Op::Get { key: key(k) },
+            55..=61 => Op::Delete { key: key(k) },
+            62..=69 => match model.get(&key(k)) {
+                Some((_, cas)) => {
+                    versions += 1;
+                    Op::Cas {
+                        key: key(k),
+                        cas: *cas,
+                        value: value_for(k, versions, &mut rng),
+                    }
+                }
+                None => Op::Get { key: key(k) },
+            },
+            70..=79 => Op::Incr {
+                key: b"counter".to_vec(),
+            },
+            80..=85 => Op::Append {
+                key: key(k),
+                token: format!("+{step}").into_bytes(),
+            },
+            86..=88 => Op::Sweep {
+                partition: rng.below(count as u64) as usize,
+                now: NOW + 1,
+            },
+            89..=92 => Op::Promote {
+                partition: rng.below(count as u64) as usize,
+            },
+            93..=96 if !pins_held[who] => Op::Pin { key: key(k) },
+            _ => Op::Unpin,
+        };
+        let described = match &op {
+            Op::Set { key, .. } => format!("set {}", String::from_utf8_lossy(key)),
+            Op::Get { key } => format!("get {}", String::from_utf8_lossy(key)),
+            Op::Delete { key } => format!("delete {}", String::from_utf8_lossy(key)),
+            Op::Cas { key, .. } => format!("cas {}", String::from_utf8_lossy(key)),
+            Op::Incr { .. } => "incr".into(),
+            Op::Append { key, .. } => format!("append {}", String::from_utf8_lossy(key)),
+            Op::Sweep { partition, .. } => format!("sweep {partition}"),
+            Op::Promote { partition } => format!("promote {partition}"),
+            Op::Pin { key } => format!("pin {}", String::from_utf8_lossy(key)),
+            Op::Unpin => "unpin".into(),
+            Op::Stop => unreachable!(),
+        };
+        let context = format!("seed {seed} step {step} core {who}: {described}");
+        let (set_key, set_value) = match &op {
+            Op::Set { key, value, .. } | Op::Cas { key, value, .. } => {
+                (Some(key.clone()), Some(value.clone()))
+            }
+            Op::Append { key, token } => (Some(key.clone()), Some(token.clone())),
+            Op::Get { key } | Op::Delete { key } | Op::Pin { key } => (Some(key.clone()), None),
+            _ => (None, None),
+        };
+        let is_cas = matches!(op, Op::Cas { .. });
+        let is_append = matches!(op, Op::Append { .. });
+        let is_delete = matches!(op, Op::Delete { .. });
+        to_core[who].send(op).unwrap();
+        let done = from_core[who].recv().expect("the core answers");
+        if let (Ok(watch), Some(k)) = (std::env::var("HEADROOM_TRACE_KEY"), &set_key) {
+            if watch.as_bytes() == k.as_slice() {
+                eprintln!("{context} -> {:?}", done.outcome);
+            }
+        }
+        batches[who] = done.batch;
+        // A hit must be exactly the model's value; for a key whose state the model lost (a
+        // store refused for memory may or may not have kept the old value) it must at least
+        // be one of this key's values, and the model adopts it.
+        let mut check_hit = |key: &Vec<u8>, bytes: &[u8], cas: Option<u64>, what: &str| {
+            if let Some((want, want_cas)) = model.get(key) {
+                assert!(
+                    bytes == want.as_slice(),
+                    "{context}: {what} returned other bytes"
+                );
+                if let Some(cas) = cas {
+                    assert_eq!(cas, *want_cas, "{context}: CAS changed without a store");
+                }
+            } else if uncertain.remove(key) {
+                let own = format!("{}:", String::from_utf8_lossy(&key[1..]));
+                assert!(
+                    bytes.starts_with(own.as_bytes()),
+                    "{context}: {what} returned another key's bytes"
+                );
+                match cas {
+                    Some(cas) => {
+                        model.insert(key.clone(), (bytes.to_vec(), cas));
+                    }
+                    None => {
+                        uncertain.insert(key.clone());
+                    }
+                }
+            } else {
+                panic!("{context}: {what} hit a key the model holds absent");
+            }
+        };
+        match done.outcome {
+            Outcome::Stored(outcome) => {
+                let key = set_key.unwrap();
+                let value = set_value.unwrap();
+                match outcome {
+                    StoreOutcome::Stored { cas } if is_append => match model.get(&key) {
+                        Some((old, _)) => {
+                            let new = [old.clone(), value].concat();
+                            model.insert(key, (new, cas));
+                        }
+                        None => {
+                            assert!(
+                                uncertain.contains(&key),
+                                "{context}: APPEND stored on a key the model holds absent"
+                            );
+                        }
+                    },
+                    StoreOutcome::Stored { cas } => {
+                        uncertain.remove(&key);
+                        model.insert(key, (value, cas));
+                    }
+                    // The model's CAS is the key's current one: only its loss (eviction,
+                    // expiry) may fail the race, never another token.
+                    StoreOutcome::Exists if is_cas => {
+                        panic!("{context}: CAS with the current token lost")
+                    }
+                    // A key gone meanwhile, or a store refused for memory: state unknown.
+                    _ => {
+                        model.remove(&key);
+                        uncertain.insert(key);
+                    }
+                }
+            }
+            Outcome::Value(found) => {
+                let key = set_key.unwrap();
+                match found {
+                    Some((bytes, cas)) => check_hit(&key, &bytes, Some(cas), "GET"),
+                    // Eviction or expiry may have taken it.
+                    None => {
+                        model.remove(&key);
+                        uncertain.remove(&key);
+                    }
+                }
+            }
+            Outcome::Deleted(deleted) => {
+                let key = set_key.unwrap();
+                let had = model.remove(&key).is_some() | uncertain.remove(&key);
+                assert!(
+                    !deleted || had,
+                    "{context}: DELETE found a key the model holds absent"
+                );
+                let _ = is_delete;
+            }
+            Outcome::Counter(value) => match value {
+                // 0: the counter was missing (never made, or evicted) and is created at 0.
+                Some(v) => {
+                    if counter_known && v != 0 {
+                        assert_eq!(v, counter + 1, "{context}: an INCR was lost or doubled");
+                    }
+                    counter = v;
+                    counter_known = true;
+                }
+                None => counter_known = false,
+            },
+            Outcome::Pinned(bytes) => {
+                let key = set_key.unwrap();
+                match bytes {
+                    Some(bytes) => {
+                        pins_held[who] = true;
+                        check_hit(&key, &bytes, None, "a pin");
+                    }
+                    None => {
+                        model.remove(&key);
+                        uncertain.remove(&key);
+                    }
+                }
+            }
+            Outcome::Unpinned(seen) => {
+                pins_held[who] = false;
+                for (then, now) in seen {
+                    assert!(then == now, "{context}: a pinned head moved or changed");
+                }
+            }
+            Outcome::Nothing => {}
+        }
+        // Every block is in exactly one place.
+        let mut placed: Vec<BlockId> = Vec::new();
+        for index in 0..partitions.len() {
+            let store = partitions.lock(index);
+            store.check_invariants();
+            placed.extend(store.arena().blocks_held());
+        }
+        for batch in &batches {
+            placed.extend(batch.iter().copied());
+        }
+        let free = arena.pool().with(|pool| {
+            (0..total_blocks as u32)
+                .filter(|&b| pool.is_free(BlockId(b)))
+                .count()
+        });
+        let unique: HashSet<BlockId> = placed.iter().copied().collect();
+        assert_eq!(
+            unique.len(),
+            placed.len(),
+            "{context}: a block is held twice"
+        );
+        assert_eq!(
+            placed.len() + free,
+            total_blocks,
+            "{context}: blocks lost or made up ({} held, {free} free of {total_blocks})",
+            placed.len()
+        );
+    }
+    for (core, tx) in to_core.iter().enumerate() {
+        if pins_held[core] {
+            tx.send(Op::Unpin).unwrap();
+            let _ = from_core[core].recv();
+        }
+        tx.send(Op::Stop).unwrap();
+    }
+    for thread in threads {
+        thread.join().expect("a core panicked");
+    }
+}
+
+#[test]
+fn partitions_and_core_batches_hold_every_invariant_under_seeded_interleavings() {
+    for_each_seed("partition_model", 48, |seed| run(seed, 3000));
+}
