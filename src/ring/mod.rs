@@ -187,6 +187,39 @@ pub enum Buf {
     Lent(Rc<Lent>),
     /// A chunk of the shard's streaming pool (registered).
     Chunk(PoolChunk),
+    /// A reply's header and the lent value after it, sent as one `SENDMSG`.
+    Pair(Box<Pair>),
+}
+
+/// A header and lent bytes behind one `SENDMSG`: the message header and its two iovecs live
+/// here, beside the memory they name, until the operation's last completion.
+pub struct Pair {
+    head: Vec<u8>,
+    tail: Rc<Lent>,
+    iov: [libc::iovec; 2],
+    msg: libc::msghdr,
+}
+
+impl Pair {
+    /// Points the message at what is left after the first `sent` bytes of head then tail.
+    fn aim(&mut self, sent: usize) {
+        let head_left = self.head.len().saturating_sub(sent);
+        let tail_from = sent.saturating_sub(self.head.len());
+        // SAFETY (of the pointer arithmetic): both offsets are within their buffers.
+        self.iov[0] = libc::iovec {
+            iov_base: self.head.as_ptr().wrapping_add(self.head.len() - head_left) as *mut _,
+            iov_len: head_left,
+        };
+        self.iov[1] = libc::iovec {
+            iov_base: self.tail.ptr.wrapping_add(tail_from) as *mut _,
+            iov_len: self.tail.len - tail_from,
+        };
+        let first = usize::from(head_left == 0);
+        // SAFETY: a zeroed msghdr is a valid empty one.
+        self.msg = unsafe { std::mem::zeroed() };
+        self.msg.msg_iov = self.iov[first..].as_mut_ptr();
+        self.msg.msg_iovlen = 2 - first;
+    }
 }
 
 impl Buf {
@@ -195,6 +228,7 @@ impl Buf {
             Buf::Owned(v) => v.as_ptr(),
             Buf::Lent(l) => l.ptr,
             Buf::Chunk(c) => c.as_ptr(),
+            Buf::Pair(p) => p.head.as_ptr(),
         }
     }
 
@@ -203,6 +237,7 @@ impl Buf {
             Buf::Owned(v) => v.len(),
             Buf::Lent(l) => l.len,
             Buf::Chunk(c) => c.len(),
+            Buf::Pair(p) => p.head.len() + p.tail.len,
         }
     }
 
@@ -216,6 +251,7 @@ impl Buf {
                 let len = c.len();
                 Rc::new(Lent::from_chunk(c, 0, len))
             }
+            Buf::Pair(p) => p.tail,
         }
     }
 }
@@ -519,16 +555,7 @@ impl Ring {
         report: &Rc<ZcReport>,
     ) -> io::Result<()> {
         let (ptr, total) = (buf.ptr(), buf.len());
-        let on_huge_pages = self
-            .huge_page_ranges
-            .iter()
-            .any(|&(start, len)| (ptr as usize) >= start && (ptr as usize) < start + len);
-        let zero_copy = !on_huge_pages && !report.kernel_copies();
-        if on_huge_pages {
-            self.stats.borrow_mut().lent_sends_huge_pages += 1;
-        } else if !zero_copy {
-            self.stats.borrow_mut().lent_sends_kernel_copies += 1;
-        }
+        let zero_copy = !self.lent_goes_plain(ptr, report);
         let index = self.buffers.find(ptr as usize, total);
         // A send that goes out in parts needs the memory until the last part is done with it.
         let shared = buf.into_lent();
@@ -560,6 +587,65 @@ impl Ring {
                 .await
             };
             sent += result?;
+        }
+        Ok(())
+    }
+
+    /// Whether lent bytes at `ptr` go out with a plain send (counted): they sit on huge pages
+    /// (zero-copy from them stalls), or the connection's notifications say the kernel copies.
+    pub fn lent_goes_plain(&self, ptr: *const u8, report: &ZcReport) -> bool {
+        let on_huge_pages = self
+            .huge_page_ranges
+            .iter()
+            .any(|&(start, len)| (ptr as usize) >= start && (ptr as usize) < start + len);
+        if on_huge_pages {
+            self.stats.borrow_mut().lent_sends_huge_pages += 1;
+            true
+        } else if report.kernel_copies() {
+            self.stats.borrow_mut().lent_sends_kernel_copies += 1;
+            true
+        } else {
+            false
+        }
+    }
+
+    /// Sends `head` then the lent `tail` with `SENDMSG` (as many as the socket needs), without
+    /// copying the tail: a reply's header and the value after it leave in one operation.
+    /// Plain send semantics (no zero-copy notification): for where `SEND_ZC` does not pay.
+    pub async fn send_pair_all(
+        self: &Rc<Self>,
+        fd: RawFd,
+        head: Vec<u8>,
+        tail: Lent,
+    ) -> io::Result<()> {
+        let total = head.len() + tail.len;
+        let mut pair = Box::new(Pair {
+            head,
+            tail: Rc::new(tail),
+            iov: [libc::iovec {
+                iov_base: std::ptr::null_mut(),
+                iov_len: 0,
+            }; 2],
+            // SAFETY: a zeroed msghdr is a valid empty one.
+            msg: unsafe { std::mem::zeroed() },
+        });
+        let mut sent = 0;
+        while sent < total {
+            pair.aim(sent);
+            let msg: *const libc::msghdr = &pair.msg;
+            let (result, back) = self
+                .submit(OpKind::Send, fd, Buf::Pair(pair), None, |_| {
+                    // The message lives in the boxed pair the slot owns until completion.
+                    opcode::SendMsg::new(types::Fd(fd), msg)
+                        .flags(libc::MSG_NOSIGNAL as u32)
+                        .build()
+                })
+                .await;
+            sent += result?;
+            pair = match back {
+                Some(Buf::Pair(p)) => p,
+                _ => unreachable!("a pair send hands its pair back"),
+            };
         }
         Ok(())
     }

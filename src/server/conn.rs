@@ -530,16 +530,22 @@ async fn serve_frames(
             let mut written = 0;
             conn.held_bytes = 0;
             for (at, part) in std::mem::take(&mut conn.held) {
-                if let Err(ended) =
-                    write_out(ctx, stream, wire, idle, &mut conn.out, written, at).await
-                {
-                    return ended;
-                }
-                written = at;
                 let sent = match part {
-                    Held::Large(get) => large::send_get(ctx, stream, wire, idle, get).await,
-                    Held::Lent(lent) => send_lent(ctx, stream, wire, idle, lent).await,
+                    Held::Large(get) => {
+                        if let Err(ended) =
+                            write_out(ctx, stream, wire, idle, &mut conn.out, written, at).await
+                        {
+                            return ended;
+                        }
+                        large::send_get(ctx, stream, wire, idle, get).await
+                    }
+                    // The replies before it, its header included, leave with it.
+                    Held::Lent(lent) => {
+                        let head = conn.out[written..at].to_vec();
+                        send_lent(ctx, stream, wire, idle, head, lent).await
+                    }
                 };
+                written = at;
                 if let Err(err) = sent {
                     tracing::debug!(%err, "value not sent");
                     return Ended::Cut;
@@ -592,23 +598,27 @@ async fn serve_frames(
     }
 }
 
-/// Sends a value lent from the arena, zero-copy; its pin ends at the kernel's notification.
+/// Sends `head` (the replies before a lent value, its header included) and the value lent
+/// from the arena; the value's pin ends when the kernel is done with its bytes.
 async fn send_lent(
     ctx: &ShardCtx,
     stream: &mut TcpStream,
     wire: &Wire,
     idle: Option<Duration>,
+    head: Vec<u8>,
     lent: super::deferred::HeldLent,
 ) -> std::io::Result<()> {
-    let len = lent.len();
+    let (len, head_len) = (lent.len(), head.len());
     let lent = lent.into_lent();
     match with_limits(ctx, idle, async {
-        wire.write_lent(stream, lent).await.map(|()| len.max(1))
+        wire.write_head_and_lent(stream, head, lent)
+            .await
+            .map(|()| len.max(1))
     })
     .await
     {
         Io::Done(_) => {
-            ctx.counters.borrow_mut().bytes_written += len as u64;
+            ctx.counters.borrow_mut().bytes_written += (head_len + len) as u64;
             let mut counters = ctx.io.counters.borrow_mut();
             counters.heads_lent += 1;
             counters.head_bytes_lent += len as u64;

@@ -271,6 +271,28 @@ impl Wire {
         }
     }
 
+    /// Writes `head` then the lent bytes: on the ring, where a zero-copy send does not pay,
+    /// as one `SENDMSG` of both (no copy of the lent bytes, one operation); else the head,
+    /// then the lent bytes as [`Wire::write_lent`] sends them.
+    pub async fn write_head_and_lent(
+        &self,
+        stream: &mut TcpStream,
+        head: Vec<u8>,
+        lent: Lent,
+    ) -> io::Result<()> {
+        match &self.ring {
+            Some(ring) if ring.lent_goes_plain(lent.as_slice().as_ptr(), &self.zc) => {
+                ring.send_pair_all(self.fd, head, lent).await
+            }
+            _ => {
+                if !head.is_empty() {
+                    self.write(stream, head).await?;
+                }
+                self.write_lent(stream, lent).await
+            }
+        }
+    }
+
     /// Waits until no ring operation on the socket is left, notifications included, so the
     /// socket may be closed. A connection being cut off (client gone, idle, shutdown) has its
     /// operations cancelled and the connection reset at once: zero-copy sends still queued
