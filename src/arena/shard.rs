@@ -109,6 +109,11 @@ struct Counters {
     evictions_requested: u64,
 }
 
+/// `ShardArena::block_class` values.
+const BLOCK_NONE: u8 = 0;
+const BLOCK_SMALL: u8 = 1;
+const BLOCK_FIXED: u8 = 2;
+
 /// Promotion swaps two blocks this many bytes at a time.
 const EXCHANGE_PIECE_BYTES: usize = 64 << 10;
 
@@ -127,6 +132,9 @@ pub struct ShardArena {
     batch: BlockBatch,
     buddy: Buddy,
     bump: Bump,
+    /// By block id: which of this partition's allocators holds the block (`BLOCK_*`): a
+    /// lookup every read of a head makes, so an array, not a hash map.
+    block_class: Vec<u8>,
     pins: HashMap<HeadLoc, PinState>,
     /// Access scores of fixed heads (absent: never read, score 0).
     heat: HashMap<HeadLoc, Heat>,
@@ -150,6 +158,7 @@ impl ShardArena {
             mem: TableMemory::new(arena.table_arc()),
             batch: BlockBatch::new(),
             buddy: Buddy::new(config.block_bytes, config.ram_head_bytes),
+            block_class: vec![BLOCK_NONE; arena.table().len()],
             bump: Bump::new(config.block_bytes, config.small_min_alloc_bytes as u32),
             pins: HashMap::new(),
             heat: HashMap::new(),
@@ -208,6 +217,7 @@ impl ShardArena {
 
     /// An emptied block goes to the running core's batch (or the partition's own).
     fn release_block(&mut self, block: BlockId) {
+        self.block_class[block.0 as usize] = BLOCK_NONE;
         let (kind, rank) = self.arena.home_of(block);
         let pool = self.arena.pool();
         if super::batch::with_core_batch(|batch| batch.release(pool, kind, rank, block)).is_none() {
@@ -237,6 +247,7 @@ impl ShardArena {
             }
             if let Some(block) = self.acquire_block(kind, rank) {
                 self.bump.add_block(block, rank);
+                self.block_class[block.0 as usize] = BLOCK_SMALL;
                 let loc = self
                     .bump
                     .alloc(rank, payload_len, &mut self.mem)
@@ -263,6 +274,7 @@ impl ShardArena {
                 None => match self.acquire_block(kind, rank) {
                     Some(block) => {
                         self.buddy.add_block(block, rank);
+                        self.block_class[block.0 as usize] = BLOCK_FIXED;
                         self.buddy.alloc(rank, 0).expect("a fresh block has a slot")
                     }
                     None => continue,
@@ -428,14 +440,13 @@ impl ShardArena {
 
     /// Which class owns the block of `loc`.
     pub fn class_of(&self, loc: HeadLoc) -> HeadClass {
-        if self.bump.owns(loc.block) {
-            HeadClass::Small
-        } else {
-            assert!(
-                self.buddy.owns(loc.block),
-                "{loc} is not in this shard's arena"
-            );
-            HeadClass::Fixed
+        let class = self.block_class.get(loc.block.0 as usize).copied();
+        debug_assert_eq!(class == Some(BLOCK_SMALL), self.bump.owns(loc.block));
+        debug_assert_eq!(class == Some(BLOCK_FIXED), self.buddy.owns(loc.block));
+        match class {
+            Some(BLOCK_SMALL) => HeadClass::Small,
+            Some(BLOCK_FIXED) => HeadClass::Fixed,
+            _ => panic!("{loc} is not in this partition's arena"),
         }
     }
 
@@ -834,6 +845,11 @@ impl ShardArena {
     pub fn check_invariants(&self) {
         self.buddy.check_invariants();
         self.bump.check_invariants(&self.mem);
+        for (id, &class) in self.block_class.iter().enumerate() {
+            let block = BlockId(id as u32);
+            assert_eq!(class == BLOCK_SMALL, self.bump.owns(block), "{block}: class table");
+            assert_eq!(class == BLOCK_FIXED, self.buddy.owns(block), "{block}: class table");
+        }
         let held = self.blocks_held();
         assert!(
             held.windows(2).all(|w| w[0] != w[1]),
