@@ -1,5 +1,7 @@
 //! Running one keyed request against its partition's store (held by the caller) and composing
-//! its reply, exactly as memcached's binary protocol answers.
+//! its reply, exactly as memcached's binary protocol answers. How a found value leaves (copied
+//! into the reply, lent from the arena, or streamed from its segment) is shared by every wire
+//! protocol: [`lends`], [`lend`] and [`deliver_large`].
 
 use crate::arena::SendPin;
 use crate::proto::{Request, ResponseWriter, Status};
@@ -9,10 +11,9 @@ use crate::store::{ArithOutcome, DeleteOutcome, LargeHit, Lookup, Store, StoreOu
 /// the rest from the segment), in its place among the other replies.
 #[derive(Debug)]
 pub struct LargeGet {
-    pub opcode: u8,
-    pub opaque: u32,
-    /// The key, for GETK/GATK.
-    pub key: Vec<u8>,
+    /// The reply's bytes before the value (the protocol's header for it), and after it.
+    pub prefix: Vec<u8>,
+    pub suffix: &'static [u8],
     pub hit: LargeHit,
     /// The head copy pinned for a zero-copy send (then `hit.head` is empty).
     pub head_pin: Option<SendPin>,
@@ -45,6 +46,51 @@ pub enum Deferred {
     Lent(LentGet),
 }
 
+/// Whether a found value in RAM of `len` bytes is lent from the arena (at least `lend_from`)
+/// rather than copied into the reply after its header.
+pub fn lends(len: usize, lend_from: Option<usize>) -> bool {
+    lend_from.is_some_and(|min| len > 0 && len >= min.max(1))
+}
+
+/// Pins a found value's `len` bytes at `at` for the connection to send in its place.
+pub fn lend(
+    store: &mut Store,
+    owner: usize,
+    at: (crate::arena::HeadLoc, usize),
+    len: usize,
+) -> Deferred {
+    let pin = store.pin_for_send(at, len);
+    Deferred::Lent(LentGet { pin, owner })
+}
+
+/// A found large value: its head copy pinned (at least `lend_from` long) or copied, the rest
+/// streamed from its segment by the connection between `prefix` (the protocol's header for the
+/// value) and `suffix`.
+pub fn deliver_large(
+    store: &mut Store,
+    owner: usize,
+    mut hit: LargeHit,
+    prefix: Vec<u8>,
+    suffix: &'static [u8],
+    lend_from: Option<usize>,
+) -> Deferred {
+    let mut head_pin = None;
+    if let Some((slot, len)) = hit.head_at {
+        if lend_from.is_some_and(|min| len >= min.max(1)) {
+            head_pin = Some(store.pin_for_send((slot, 0), len));
+        } else {
+            hit.head = store.fixed_bytes(slot, len).to_vec();
+        }
+    }
+    Deferred::Large(LargeGet {
+        prefix,
+        suffix,
+        hit,
+        head_pin,
+        owner,
+    })
+}
+
 /// Runs a request that has a key (GET family, stores, DELETE, INCR/DECR, too-large stores)
 /// and appends its reply, if any, to `out`. Quiet requests reply only on errors (and GETQ
 /// family only on hits), as memcached does. A hit on a large value returns its [`LargeGet`]
@@ -71,25 +117,23 @@ pub fn execute_keyed(
             touch,
             value,
         } => match store.lookup(key, touch, now, value) {
-            Lookup::Large(mut hit) if value => {
-                let key = if with_key { key.to_vec() } else { Vec::new() };
-                // The head copy is lent pinned like any value of its size, or copied out.
-                let mut head_pin = None;
-                if let Some((slot, len)) = hit.head_at {
-                    if lend_from.is_some_and(|min| len >= min.max(1)) {
-                        head_pin = Some(store.pin_for_send((slot, 0), len));
-                    } else {
-                        hit.head = store.fixed_bytes(slot, len).to_vec();
-                    }
-                }
-                return Some(Deferred::Large(LargeGet {
+            Lookup::Large(hit) if value => {
+                let key: &[u8] = if with_key { key } else { &[] };
+                let mut prefix = Vec::with_capacity(32 + key.len());
+                let mut header = ResponseWriter::new(&mut prefix);
+                header.header(
                     opcode,
                     opaque,
-                    key,
-                    hit,
-                    head_pin,
-                    owner,
-                }));
+                    Status::Ok,
+                    hit.cas,
+                    4,
+                    key.len() as u16,
+                    hit.value_len as u32,
+                );
+                header.body(&hit.flags.to_be_bytes());
+                header.body(key);
+                drop(w);
+                return Some(deliver_large(store, owner, hit, prefix, b"", lend_from));
             }
             Lookup::Large(hit) => {
                 // TOUCH: flags and CAS, no value.
@@ -110,14 +154,12 @@ pub fn execute_keyed(
                 );
                 w.body(&hit.flags.to_be_bytes());
                 w.body(key_part);
-                let lend = lend_from.is_some_and(|min| value && value_part.len() >= min.max(1));
-                if !lend {
+                if !lends(value_part.len(), lend_from) {
                     w.body(value_part);
                     return None;
                 }
                 let (at, len) = (hit.at, value_part.len());
-                let pin = store.pin_for_send(at, len);
-                return Some(Deferred::Lent(LentGet { pin, owner }));
+                return Some(lend(store, owner, at, len));
             }
             Lookup::Miss if quiet => {}
             // GETK/GATK misses carry the key and no message; the others memcached's text.

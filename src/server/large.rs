@@ -507,18 +507,8 @@ pub async fn send_get(
     let head_len = held.get.hit.head.len() + head_pin.as_ref().map_or(0, |p| p.len());
     let get = &held.get;
     let hit = &get.hit;
-    let mut header = Vec::with_capacity(64 + get.key.len() + hit.head.len());
-    ResponseWriter::new(&mut header).header(
-        get.opcode,
-        get.opaque,
-        Status::Ok,
-        hit.cas,
-        4,
-        get.key.len() as u16,
-        hit.value_len as u32,
-    );
-    header.extend_from_slice(&hit.flags.to_be_bytes());
-    header.extend_from_slice(&get.key);
+    let mut header = Vec::with_capacity(get.prefix.len() + hit.head.len());
+    header.extend_from_slice(&get.prefix);
     header.extend_from_slice(&hit.head);
     // Time to first byte is a RAM hit's: the head leaves before the segment is touched.
     let header_bytes = header.len() as u64;
@@ -576,7 +566,15 @@ pub async fn send_get(
         (None, _) => send_copied(ctx, stream, wire, idle, target, rest).await,
     };
     sent?;
-    ctx.counters.borrow_mut().bytes_written += header_bytes + value_len - from;
+    let suffix = held.get.suffix;
+    if !suffix.is_empty() {
+        step(ctx, idle, async {
+            wire.write(stream, suffix.to_vec()).await.map(|b| b.len())
+        })
+        .await?;
+    }
+    ctx.counters.borrow_mut().bytes_written +=
+        header_bytes + value_len - from + suffix.len() as u64;
     if ctx.shared.settings.segment_eviction_lru {
         // The read makes this value the most recently used one of its target.
         let ctx = Rc::clone(ctx);

@@ -7,8 +7,11 @@
 //! 8   flags    u32 LE
 //! 12  expiry   u32 LE   absolute Unix seconds, 0 = never
 //! 16  key_len  u8
-//! 17  bits     u8       0x01 referenced (CLOCK), 0x02 value in a fixed head slot
-//! 18  key      key_len bytes
+//! 17  bits     u8       0x01 referenced (CLOCK), 0x02 value in a fixed head slot, 0x04 large,
+//!                       0x08 fetched since stored, 0x10 stale (meta invalidate), 0x20 a
+//!                       recache token was sent (meta win)
+//! 18  accessed u32 LE   Unix seconds of the last store or fetch (meta `l`)
+//! 22  key      key_len bytes
 //! ..  value    inline: the rest of the record
 //!              fixed:  slot block u32 LE, slot offset u32 LE, value_len u32 LE
 //!              large:  value_len u64 LE, head slot block u32 LE (u32::MAX: no head copy),
@@ -24,11 +27,17 @@ use crate::arena::{BlockId, HeadLoc};
 use crate::placement::TargetId;
 use crate::segment::Extent;
 
-pub const RECORD_HEADER_BYTES: usize = 18;
+pub const RECORD_HEADER_BYTES: usize = 22;
 const FIXED_TAIL_BYTES: usize = 12;
 pub const BIT_REFERENCED: u8 = 0x01;
 pub const BIT_FIXED: u8 = 0x02;
 pub const BIT_LARGE: u8 = 0x04;
+/// Read (a GET, a meta get) at least once since it was stored.
+pub const BIT_FETCHED: u8 = 0x08;
+/// Marked stale by a meta invalidation: served, with its recache token handed out once.
+pub const BIT_STALE: u8 = 0x10;
+/// A meta get has handed out the token to recache this item.
+pub const BIT_TOKEN_SENT: u8 = 0x20;
 const NO_HEAD: u32 = u32::MAX;
 const REPLICA_BYTES: usize = 20;
 
@@ -155,6 +164,7 @@ pub fn write_header(record: &mut [u8], meta: Meta, key: &[u8], value_at: ValueAt
     record[8..12].copy_from_slice(&meta.flags.to_le_bytes());
     record[12..16].copy_from_slice(&meta.expiry.to_le_bytes());
     record[16] = key.len() as u8;
+    record[18..22].copy_from_slice(&0u32.to_le_bytes());
     let at = RECORD_HEADER_BYTES + key.len();
     record[RECORD_HEADER_BYTES..at].copy_from_slice(key);
     match value_at {
@@ -218,6 +228,32 @@ pub fn inline_value(record: &[u8]) -> &[u8] {
 
 pub fn set_expiry(record: &mut [u8], expiry: u32) {
     record[12..16].copy_from_slice(&expiry.to_le_bytes());
+}
+
+/// Unix seconds of the record's last store or fetch.
+pub fn accessed(record: &[u8]) -> u32 {
+    u32_at(record, 18)
+}
+
+pub fn set_accessed(record: &mut [u8], now: u32) {
+    record[18..22].copy_from_slice(&now.to_le_bytes());
+}
+
+/// Whether one of the meta bits (`BIT_FETCHED`, `BIT_STALE`, `BIT_TOKEN_SENT`) is set.
+pub fn bit(record: &[u8], bit: u8) -> bool {
+    record[17] & bit != 0
+}
+
+pub fn set_bit(record: &mut [u8], bit: u8, on: bool) {
+    if on {
+        record[17] |= bit;
+    } else {
+        record[17] &= !bit;
+    }
+}
+
+pub fn set_cas(record: &mut [u8], cas: u64) {
+    record[0..8].copy_from_slice(&cas.to_le_bytes());
 }
 
 pub fn referenced(record: &[u8]) -> bool {

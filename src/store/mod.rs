@@ -57,6 +57,41 @@ pub enum Lookup<'a> {
     Large(LargeHit),
 }
 
+/// What a meta get asks beyond a plain lookup.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct MetaGet {
+    /// `T`: a new TTL.
+    pub touch: Option<u32>,
+    /// `N`: create an empty item with this TTL on a miss (and win its token).
+    pub vivify: Option<u32>,
+    /// `R`: win the token when the item has less than this TTL left.
+    pub recache: Option<u32>,
+    /// Update recency, fetched bit and last access (no `u`).
+    pub bump: bool,
+    /// Lease a large value's extents (its value is wanted).
+    pub lease: bool,
+}
+
+/// What a meta get found of the item's state, before this request changed it.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct MetaState {
+    pub found: bool,
+    /// `h`: read before this request.
+    pub fetched: bool,
+    /// `l`: Unix seconds of the last access before this request.
+    pub accessed: u32,
+    /// `X`: stale.
+    pub stale: bool,
+    /// `Z`: another reader already holds the token.
+    pub token_sent: bool,
+    /// Created empty by this request (`N`).
+    pub created: bool,
+    /// `W`: this request won the token to refill the item.
+    pub won: bool,
+    /// Absolute expiry after this request (0: never).
+    pub expiry: u32,
+}
+
 /// A hit on a large item: its value lives in segment extents; its head is copied here.
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct LargeHit {
@@ -155,6 +190,9 @@ pub struct Store {
     /// A pending `flush_all` with a delay: every item stored before it dies at this time.
     flush_at: Option<u32>,
     large_refusal_logged: bool,
+    /// The time the current operation runs at (set as it starts; new records take it as
+    /// their last access).
+    clock: u32,
     /// STAT `detail`: per-prefix counters, while switched on.
     pub detail: detail::PrefixStats,
 }
@@ -167,6 +205,7 @@ impl Store {
             next_cas: 1,
             flush_at: None,
             large_refusal_logged: false,
+            clock: 0,
             detail: detail::PrefixStats::default(),
             config,
         }
@@ -241,6 +280,7 @@ impl Store {
 
     /// Applies a delayed flush whose time has come.
     fn settle_clock(&mut self, now: u32) {
+        self.clock = now;
         if self.flush_at.is_some_and(|at| at <= now) {
             self.flush_at = None;
             self.flush_now();
@@ -284,6 +324,19 @@ impl Store {
     /// GET / GAT / TOUCH of any item. A large hit copies its head and, with `lease`, holds its
     /// extents until [`Store::release_lease`] (so a reader can stream them).
     pub fn lookup(&mut self, key: &[u8], touch: Option<u32>, now: u32, lease: bool) -> Lookup<'_> {
+        self.lookup_inner(key, touch, now, lease, true)
+    }
+
+    /// [`Store::lookup`]; `bump: false` leaves the item's recency, fetched bit and last-access
+    /// time as they were (meta `u`).
+    fn lookup_inner(
+        &mut self,
+        key: &[u8],
+        touch: Option<u32>,
+        now: u32,
+        lease: bool,
+        bump: bool,
+    ) -> Lookup<'_> {
         let found = self.live(key, now);
         self.detail.record(
             key,
@@ -306,7 +359,11 @@ impl Store {
         } else {
             self.keys.stats.get_hits += 1;
         }
-        item::set_referenced(record, true);
+        if bump {
+            item::set_referenced(record, true);
+            item::set_bit(record, item::BIT_FETCHED, true);
+            item::set_accessed(record, now);
+        }
         // A read of a value in a fixed slot (or of a large value's head copy) bumps the slot's
         // score (promotion).
         let period = self.promotion_period(now);
@@ -351,6 +408,124 @@ impl Store {
             value,
             at,
         })
+    }
+
+    /// Meta get (`mg`): a lookup that also reports and updates the item's meta state, as
+    /// memcached 1.6 does. On a miss with `vivify`, an empty item is created with that TTL and
+    /// this caller wins the token to fill it. A win is handed out once per item: to the first
+    /// reader of a stale item, to the first reader whose `recache` TTL exceeds what the item has
+    /// left, or to the creator of a vivified one.
+    pub fn meta_get(&mut self, key: &[u8], now: u32, opts: &MetaGet) -> (MetaState, Lookup<'_>) {
+        let mut created = false;
+        if let Some(ttl) = opts.vivify {
+            if self.live(key, now).is_none() {
+                let meta = Meta {
+                    cas: self.new_cas(),
+                    flags: 0,
+                    expiry: absolute_expiry(ttl, now),
+                };
+                if let Ok(loc) = self.write_item(key, meta, 0, |_| {}) {
+                    self.link(key, loc);
+                    created = true;
+                }
+            }
+        }
+        let Some(loc) = self.live(key, now) else {
+            return (
+                MetaState::default(),
+                self.lookup_inner(key, None, now, false, false),
+            );
+        };
+        let record = self.arena.bytes(loc);
+        let meta = item::meta(record);
+        let mut state = MetaState {
+            found: true,
+            fetched: item::bit(record, item::BIT_FETCHED),
+            accessed: item::accessed(record),
+            stale: item::bit(record, item::BIT_STALE),
+            token_sent: item::bit(record, item::BIT_TOKEN_SENT) && !created,
+            created,
+            won: created,
+            expiry: opts.touch.map_or(meta.expiry, |t| absolute_expiry(t, now)),
+        };
+        if let Some(recache) = opts.recache {
+            if !state.token_sent
+                && !created
+                && meta.expiry != 0
+                && meta.expiry < absolute_expiry(recache, now)
+            {
+                state.won = true;
+            }
+        }
+        if state.stale && !state.token_sent {
+            state.won = true;
+        }
+        if state.won {
+            item::set_bit(self.arena.bytes_mut(loc), item::BIT_TOKEN_SENT, true);
+        }
+        let hit = self.lookup_inner(key, opts.touch, now, opts.lease, opts.bump);
+        (state, hit)
+    }
+
+    /// Meta delete (`md`): with `invalidate`, the item stays, marked stale with a new CAS (and
+    /// `ttl` if given) so the next reader wins the token to refill it; else it is deleted.
+    /// `cas` nonzero must match.
+    pub fn meta_delete(
+        &mut self,
+        key: &[u8],
+        cas: u64,
+        invalidate: bool,
+        ttl: Option<u32>,
+        now: u32,
+    ) -> DeleteOutcome {
+        if !invalidate {
+            return self.delete(key, cas, now);
+        }
+        self.detail.record(key, detail::KeyOp::Delete);
+        let Some(loc) = self.live(key, now) else {
+            self.keys.stats.delete_misses += 1;
+            return DeleteOutcome::NotFound;
+        };
+        if cas != 0 && item::meta(self.arena.bytes(loc)).cas != cas {
+            return DeleteOutcome::Exists;
+        }
+        let new_cas = self.new_cas();
+        let record = self.arena.bytes_mut(loc);
+        item::set_bit(record, item::BIT_STALE, true);
+        item::set_bit(record, item::BIT_TOKEN_SENT, false);
+        item::set_cas(record, new_cas);
+        if let Some(ttl) = ttl {
+            item::set_expiry(record, absolute_expiry(ttl, now));
+        }
+        self.keys.stats.delete_hits += 1;
+        DeleteOutcome::Deleted
+    }
+
+    /// The meta state of a live item, for what `ms`, `md` and `ma` return (TTL left, CAS).
+    pub fn meta_of(&mut self, key: &[u8], now: u32) -> Option<Meta> {
+        let loc = self.live(key, now)?;
+        Some(item::meta(self.arena.bytes(loc)))
+    }
+
+    /// Meta set's extras on a stored item: an explicit CAS (`E`) and the stale mark (`I`, a
+    /// compare-and-swap that lost to a newer CAS).
+    pub fn meta_mark(&mut self, key: &[u8], now: u32, cas: Option<u64>, stale: bool) {
+        if let Some(loc) = self.live(key, now) {
+            let record = self.arena.bytes_mut(loc);
+            if let Some(cas) = cas {
+                item::set_cas(record, cas);
+            }
+            if stale {
+                item::set_bit(record, item::BIT_STALE, true);
+            }
+        }
+    }
+
+    /// A meta TTL update (`ma T`) on a live item.
+    pub fn set_ttl(&mut self, key: &[u8], ttl: u32, now: u32) {
+        if let Some(loc) = self.live(key, now) {
+            item::set_expiry(self.arena.bytes_mut(loc), absolute_expiry(ttl, now));
+        }
     }
 
     /// Where `key`'s value (or head copy) sits in a fixed slot: the slot, its block's rank
@@ -566,7 +741,9 @@ impl Store {
                 return outcome;
             }
         };
-        item::write_large(self.arena.reserved_mut(&record), meta, key, &large);
+        let bytes = self.arena.reserved_mut(&record);
+        item::write_large(bytes, meta, key, &large);
+        item::set_accessed(bytes, now);
         let loc = self.arena.publish(record);
         if let Some(slot) = head_slot {
             self.arena.link_fixed_owner(slot, loc);
@@ -661,6 +838,7 @@ impl Store {
         };
         let bytes = self.arena.reserved_mut(&record);
         let at = item::write_header(bytes, meta, key, value_at);
+        item::set_accessed(bytes, self.clock);
         match &slot {
             None => fill(&mut bytes[at..at + value_len]),
             Some(slot) => fill(&mut self.arena.reserved_mut(slot)[..value_len]),
