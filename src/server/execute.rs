@@ -132,7 +132,6 @@ pub fn execute_keyed(
                 );
                 header.body(&hit.flags.to_be_bytes());
                 header.body(key);
-                drop(w);
                 return Some(deliver_large(store, owner, hit, prefix, b"", lend_from));
             }
             Lookup::Large(hit) => {
