@@ -1,5 +1,7 @@
 //! The log: stderr, or a file (`--log-file`) that SIGHUP reopens, so log rotation can move the
-//! old file away without losing lines or restarting the server.
+//! old file away without losing lines or restarting the server; lines of text, or one JSON
+//! object per line (`--log-format json`: `timestamp`, `level`, `message` and the event's
+//! fields at the top level) for a log collector.
 
 use std::fs::{File, OpenOptions};
 use std::io::{self, Write};
@@ -8,6 +10,8 @@ use std::sync::{Arc, Mutex};
 
 use tracing_subscriber::fmt::MakeWriter;
 use tracing_subscriber::EnvFilter;
+
+use crate::config::LogFormat;
 
 /// Where log lines go.
 #[derive(Clone)]
@@ -30,8 +34,8 @@ fn open_append(path: &Path) -> io::Result<File> {
 }
 
 /// Installs the process's log: `filter` is a level or tracing directive; lines go to `file`
-/// when given (appended), else stderr.
-pub fn init(filter: &str, file: Option<&Path>) -> Result<Log, String> {
+/// when given (appended), else stderr, in `format`.
+pub fn init(filter: &str, file: Option<&Path>, format: LogFormat) -> Result<Log, String> {
     let filter = EnvFilter::try_new(filter)
         .map_err(|err| format!("--log-level {filter}: not a log filter ({err})"))?;
     let sink = match file {
@@ -44,12 +48,19 @@ pub fn init(filter: &str, file: Option<&Path>) -> Result<Log, String> {
         },
     };
     let ansi = matches!(sink, Sink::Stderr) && std::io::IsTerminal::is_terminal(&std::io::stderr());
-    tracing_subscriber::fmt()
+    let builder = tracing_subscriber::fmt()
         .with_env_filter(filter)
         .with_writer(sink.clone())
-        .with_ansi(ansi)
-        .with_target(false)
-        .init();
+        .with_target(false);
+    match format {
+        LogFormat::Text => builder.with_ansi(ansi).init(),
+        LogFormat::Json => builder
+            .json()
+            .flatten_event(true)
+            .with_current_span(false)
+            .with_span_list(false)
+            .init(),
+    }
     Ok(Log { sink })
 }
 

@@ -6,18 +6,38 @@
 //! lock, socket and mapping); once serving, it stops gracefully (in-flight requests finish, the
 //! warm-restart snapshot is written); a second stop signal while stopping exits at once.
 //! SIGHUP never stops the server: it reopens the log file.
+//!
+//! The first log line names the version with its commit and every budget and path in use;
+//! `--dry-run` prints the memory plan, the data directory and every segment it would use.
 
+use std::path::{Path, PathBuf};
 use std::process::ExitCode;
+use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{mpsc, Arc, Mutex};
 
 use clap::Parser;
 use nix::sys::signal::{SigSet, Signal};
 
 use headroom::arena::MemoryPlan;
-use headroom::config::{self, Cli, CONFIG_ERROR_EXIT};
+use headroom::config::{self, Cli, LogFormat, Settings, CONFIG_ERROR_EXIT, VERSION};
 use headroom::logging::{self, Log};
+use headroom::segment::SegmentSpec;
 use headroom::server;
 use headroom::topology::Topology;
+use headroom::units::ByteSize;
+
+/// Set once the log writes JSON to stderr: plain sentences there would break its readers, so
+/// they are logged instead.
+static STDERR_IS_JSON: AtomicBool = AtomicBool::new(false);
+
+/// Says a fatal sentence on stderr, as a log line when stderr carries JSON.
+fn say_fatal(text: &str) {
+    if STDERR_IS_JSON.load(Ordering::Relaxed) {
+        tracing::error!("{text}");
+    } else {
+        eprintln!("headroom: {text}");
+    }
+}
 
 /// The signals the signal thread handles.
 const HANDLED: [Signal; 4] = [
@@ -98,7 +118,9 @@ fn spawn_signal_thread(
                 Phase::Starting => {
                     // Nothing is served yet: the kernel releases every lock, socket and mapping.
                     tracing::info!(%signal, "stopping during start-up");
-                    eprintln!("headroom: {signal} during start-up: stopped");
+                    if !STDERR_IS_JSON.load(Ordering::Relaxed) {
+                        eprintln!("headroom: {signal} during start-up: stopped");
+                    }
                     std::process::exit(0);
                 }
                 Phase::Serving => {
@@ -150,19 +172,29 @@ fn main() -> ExitCode {
             return ExitCode::from(CONFIG_ERROR_EXIT as u8);
         }
     };
-    match logging::init(&settings.log_level, settings.log_file.as_deref()) {
+    match logging::init(
+        &settings.log_level,
+        settings.log_file.as_deref(),
+        settings.log_format,
+    ) {
         Ok(log) => *log_handle.lock().unwrap_or_else(|e| e.into_inner()) = Some(log),
         Err(err) => {
             eprintln!("headroom: {err}");
             return ExitCode::from(CONFIG_ERROR_EXIT as u8);
         }
     }
+    STDERR_IS_JSON.store(
+        settings.log_format == LogFormat::Json && settings.log_file.is_none(),
+        Ordering::Relaxed,
+    );
     let plan = MemoryPlan::new(&settings.arena, &topology);
     if settings.dry_run {
         print!("{}", plan.render());
+        print!("{}", storage_plan(&settings));
         return ExitCode::SUCCESS;
     }
     let log_to_file = settings.log_file.is_some();
+    log_startup(&settings);
     tracing::info!(topology = %topology.source(), "{}", settings.numa_reason);
     let running = match server::start(settings, &topology) {
         Ok(running) => running,
@@ -170,7 +202,7 @@ fn main() -> ExitCode {
             if log_to_file {
                 tracing::error!("{err}");
             }
-            eprintln!("headroom: {err}");
+            say_fatal(&err.to_string());
             return ExitCode::from(1);
         }
     };
@@ -183,4 +215,112 @@ fn main() -> ExitCode {
     }
     running.stop();
     ExitCode::SUCCESS
+}
+
+/// `path` made absolute against the working directory (not resolved: a symlink stays one).
+fn absolute(path: &Path) -> PathBuf {
+    std::path::absolute(path).unwrap_or_else(|_| path.to_path_buf())
+}
+
+/// A segment as given, its file path made absolute.
+fn absolute_segment(segment: &SegmentSpec) -> SegmentSpec {
+    match segment {
+        SegmentSpec::File {
+            path,
+            size,
+            locality,
+        } => SegmentSpec::File {
+            path: absolute(path),
+            size: *size,
+            locality: locality.clone(),
+        },
+        other => other.clone(),
+    }
+}
+
+fn optional_path(path: &Option<PathBuf>, absent: &str) -> String {
+    path.as_deref()
+        .map_or(absent.to_string(), |p| absolute(p).display().to_string())
+}
+
+/// The start-up line: the version with its commit, every budget and every path in use.
+fn log_startup(settings: &Settings) {
+    let arena = &settings.arena;
+    let segments: Vec<String> = settings
+        .segments
+        .iter()
+        .map(|s| absolute_segment(s).to_string())
+        .collect();
+    let mount_dirs: Vec<String> = settings
+        .mount_dirs
+        .iter()
+        .map(|d| absolute(d).display().to_string())
+        .collect();
+    tracing::info!(
+        version = VERSION,
+        listen = %settings.listen,
+        shards = settings.cpus.len(),
+        memory = %ByteSize(arena.memory_bytes),
+        sub_memory = %ByteSize(arena.sub_memory_bytes),
+        small_memory = %arena
+            .small_memory_bytes
+            .map_or("none (shares --memory)".to_string(), |b| ByteSize(b).to_string()),
+        small_sub_memory = %ByteSize(arena.small_sub_memory_bytes),
+        io_pool_per_shard = %ByteSize(settings.io_pool_bytes),
+        block = %ByteSize(arena.block_bytes),
+        ram_head = %ByteSize(arena.ram_head_bytes),
+        max_item_size = %ByteSize(settings.max_item_bytes),
+        partitions = %settings
+            .partitions
+            .map_or("auto".to_string(), |n| n.to_string()),
+        data_dir = %absolute(&settings.data_dir).display(),
+        segments = %segments.join("; "),
+        mount_dirs = %mount_dirs.join("; "),
+        admin_socket = %optional_path(&settings.admin_socket, "none (ADMIN closed)"),
+        sasl_password_file = %optional_path(&settings.sasl_password_file, "none (no authentication)"),
+        log_file = %optional_path(&settings.log_file, "stderr"),
+        "starting headroom"
+    );
+}
+
+/// What `--dry-run` adds after the memory plan: the data directory and every segment, each
+/// saying whether it exists or would be created.
+fn storage_plan(settings: &Settings) -> String {
+    let state = |path: &Path| match std::fs::metadata(path) {
+        Ok(meta) if meta.is_dir() => "exists".to_string(),
+        Ok(meta) if meta.file_type().is_file() => {
+            format!("exists, {} allocated", ByteSize(meta_allocated(&meta)))
+        }
+        Ok(_) => "exists (not a regular file: a device)".to_string(),
+        Err(err) if err.kind() == std::io::ErrorKind::NotFound => {
+            "would be created at start".to_string()
+        }
+        Err(err) => format!("cannot be read now: {err}"),
+    };
+    let data_dir = absolute(&settings.data_dir);
+    let mut out = format!(
+        "data dir: {} ({}; locked while serving; holds the warm-restart snapshot {})\n",
+        data_dir.display(),
+        state(&data_dir),
+        data_dir.join("snapshot").display()
+    );
+    for (i, segment) in settings.segments.iter().enumerate() {
+        let segment = absolute_segment(segment);
+        let line = match &segment {
+            SegmentSpec::File { path, .. } => format!(
+                "segment {i}: {segment} (a sparse file: disk is used as values are written; {})",
+                state(path)
+            ),
+            SegmentSpec::Mem { .. } => format!("segment {i}: {segment} (memory, no file)"),
+        };
+        out.push_str(&line);
+        out.push('\n');
+    }
+    out
+}
+
+/// Bytes a file occupies on disk (a sparse segment uses less than its size).
+fn meta_allocated(meta: &std::fs::Metadata) -> u64 {
+    use std::os::unix::fs::MetadataExt;
+    meta.blocks() * 512
 }

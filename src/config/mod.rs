@@ -39,11 +39,42 @@ pub const DEFAULT_MAX_CONNECTIONS: usize = 1024;
 /// Just under the protocol's 4 GiB body limit: large values are streamed, so a high limit
 /// costs no buffer memory.
 pub const DEFAULT_MAX_ITEM_SIZE: ByteSize = ByteSize(4095 << 20);
+/// The data directory when neither `--data-dir` nor `$STATE_DIRECTORY` names one.
 pub const DEFAULT_DATA_DIR: &str = "./data";
+/// Set by systemd for a unit with `StateDirectory=` (the first path, when there are several):
+/// the default data directory under a service manager, so a service never writes to `/data`.
+pub const STATE_DIRECTORY_ENV: &str = "STATE_DIRECTORY";
 /// The default file segment's size (a sparse file: disk is used as values are written).
 pub const DEFAULT_SEGMENT_BYTES: u64 = 1 << 30;
 /// Segment sizes are whole device blocks.
 pub const SEGMENT_GRANULE_BYTES: u64 = 4096;
+
+/// The version with the commit it was built from (`build.rs`): `0.1.0 (commit 1a2b3c4d5e6f)`,
+/// `-dirty` when the tree had uncommitted changes, `unknown` when built without git.
+pub const VERSION: &str = concat!(
+    env!("CARGO_PKG_VERSION"),
+    " (commit ",
+    env!("HEADROOM_COMMIT"),
+    ")"
+);
+
+/// The default data directory: `$STATE_DIRECTORY` (its first path) when set, else `./data`.
+pub fn default_data_dir() -> PathBuf {
+    std::env::var_os(STATE_DIRECTORY_ENV)
+        .and_then(|dirs| {
+            let dirs = dirs.to_string_lossy().into_owned();
+            dirs.split(':').find(|d| !d.is_empty()).map(PathBuf::from)
+        })
+        .unwrap_or_else(|| PathBuf::from(DEFAULT_DATA_DIR))
+}
+
+/// `--log-format`: lines of text, or one JSON object per line.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub enum LogFormat {
+    #[default]
+    Text,
+    Json,
+}
 
 /// `--block` default: the platform huge page order (ADR-0008).
 pub const fn default_block() -> ByteSize {
@@ -93,7 +124,7 @@ Exit status: 0 ok, 1 runtime failure, 2 invalid configuration.";
 
 /// Command-line flags. Every setting is optional here so the file can supply it.
 #[derive(Parser, Debug, Default, Clone)]
-#[command(name = "headroom", version, about = "A thread-per-core io_uring cache server \
+#[command(name = "headroom", version = VERSION, about = "A thread-per-core io_uring cache server \
     for objects of any size, speaking the memcached binary protocol", after_help = AFTER_HELP)]
 pub struct Cli {
     /// Read settings from this TOML file (keys are the flag names without `--`).
@@ -183,6 +214,11 @@ pub struct Cli {
     #[arg(long, value_name = "LEVEL")]
     pub log_level: Option<String>,
 
+    /// Log line format: `text`, or `json` (one object per line with timestamp, level,
+    /// message and the event's fields), to stderr or --log-file alike [default: text].
+    #[arg(long, value_name = "text|json")]
+    pub log_format: Option<String>,
+
     /// Serving shards: one per CPU of the serving node (every online CPU with --no-numa);
     /// fewer with this [default: all of them].
     #[arg(long, value_name = "N")]
@@ -234,7 +270,8 @@ pub struct Cli {
     pub segments: Vec<SegmentSpec>,
 
     /// Where the default file segment and the warm-restart snapshot live; locked for the life
-    /// of the process, so a second server cannot share it [default: ./data].
+    /// of the process, so a second server cannot share it [default: $STATE_DIRECTORY when set
+    /// (systemd's StateDirectory=), else ./data].
     #[arg(long, value_name = "DIR")]
     pub data_dir: Option<PathBuf>,
 
@@ -293,6 +330,7 @@ pub struct FileConfig {
     pub perverse: bool,
     pub listen: Option<String>,
     pub log_level: Option<String>,
+    pub log_format: Option<String>,
     pub threads: Option<usize>,
     pub partitions: Option<usize>,
     pub max_connections: Option<usize>,
@@ -438,6 +476,9 @@ pub enum ConfigError {
     SegmentEviction {
         text: String,
     },
+    LogFormat {
+        text: String,
+    },
 }
 
 impl fmt::Display for ConfigError {
@@ -577,6 +618,7 @@ impl fmt::Display for ConfigError {
                 f,
                 "--placement-policy {text}: must be best_fit, free_ratio_first or random"
             ),
+            LogFormat { text } => write!(f, "--log-format '{text}' must be text or json"),
             Partitions { count } => write!(
                 f,
                 "--partitions {count} must be from 1 to {}",
@@ -630,6 +672,7 @@ pub struct Settings {
     pub zero_copy_min_bytes: u64,
     pub dry_run: bool,
     pub log_level: String,
+    pub log_format: LogFormat,
     /// Why the serving node is what it is (logged at start-up).
     pub numa_reason: String,
 }
@@ -885,7 +928,7 @@ pub fn resolve_with_file(
         .data_dir
         .clone()
         .or_else(|| file.data_dir.clone())
-        .unwrap_or_else(|| PathBuf::from(DEFAULT_DATA_DIR));
+        .unwrap_or_else(default_data_dir);
     let mut segments = if cli.segments.is_empty() {
         file.segments.clone()
     } else {
@@ -947,6 +990,20 @@ pub fn resolve_with_file(
         _ => {
             return Err(ConfigError::SegmentEviction {
                 text: eviction_text,
+            })
+        }
+    };
+    let log_format = match cli
+        .log_format
+        .clone()
+        .or_else(|| file.log_format.clone())
+        .as_deref()
+    {
+        None | Some("text") => LogFormat::Text,
+        Some("json") => LogFormat::Json,
+        Some(other) => {
+            return Err(ConfigError::LogFormat {
+                text: other.to_string(),
             })
         }
     };
@@ -1028,6 +1085,7 @@ pub fn resolve_with_file(
             .clone()
             .or_else(|| file.log_level.clone())
             .unwrap_or_else(|| "info".to_string()),
+        log_format,
         numa_reason,
     })
 }
