@@ -1,0 +1,1034 @@
+//! memcached 1.6.18's text protocol (the classic commands and the meta commands) as a pure
+//! decoder: bytes in, a typed [`TextCommand`] (or memcached's exact answer to bad input) out,
+//! borrowing the caller's buffer and allocating nothing on the common path. Like the binary
+//! [`super::decode`], it knows nothing of stores; [`super::meta`] parses the meta commands'
+//! flags. The reply helpers at the end only format.
+//!
+//! # Framing, as memcached frames it (`try_read_command_ascii`)
+//!
+//! - A connection whose first byte is `0x80` speaks binary ([`is_binary`]), else text.
+//! - A command line ends at `\n`; one `\r` before it is dropped (not from a line that is only
+//!   `\r`). A NUL ends the command where it stands (memcached reads the line as a C string):
+//!   `get a\0b\r\n` gets `a`. Tokens are split on spaces only (a tab belongs to its token;
+//!   keys may hold any byte but space, NUL and `\n`).
+//! - A line of more than 2048 bytes before its `\n` closes the connection without a reply,
+//!   unless it starts (after at most 100 spaces) with `get ` or `gets `: those multigets may run
+//!   to [`MULTIGET_LINE_MAX_BYTES`], beyond which memcached's answer to a failed buffer growth
+//!   is given (`SERVER_ERROR out of memory reading request`, then close). memcached applies the
+//!   2048 rule to what one read happened to bring in (so a longer line that arrives whole is
+//!   served); this decoder applies it to the line itself, so its answer never depends on how
+//!   the stream was cut.
+//! - A storage command's data block is exactly the declared length plus two bytes, which must
+//!   be `\r\n`; otherwise `CLIENT_ERROR bad data chunk` and those bytes are gone (memcached
+//!   read them into the item), and decoding resumes right after them (`set k 0 0 1\r\nxyz\r\n`
+//!   answers `CLIENT_ERROR bad data chunk` then `ERROR` for the `\r\n` left over).
+//! - A value over the size limit is refused after its line (`SERVER_ERROR object too large for
+//!   cache`) and its data block swallowed unread, as memcached does; a `set` (and an `ms` of any
+//!   mode) also drops the key's old value ([`TextDecoded::TooLarge`]).
+//! - An unknown command is `ERROR` and the connection stays, except that one whose last token
+//!   starts with `HTTP/` closes it (memcached's answer to a stray HTTP request).
+//!
+//! # Numbers
+//!
+//! Numeric tokens are read as memcached reads them, with C's `strtol`/`strtoul`/`strtoull`:
+//! leading blanks and a sign are accepted, anything after a blank (tab, `\r`, ...) is ignored,
+//! 32-bit fields take the low 32 bits of a 64-bit parse (`set k 0 0 4294967298` stores 2 bytes;
+//! flags `4294967296` are 0), an unsigned field refuses a `-` only when the result would be
+//! negative as a signed number (`-0` is 0, `-18446744073709551615` is 1), and an exptime is
+//! signed (negative: expired at once).
+//!
+//! # `noreply`
+//!
+//! A classic command whose last token is `noreply` sends nothing, its errors included (memcached
+//! looks at the last token before it parses the rest: `incr k x noreply` is silent). The
+//! decoder applies that to the error replies it returns (an empty `reply`); for commands it
+//! reports `noreply` and the caller stays silent. Meta errors are always answered.
+//!
+//! # Not served
+//!
+//! memcached's administrative text commands (`slabs`, `lru`, `lru_crawler`, `watch`,
+//! `extstore`, `cache_memlimit`, `refresh_certs`) are answered `ERROR`, and `shutdown` as
+//! memcached without `-A` answers it (`ERROR: shutdown not enabled`).
+
+use std::borrow::Cow;
+use std::fmt;
+
+use super::decode::StoreMode;
+use super::meta::{self, push_number, Key, MaFlags, MdFlags, MgFlags, MsFlags};
+use super::{KEY_MAX_BYTES, REQUEST_MAGIC};
+
+/// A command line longer than this (before its `\n`) closes the connection, as memcached's
+/// 2048-byte rule does; multigets excepted.
+pub const LINE_MAX_BYTES: usize = 2048;
+/// A `get`/`gets` line may have at most this many spaces before the command and still be a
+/// multiget for the long-line rule.
+pub const MULTIGET_LEADING_SPACES_MAX: usize = 100;
+/// The longest multiget line buffered (memcached grows its buffer without bound).
+pub const MULTIGET_LINE_MAX_BYTES: usize = 2 << 20;
+/// The longest data block memcached's text protocol can declare (`INT_MAX - 2`).
+pub const TEXT_VALUE_MAX_BYTES: usize = i32::MAX as usize - 2;
+
+/// memcached's tokenizer keeps at most 23 tokens plus a terminal marker (`MAX_TOKENS` 24).
+const MAX_TOKENS: usize = 24;
+
+/// Error lines, exactly as memcached 1.6.18 writes them.
+pub mod errors {
+    pub const ERROR: &[u8] = b"ERROR\r\n";
+    pub const BAD_FORMAT: &[u8] = b"CLIENT_ERROR bad command line format\r\n";
+    pub const BAD_DATA_CHUNK: &[u8] = b"CLIENT_ERROR bad data chunk\r\n";
+    pub const TOO_LARGE: &[u8] = b"SERVER_ERROR object too large for cache\r\n";
+    pub const INVALID_EXPTIME: &[u8] = b"CLIENT_ERROR invalid exptime argument\r\n";
+    pub const INVALID_DELTA: &[u8] = b"CLIENT_ERROR invalid numeric delta argument\r\n";
+    pub const DELETE_USAGE: &[u8] =
+        b"CLIENT_ERROR bad command line format.  Usage: delete <key> [noreply]\r\n";
+    pub const STATS_DETAIL_USAGE: &[u8] = b"CLIENT_ERROR usage: stats detail on|off|dump\r\n";
+    pub const SHUTDOWN_DISABLED: &[u8] = b"ERROR: shutdown not enabled\r\n";
+    pub const MULTIGET_OUT_OF_MEMORY: &[u8] = b"SERVER_ERROR out of memory reading request\r\n";
+    /// What the server answers when an INCR/DECR target is not a number (not a decoder error).
+    pub const NON_NUMERIC: &[u8] =
+        b"CLIENT_ERROR cannot increment or decrement non-numeric value\r\n";
+}
+
+/// The first byte of a connection decides its protocol, as memcached decides it: `0x80` is
+/// binary, anything else text (and meta).
+pub fn is_binary(first_byte: u8) -> bool {
+    first_byte == REQUEST_MAGIC
+}
+
+/// The outcome of decoding the front of a buffer.
+// Keys decoded from base64 live inline (no allocation), which makes the command variants large.
+#[allow(clippy::large_enum_variant)]
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum TextDecoded<'a> {
+    /// Not a whole command yet: at least `needed` bytes must be buffered in total (the line, and
+    /// for a storage command its data block and trailing `\r\n`).
+    Incomplete { needed: usize },
+    /// A command taking `consumed` bytes of the buffer.
+    Command {
+        command: TextCommand<'a>,
+        consumed: usize,
+    },
+    /// A storage command (set/add/replace/append/prepend/cas, or `ms`) whose data block is
+    /// longer than `stream_from` (and within the item size limit): only its line is consumed.
+    /// The caller streams `store.value_len` bytes of value, then takes two more bytes, which
+    /// must be `\r\n`; if not, the value is refused with [`TextStore::bad_chunk_reply`] (the two
+    /// bytes are gone either way, as in memcached).
+    LargeStore {
+        store: TextStore<'a>,
+        consumed: usize,
+    },
+    /// A storage command whose value is over the size limit: send `reply` (empty under
+    /// `noreply`), drop the key's current value when `drop_existing` (memcached unlinks it so a
+    /// stale copy never survives a failed overwrite: `set`, and `ms` in every mode), and discard
+    /// `skip` bytes of the stream from the command's start (the line and the unread data block).
+    TooLarge {
+        key: Key<'a>,
+        drop_existing: bool,
+        reply: &'static [u8],
+        skip: u64,
+    },
+    /// Bad input, answered as memcached answers it: send `reply` (possibly empty: `noreply`, or
+    /// a close without a word), then discard `skip` bytes of the stream from the command's start
+    /// (possibly more than is buffered), and close the connection if `close`.
+    Error {
+        reply: Cow<'static, [u8]>,
+        skip: u64,
+        close: bool,
+    },
+}
+
+/// A decoded text or meta command. Byte slices borrow the caller's buffer.
+// See TextDecoded: inline binary keys.
+#[allow(clippy::large_enum_variant)]
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum TextCommand<'a> {
+    /// `get`/`bget` (`cas: false`), `gets` (`cas: true`), `gat`/`gats` (with `touch`, the new
+    /// exptime). Every key is 1 to 250 bytes; a `gat` may name none (answered `END`).
+    Get {
+        cas: bool,
+        touch: Option<i32>,
+        keys: Words<'a>,
+    },
+    /// set/add/replace/append/prepend/cas, or `ms`, with its whole value.
+    Store {
+        store: TextStore<'a>,
+        value: &'a [u8],
+    },
+    /// `incr`/`decr`.
+    Arith {
+        incr: bool,
+        key: &'a [u8],
+        delta: u64,
+        noreply: bool,
+    },
+    /// `delete <key> [0] [noreply]`.
+    Delete {
+        key: &'a [u8],
+        noreply: bool,
+    },
+    /// `touch <key> <exptime> [noreply]`.
+    Touch {
+        key: &'a [u8],
+        exptime: i32,
+        noreply: bool,
+    },
+    /// `flush_all [delay] [noreply]`: `delay` as memcached parses it (0 or negative: now).
+    FlushAll {
+        delay: i32,
+        noreply: bool,
+    },
+    Version,
+    /// `verbosity <level> [noreply]` (memcached caps the level at 2).
+    Verbosity {
+        level: u32,
+        noreply: bool,
+    },
+    /// `stats [args...]`: the words after `stats` (empty for the general group; `detail` with a
+    /// word other than on/off/dump was refused already). Unknown groups are the server's to
+    /// answer (`ERROR`, as memcached).
+    Stats {
+        args: Words<'a>,
+    },
+    Quit,
+    /// `mg`.
+    MetaGet {
+        key: Key<'a>,
+        flags: MgFlags<'a>,
+    },
+    /// `md`.
+    MetaDelete {
+        key: Key<'a>,
+        flags: MdFlags<'a>,
+    },
+    /// `ma`.
+    MetaArith {
+        key: Key<'a>,
+        flags: MaFlags<'a>,
+    },
+    /// `me <key> [b]`.
+    MetaDebug {
+        key: Key<'a>,
+    },
+    /// `mn`: answer `MN\r\n` (and flush).
+    MetaNoop,
+}
+
+/// A storage command, from the classic line or from `ms`.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct TextStore<'a> {
+    /// `cas`, and `ms` with `C` in set or replace mode, compare-and-swap: `mode` is then Set or
+    /// Replace with `cas` given (memcached's NREAD_CAS). `ms` add ignores `C`; append and
+    /// prepend honour it.
+    pub mode: StoreMode,
+    pub key: Key<'a>,
+    /// Client flags (`F` for `ms`).
+    pub flags: u32,
+    /// As memcached parses it (`T` for `ms`; 0 when absent).
+    pub exptime: i32,
+    /// The `cas` command's unique, `ms`'s `C`.
+    pub cas: Option<u64>,
+    /// Bytes of value (the data block without its `\r\n`).
+    pub value_len: usize,
+    /// Classic: `noreply` (nothing is sent, errors included). `ms`: `q` (only `HD` is
+    /// suppressed).
+    pub noreply: bool,
+    /// `Some` for `ms`: the reply flags and the rest.
+    pub meta: Option<MsFlags<'a>>,
+}
+
+impl TextStore<'_> {
+    /// What to send when the two bytes after the value are not `\r\n`: memcached's `CLIENT_ERROR
+    /// bad data chunk`, silenced by a classic `noreply` (never for `ms`).
+    pub fn bad_chunk_reply(&self) -> &'static [u8] {
+        if self.noreply && self.meta.is_none() {
+            b""
+        } else {
+            errors::BAD_DATA_CHUNK
+        }
+    }
+}
+
+/// Space-separated words of a line (a multiget's keys, `stats` arguments): iterate with
+/// [`Words::iter`]; no allocation. Equal when the words are.
+#[derive(Clone, Copy, Default)]
+pub struct Words<'a> {
+    text: &'a [u8],
+}
+
+impl<'a> Words<'a> {
+    pub fn new(text: &'a [u8]) -> Words<'a> {
+        Words { text }
+    }
+
+    pub fn iter(&self) -> WordIter<'a> {
+        WordIter { rest: self.text }
+    }
+
+    /// The words' text, without the spaces around them (the spaces between kept).
+    pub fn as_bytes(&self) -> &'a [u8] {
+        let start = self.text.iter().position(|&b| b != b' ');
+        let end = self.text.iter().rposition(|&b| b != b' ');
+        match (start, end) {
+            (Some(s), Some(e)) => &self.text[s..=e],
+            _ => b"",
+        }
+    }
+
+    pub fn count(&self) -> usize {
+        self.iter().count()
+    }
+
+    pub fn is_empty(&self) -> bool {
+        self.iter().next().is_none()
+    }
+}
+
+impl<'a> IntoIterator for Words<'a> {
+    type Item = &'a [u8];
+    type IntoIter = WordIter<'a>;
+    fn into_iter(self) -> WordIter<'a> {
+        self.iter()
+    }
+}
+
+impl PartialEq for Words<'_> {
+    fn eq(&self, other: &Self) -> bool {
+        self.iter().eq(other.iter())
+    }
+}
+
+impl Eq for Words<'_> {}
+
+impl fmt::Debug for Words<'_> {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_list()
+            .entries(self.iter().map(|w| w.escape_ascii().to_string()))
+            .finish()
+    }
+}
+
+/// The words of a [`Words`].
+#[derive(Clone, Debug)]
+pub struct WordIter<'a> {
+    rest: &'a [u8],
+}
+
+impl<'a> Iterator for WordIter<'a> {
+    type Item = &'a [u8];
+    fn next(&mut self) -> Option<&'a [u8]> {
+        let start = self.rest.iter().position(|&b| b != b' ')?;
+        let rest = &self.rest[start..];
+        let end = rest.iter().position(|&b| b == b' ').unwrap_or(rest.len());
+        self.rest = &rest[end..];
+        Some(&rest[..end])
+    }
+}
+
+// ---------------------------------------------------------------------------------------------
+// Numbers, as memcached's safe_strto* read them (util.c, on a 64-bit Linux)
+// ---------------------------------------------------------------------------------------------
+
+fn c_isspace(b: u8) -> bool {
+    matches!(b, b' ' | b'\t' | b'\n' | 0x0b | 0x0c | b'\r')
+}
+
+/// C's `strtoull` in base 10 over a token (its end is the C string's NUL): the magnitude,
+/// whether a `-` preceded it, and where parsing stopped; `None` when no digit was read or the
+/// magnitude overflows (ERANGE).
+fn c_strtou(text: &[u8]) -> Option<(u64, bool, usize)> {
+    let mut i = text.iter().take_while(|&&b| c_isspace(b)).count();
+    let negative = text.get(i) == Some(&b'-');
+    if matches!(text.get(i), Some(b'+' | b'-')) {
+        i += 1;
+    }
+    let start = i;
+    let mut value: u64 = 0;
+    let mut overflow = false;
+    while let Some(d) = text.get(i).filter(|b| b.is_ascii_digit()) {
+        match value
+            .checked_mul(10)
+            .and_then(|v| v.checked_add(u64::from(d - b'0')))
+        {
+            Some(v) => value = v,
+            None => overflow = true,
+        }
+        i += 1;
+    }
+    if i == start || overflow {
+        return None;
+    }
+    Some((value, negative, i))
+}
+
+/// The number ends the token or is followed by a blank (memcached's check on `endptr`).
+fn ends_cleanly(text: &[u8], end: usize) -> bool {
+    end == text.len() || c_isspace(text[end])
+}
+
+/// memcached's `safe_strtoull`.
+pub(super) fn safe_strtoull(text: &[u8]) -> Option<u64> {
+    let (magnitude, negative, end) = c_strtou(text)?;
+    if !ends_cleanly(text, end) {
+        return None;
+    }
+    let value = if negative {
+        magnitude.wrapping_neg()
+    } else {
+        magnitude
+    };
+    if (value as i64) < 0 && text.contains(&b'-') {
+        return None;
+    }
+    Some(value)
+}
+
+/// memcached's `safe_strtoul` into a `uint32_t`: an unsigned long parse, truncated.
+pub(super) fn safe_strtoul(text: &[u8]) -> Option<u32> {
+    safe_strtoull(text).map(|v| v as u32)
+}
+
+/// memcached's `safe_strtol` into an `int32_t`: a long parse (ERANGE beyond 64 bits), truncated.
+pub(super) fn safe_strtol(text: &[u8]) -> Option<i32> {
+    let (magnitude, negative, end) = c_strtou(text)?;
+    let value = if negative {
+        if magnitude > 1 << 63 {
+            return None;
+        }
+        (magnitude as i64).wrapping_neg()
+    } else {
+        i64::try_from(magnitude).ok()?
+    };
+    ends_cleanly(text, end).then_some(value as i32)
+}
+
+// ---------------------------------------------------------------------------------------------
+// Decoding
+// ---------------------------------------------------------------------------------------------
+
+/// A line split as memcached's `tokenize_command` splits it: at most 23 tokens.
+struct Tokens<'a> {
+    toks: [&'a [u8]; MAX_TOKENS - 1],
+    n: usize,
+}
+
+impl<'a> Tokens<'a> {
+    fn new(text: &'a [u8]) -> Tokens<'a> {
+        let mut toks: [&'a [u8]; MAX_TOKENS - 1] = [b""; MAX_TOKENS - 1];
+        let mut n = 0;
+        for word in Words::new(text).iter().take(MAX_TOKENS - 1) {
+            toks[n] = word;
+            n += 1;
+        }
+        Tokens { toks, n }
+    }
+
+    fn all(&self) -> &[&'a [u8]] {
+        &self.toks[..self.n]
+    }
+
+    /// memcached's `ntokens`: the tokens plus its terminal marker.
+    fn ntokens(&self) -> usize {
+        self.n + 1
+    }
+
+    /// The last token memcached saw (`tokens[ntokens - 2]`).
+    fn last(&self) -> &'a [u8] {
+        self.toks[self.n - 1]
+    }
+
+    /// memcached's `set_noreply_maybe`.
+    fn noreply(&self) -> bool {
+        self.last() == b"noreply"
+    }
+}
+
+fn error(reply: &'static [u8], skip: usize) -> TextDecoded<'static> {
+    TextDecoded::Error {
+        reply: Cow::Borrowed(reply),
+        skip: skip as u64,
+        close: false,
+    }
+}
+
+fn close(reply: &'static [u8]) -> TextDecoded<'static> {
+    TextDecoded::Error {
+        reply: Cow::Borrowed(reply),
+        skip: 0,
+        close: true,
+    }
+}
+
+/// An error `out_string` would send, silenced by `noreply`.
+fn error_unless(noreply: bool, reply: &'static [u8], skip: usize) -> TextDecoded<'static> {
+    error(if noreply { b"" } else { reply }, skip)
+}
+
+fn command(command: TextCommand<'_>, consumed: usize) -> TextDecoded<'_> {
+    TextDecoded::Command { command, consumed }
+}
+
+/// Whether a line memcached found no newline in is a multiget it keeps buffering.
+fn is_multiget(line: &[u8]) -> bool {
+    let spaces = line.iter().take_while(|&&b| b == b' ').count();
+    let rest = &line[spaces..];
+    spaces <= MULTIGET_LEADING_SPACES_MAX
+        && (rest.starts_with(b"get ") || rest.starts_with(b"gets "))
+}
+
+/// Decodes the first command of `buf`. Values longer than `max_value_bytes` are never buffered
+/// ([`TextDecoded::TooLarge`]); values longer than `stream_from` come back as
+/// [`TextDecoded::LargeStore`] once their line is in, for the caller to stream.
+pub fn decode_text(buf: &[u8], max_value_bytes: usize, stream_from: usize) -> TextDecoded<'_> {
+    let find_newline = |within: usize| {
+        buf[..buf.len().min(within)]
+            .iter()
+            .position(|&b| b == b'\n')
+    };
+    let mut newline = find_newline(LINE_MAX_BYTES + 1);
+    if newline.is_none() && buf.len() > LINE_MAX_BYTES {
+        if !is_multiget(&buf[..=LINE_MAX_BYTES]) {
+            return close(b"");
+        }
+        newline = find_newline(MULTIGET_LINE_MAX_BYTES);
+        if newline.is_none() && buf.len() >= MULTIGET_LINE_MAX_BYTES {
+            return close(errors::MULTIGET_OUT_OF_MEMORY);
+        }
+    }
+    let Some(newline) = newline else {
+        return TextDecoded::Incomplete {
+            needed: buf.len() + 1,
+        };
+    };
+    let line_len = newline + 1;
+    let mut text = &buf[..newline];
+    if text.len() > 1 && text.ends_with(b"\r") {
+        text = &text[..text.len() - 1];
+    }
+    if let Some(nul) = text.iter().position(|&b| b == 0) {
+        text = &text[..nul];
+    }
+    decode_line(buf, text, line_len, max_value_bytes, stream_from)
+}
+
+fn decode_line<'a>(
+    buf: &'a [u8],
+    text: &'a [u8],
+    line_len: usize,
+    max_value_bytes: usize,
+    stream_from: usize,
+) -> TextDecoded<'a> {
+    let tokens = Tokens::new(text);
+    let nt = tokens.ntokens();
+    if nt < 2 || tokens.toks[0].len() < 2 {
+        return error(errors::ERROR, line_len);
+    }
+    let name = tokens.toks[0];
+    let storage = |mode, cas| {
+        let counts = if cas { [7, 8] } else { [6, 7] };
+        if !counts.contains(&nt) {
+            return error(errors::ERROR, line_len);
+        }
+        update(
+            buf,
+            &tokens,
+            line_len,
+            mode,
+            cas,
+            max_value_bytes,
+            stream_from,
+        )
+    };
+    // Names for which memcached does something Headroom does not serve.
+    let unsupported = |name: &[u8]| {
+        matches!(
+            name,
+            b"slabs"
+                | b"cache_memlimit"
+                | b"lru_crawler"
+                | b"watch"
+                | b"lru"
+                | b"extstore"
+                | b"refresh_certs"
+        )
+    };
+    match name[0] {
+        b'm' if name.len() == 2 => {
+            meta_command(buf, &tokens, line_len, max_value_bytes, stream_from)
+        }
+        b'g' => {
+            if nt < 3 {
+                return error(errors::ERROR, line_len);
+            }
+            match name {
+                b"get" => get(text, &tokens, line_len, false, false),
+                b"gets" => get(text, &tokens, line_len, true, false),
+                b"gat" => get(text, &tokens, line_len, false, true),
+                b"gats" => get(text, &tokens, line_len, true, true),
+                _ => error(errors::ERROR, line_len),
+            }
+        }
+        b's' => match name {
+            b"set" => storage(StoreMode::Set, false),
+            b"stats" => stats(text, &tokens, line_len),
+            b"shutdown" => error(errors::SHUTDOWN_DISABLED, line_len),
+            _ => error(errors::ERROR, line_len),
+        },
+        b'a' => match name {
+            b"add" => storage(StoreMode::Add, false),
+            b"append" => storage(StoreMode::Append, false),
+            _ => error(errors::ERROR, line_len),
+        },
+        b'c' => match name {
+            b"cas" => storage(StoreMode::Set, true),
+            _ => error(errors::ERROR, line_len),
+        },
+        b'i' => match name {
+            b"incr" => arith(&tokens, line_len, true),
+            _ => error(errors::ERROR, line_len),
+        },
+        b'd' => match name {
+            b"delete" => delete(&tokens, line_len),
+            b"decr" => arith(&tokens, line_len, false),
+            _ => error(errors::ERROR, line_len),
+        },
+        b't' => match name {
+            b"touch" => touch(&tokens, line_len),
+            _ => error(errors::ERROR, line_len),
+        },
+        _ => match name {
+            b"replace" => storage(StoreMode::Replace, false),
+            b"prepend" => storage(StoreMode::Prepend, false),
+            b"bget" if nt < 3 => error(errors::ERROR, line_len),
+            b"bget" => get(text, &tokens, line_len, false, false),
+            b"flush_all" => flush_all(&tokens, line_len),
+            b"version" => command(TextCommand::Version, line_len),
+            b"quit" => command(TextCommand::Quit, line_len),
+            b"verbosity" => verbosity(&tokens, line_len),
+            _ if unsupported(name) => error(errors::ERROR, line_len),
+            _ if tokens.last().starts_with(b"HTTP/") => close(b""),
+            _ => error(errors::ERROR, line_len),
+        },
+    }
+}
+
+/// The text after the first `skip` words of a line.
+fn after_words(text: &[u8], skip: usize) -> &[u8] {
+    let mut rest = text;
+    for _ in 0..skip {
+        let start = rest.iter().position(|&b| b != b' ').unwrap_or(rest.len());
+        rest = &rest[start..];
+        let end = rest.iter().position(|&b| b == b' ').unwrap_or(rest.len());
+        rest = &rest[end..];
+    }
+    rest
+}
+
+fn get<'a>(
+    text: &'a [u8],
+    tokens: &Tokens<'a>,
+    line_len: usize,
+    cas: bool,
+    touch: bool,
+) -> TextDecoded<'a> {
+    let touch = if touch {
+        match safe_strtol(tokens.toks[1]) {
+            Some(exptime) => Some(exptime),
+            None => return error(errors::INVALID_EXPTIME, line_len),
+        }
+    } else {
+        None
+    };
+    let keys = Words::new(after_words(text, if touch.is_some() { 2 } else { 1 }));
+    if keys.iter().any(|key| key.len() > KEY_MAX_BYTES) {
+        return error(errors::BAD_FORMAT, line_len);
+    }
+    command(TextCommand::Get { cas, touch, keys }, line_len)
+}
+
+/// memcached's `process_update_command`.
+fn update<'a>(
+    buf: &'a [u8],
+    tokens: &Tokens<'a>,
+    line_len: usize,
+    mode: StoreMode,
+    with_cas: bool,
+    max_value_bytes: usize,
+    stream_from: usize,
+) -> TextDecoded<'a> {
+    let noreply = tokens.noreply();
+    let t = &tokens.toks;
+    if t[1].len() > KEY_MAX_BYTES {
+        return error_unless(noreply, errors::BAD_FORMAT, line_len);
+    }
+    let (Some(flags), Some(exptime), Some(len)) =
+        (safe_strtoul(t[2]), safe_strtol(t[3]), safe_strtol(t[4]))
+    else {
+        return error_unless(noreply, errors::BAD_FORMAT, line_len);
+    };
+    let cas = if with_cas {
+        match safe_strtoull(t[5]) {
+            Some(cas) => Some(cas),
+            None => return error_unless(noreply, errors::BAD_FORMAT, line_len),
+        }
+    } else {
+        None
+    };
+    if len < 0 || len as usize > TEXT_VALUE_MAX_BYTES {
+        return error_unless(noreply, errors::BAD_FORMAT, line_len);
+    }
+    let store = TextStore {
+        mode,
+        key: Key::text(t[1]),
+        flags,
+        exptime,
+        cas,
+        value_len: len as usize,
+        noreply,
+        meta: None,
+    };
+    finish_store(buf, line_len, store, max_value_bytes, stream_from)
+}
+
+/// A storage line that passed its checks: too large, streamed, waiting, or whole.
+fn finish_store<'a>(
+    buf: &'a [u8],
+    line_len: usize,
+    store: TextStore<'a>,
+    max_value_bytes: usize,
+    stream_from: usize,
+) -> TextDecoded<'a> {
+    let total = line_len + store.value_len + 2;
+    if store.value_len > max_value_bytes {
+        let classic = store.meta.is_none();
+        return TextDecoded::TooLarge {
+            key: store.key,
+            drop_existing: !classic || (store.mode == StoreMode::Set && store.cas.is_none()),
+            reply: if classic && store.noreply {
+                b""
+            } else {
+                errors::TOO_LARGE
+            },
+            skip: total as u64,
+        };
+    }
+    if store.value_len > stream_from {
+        return TextDecoded::LargeStore {
+            store,
+            consumed: line_len,
+        };
+    }
+    if buf.len() < total {
+        return TextDecoded::Incomplete { needed: total };
+    }
+    if &buf[total - 2..total] != b"\r\n" {
+        return error(store.bad_chunk_reply(), total);
+    }
+    let value = &buf[line_len..total - 2];
+    command(TextCommand::Store { store, value }, total)
+}
+
+fn arith<'a>(tokens: &Tokens<'a>, line_len: usize, incr: bool) -> TextDecoded<'a> {
+    if ![4, 5].contains(&tokens.ntokens()) {
+        return error(errors::ERROR, line_len);
+    }
+    let noreply = tokens.noreply();
+    let key = tokens.toks[1];
+    if key.len() > KEY_MAX_BYTES {
+        return error_unless(noreply, errors::BAD_FORMAT, line_len);
+    }
+    let Some(delta) = safe_strtoull(tokens.toks[2]) else {
+        return error_unless(noreply, errors::INVALID_DELTA, line_len);
+    };
+    command(
+        TextCommand::Arith {
+            incr,
+            key,
+            delta,
+            noreply,
+        },
+        line_len,
+    )
+}
+
+fn delete<'a>(tokens: &Tokens<'a>, line_len: usize) -> TextDecoded<'a> {
+    let nt = tokens.ntokens();
+    if !(3..=5).contains(&nt) {
+        return error(errors::ERROR, line_len);
+    }
+    let mut noreply = false;
+    if nt > 3 {
+        let hold_is_zero = tokens.toks[2] == b"0";
+        noreply = tokens.noreply();
+        let valid = (nt == 4 && (hold_is_zero || noreply)) || (nt == 5 && hold_is_zero && noreply);
+        if !valid {
+            return error_unless(noreply, errors::DELETE_USAGE, line_len);
+        }
+    }
+    let key = tokens.toks[1];
+    if key.len() > KEY_MAX_BYTES {
+        return error_unless(noreply, errors::BAD_FORMAT, line_len);
+    }
+    command(TextCommand::Delete { key, noreply }, line_len)
+}
+
+fn touch<'a>(tokens: &Tokens<'a>, line_len: usize) -> TextDecoded<'a> {
+    if ![4, 5].contains(&tokens.ntokens()) {
+        return error(errors::ERROR, line_len);
+    }
+    let noreply = tokens.noreply();
+    let key = tokens.toks[1];
+    if key.len() > KEY_MAX_BYTES {
+        return error_unless(noreply, errors::BAD_FORMAT, line_len);
+    }
+    let Some(exptime) = safe_strtol(tokens.toks[2]) else {
+        return error_unless(noreply, errors::INVALID_EXPTIME, line_len);
+    };
+    command(
+        TextCommand::Touch {
+            key,
+            exptime,
+            noreply,
+        },
+        line_len,
+    )
+}
+
+fn flush_all<'a>(tokens: &Tokens<'a>, line_len: usize) -> TextDecoded<'a> {
+    let nt = tokens.ntokens();
+    if !(2..=4).contains(&nt) {
+        return error(errors::ERROR, line_len);
+    }
+    let noreply = tokens.noreply();
+    let mut delay = 0;
+    if nt != if noreply { 3 } else { 2 } {
+        match safe_strtol(tokens.toks[1]) {
+            Some(d) => delay = d,
+            None => return error_unless(noreply, errors::INVALID_EXPTIME, line_len),
+        }
+    }
+    command(TextCommand::FlushAll { delay, noreply }, line_len)
+}
+
+fn verbosity<'a>(tokens: &Tokens<'a>, line_len: usize) -> TextDecoded<'a> {
+    if ![3, 4].contains(&tokens.ntokens()) {
+        return error(errors::ERROR, line_len);
+    }
+    let noreply = tokens.noreply();
+    match safe_strtoul(tokens.toks[1]) {
+        Some(level) => command(TextCommand::Verbosity { level, noreply }, line_len),
+        None => error_unless(noreply, errors::BAD_FORMAT, line_len),
+    }
+}
+
+fn stats<'a>(text: &'a [u8], tokens: &Tokens<'a>, line_len: usize) -> TextDecoded<'a> {
+    let t = tokens.all();
+    if t.get(1) == Some(&&b"detail"[..])
+        && !matches!(t.get(2).copied(), Some(b"on" | b"off" | b"dump"))
+    {
+        return error(errors::STATS_DETAIL_USAGE, line_len);
+    }
+    let args = Words::new(after_words(text, 1));
+    command(TextCommand::Stats { args }, line_len)
+}
+
+fn meta_command<'a>(
+    buf: &'a [u8],
+    tokens: &Tokens<'a>,
+    line_len: usize,
+    max_value_bytes: usize,
+    stream_from: usize,
+) -> TextDecoded<'a> {
+    let which = tokens.toks[0][1];
+    if matches!(which, b'g' | b's' | b'd' | b'a') && tokens.ntokens() < 3 {
+        return error(errors::ERROR, line_len);
+    }
+    let t = tokens.all();
+    match which {
+        b'g' => match meta::parse_mg(t) {
+            Ok((key, flags)) => command(TextCommand::MetaGet { key, flags }, line_len),
+            Err(reply) => error(reply, line_len),
+        },
+        b's' => match meta::parse_ms(t) {
+            Ok(store) => finish_store(buf, line_len, store, max_value_bytes, stream_from),
+            Err(refused) => error(refused.reply, line_len + refused.swallow.unwrap_or(0)),
+        },
+        b'd' => match meta::parse_md(t) {
+            Ok((key, flags)) => command(TextCommand::MetaDelete { key, flags }, line_len),
+            Err(reply) => error(reply, line_len),
+        },
+        b'a' => match meta::parse_ma(t) {
+            Ok((key, flags)) => command(TextCommand::MetaArith { key, flags }, line_len),
+            Err(reply) => error(reply, line_len),
+        },
+        b'n' => command(TextCommand::MetaNoop, line_len),
+        b'e' => match meta::parse_me(t) {
+            Ok(key) => command(TextCommand::MetaDebug { key }, line_len),
+            Err(reply) => error(reply, line_len),
+        },
+        _ => error(errors::ERROR, line_len),
+    }
+}
+
+// ---------------------------------------------------------------------------------------------
+// Replies (formatting only)
+// ---------------------------------------------------------------------------------------------
+
+pub const END: &[u8] = b"END\r\n";
+pub const STORED: &[u8] = b"STORED\r\n";
+pub const NOT_STORED: &[u8] = b"NOT_STORED\r\n";
+pub const EXISTS: &[u8] = b"EXISTS\r\n";
+pub const NOT_FOUND: &[u8] = b"NOT_FOUND\r\n";
+pub const DELETED: &[u8] = b"DELETED\r\n";
+pub const TOUCHED: &[u8] = b"TOUCHED\r\n";
+/// `flush_all`, `verbosity`, `stats detail on|off`.
+pub const OK: &[u8] = b"OK\r\n";
+/// `stats reset`.
+pub const RESET: &[u8] = b"RESET\r\n";
+
+/// A one-line status reply of the classic commands.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum TextStatus {
+    Stored,
+    NotStored,
+    Exists,
+    NotFound,
+    Deleted,
+    Touched,
+    Ok,
+    Reset,
+    End,
+}
+
+impl TextStatus {
+    pub fn line(self) -> &'static [u8] {
+        match self {
+            TextStatus::Stored => STORED,
+            TextStatus::NotStored => NOT_STORED,
+            TextStatus::Exists => EXISTS,
+            TextStatus::NotFound => NOT_FOUND,
+            TextStatus::Deleted => DELETED,
+            TextStatus::Touched => TOUCHED,
+            TextStatus::Ok => OK,
+            TextStatus::Reset => RESET,
+            TextStatus::End => END,
+        }
+    }
+}
+
+/// Appends a status line (`STORED\r\n`, ...).
+pub fn status(out: &mut Vec<u8>, status: TextStatus) {
+    out.extend_from_slice(status.line());
+}
+
+/// Appends `VALUE <key> <flags> <bytes>[ <cas>]\r\n`; the caller appends the value and `\r\n`
+/// (then `END\r\n` after the last key).
+pub fn value_header(out: &mut Vec<u8>, key: &[u8], flags: u32, bytes: usize, cas: Option<u64>) {
+    out.extend_from_slice(b"VALUE ");
+    out.extend_from_slice(key);
+    out.push(b' ');
+    push_number(out, u64::from(flags));
+    out.push(b' ');
+    push_number(out, bytes as u64);
+    if let Some(cas) = cas {
+        out.push(b' ');
+        push_number(out, cas);
+    }
+    out.extend_from_slice(b"\r\n");
+}
+
+/// Appends `END\r\n`.
+pub fn end(out: &mut Vec<u8>) {
+    out.extend_from_slice(END);
+}
+
+/// Appends an INCR/DECR result: the new value and `\r\n`.
+pub fn counter(out: &mut Vec<u8>, value: u64) {
+    push_number(out, value);
+    out.extend_from_slice(b"\r\n");
+}
+
+/// Appends `VERSION <version>\r\n`.
+pub fn version(out: &mut Vec<u8>, version: &str) {
+    out.extend_from_slice(b"VERSION ");
+    out.extend_from_slice(version.as_bytes());
+    out.extend_from_slice(b"\r\n");
+}
+
+/// Appends `STAT <name> <value>\r\n` (then `END\r\n` after the last).
+pub fn stat(out: &mut Vec<u8>, name: &[u8], value: &[u8]) {
+    out.extend_from_slice(b"STAT ");
+    out.extend_from_slice(name);
+    out.push(b' ');
+    out.extend_from_slice(value);
+    out.extend_from_slice(b"\r\n");
+}
+
+/// [`stat`] with a number.
+pub fn stat_u64(out: &mut Vec<u8>, name: &[u8], value: u64) {
+    out.extend_from_slice(b"STAT ");
+    out.extend_from_slice(name);
+    out.push(b' ');
+    push_number(out, value);
+    out.extend_from_slice(b"\r\n");
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn numbers_parse_as_memcached_parses_them() {
+        assert_eq!(safe_strtol(b"4294967298"), Some(2));
+        assert_eq!(safe_strtol(b"-1"), Some(-1));
+        assert_eq!(safe_strtol(b"9223372036854775807"), Some(-1));
+        assert_eq!(safe_strtol(b"9223372036854775808"), None);
+        assert_eq!(safe_strtol(b"-9223372036854775808"), Some(0));
+        assert_eq!(safe_strtol(b"-9223372036854775809"), None);
+        assert_eq!(safe_strtol(b"5\tjunk"), Some(5));
+        assert_eq!(safe_strtol(b"\x0b1"), Some(1));
+        assert_eq!(safe_strtol(b"5x"), None);
+        assert_eq!(safe_strtol(b"+"), None);
+        assert_eq!(safe_strtol(b""), None);
+        assert_eq!(safe_strtoul(b"4294967296"), Some(0));
+        assert_eq!(safe_strtoul(b"-1"), None);
+        assert_eq!(safe_strtoul(b"-0"), Some(0));
+        assert_eq!(safe_strtoul(b"-18446744073709551615"), Some(1));
+        assert_eq!(safe_strtoull(b"18446744073709551615"), Some(u64::MAX));
+        assert_eq!(safe_strtoull(b"18446744073709551616"), None);
+        assert_eq!(safe_strtoull(b"18446744073709551615\t-"), None);
+        assert_eq!(safe_strtoull(b"0x1"), None);
+    }
+
+    #[test]
+    fn a_pipeline_decodes_in_order() {
+        let stream = b"set a 0 0 1\r\nx\r\nget a b\r\nmn\r\n";
+        let mut at = 0;
+        let mut seen = Vec::new();
+        while at < stream.len() {
+            match decode_text(&stream[at..], 1024, usize::MAX) {
+                TextDecoded::Command { command, consumed } => {
+                    seen.push(format!("{command:?}"));
+                    at += consumed;
+                }
+                other => panic!("{other:?}"),
+            }
+        }
+        assert_eq!(seen.len(), 3);
+        assert!(seen[1].contains("Get"));
+    }
+
+    #[test]
+    fn replies_format() {
+        let mut out = Vec::new();
+        value_header(&mut out, b"k", 5, 3, Some(9));
+        value_header(&mut out, b"k", 0, 0, None);
+        counter(&mut out, 42);
+        version(&mut out, "1.6.18");
+        stat_u64(&mut out, b"pid", 7);
+        status(&mut out, TextStatus::Touched);
+        assert_eq!(
+            out,
+            b"VALUE k 5 3 9\r\nVALUE k 0 0\r\n42\r\nVERSION 1.6.18\r\nSTAT pid 7\r\nTOUCHED\r\n"
+        );
+    }
+}
