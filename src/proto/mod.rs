@@ -8,11 +8,15 @@
 
 mod decode;
 mod encode;
+pub mod meta;
+pub mod text;
 
 pub use decode::{
     decode, decode_streaming, Decoded, FrameError, PlacementHints, Request, StoreMode,
 };
 pub use encode::{ResponseWriter, HEADER_BYTES};
+pub use meta::{Key, MaFlags, MdFlags, MetaCode, MetaValues, MgFlags, MsFlags, ReturnFlags};
+pub use text::{decode_text, is_binary, TextCommand, TextDecoded, TextStore, Words};
 
 /// Request magic byte.
 pub const REQUEST_MAGIC: u8 = 0x80;
