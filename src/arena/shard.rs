@@ -847,8 +847,16 @@ impl ShardArena {
         self.bump.check_invariants(&self.mem);
         for (id, &class) in self.block_class.iter().enumerate() {
             let block = BlockId(id as u32);
-            assert_eq!(class == BLOCK_SMALL, self.bump.owns(block), "{block}: class table");
-            assert_eq!(class == BLOCK_FIXED, self.buddy.owns(block), "{block}: class table");
+            assert_eq!(
+                class == BLOCK_SMALL,
+                self.bump.owns(block),
+                "{block}: class table"
+            );
+            assert_eq!(
+                class == BLOCK_FIXED,
+                self.buddy.owns(block),
+                "{block}: class table"
+            );
         }
         let held = self.blocks_held();
         assert!(
