@@ -1,7 +1,9 @@
 //! The indexed placer decides exactly what an exhaustive scan of every target decides (same
 //! targets, extents, errors, statistics and RNG draws; under `random`, the same outcome and
 //! tier), and its indexes and totals stay exact, over random sequences of mount, place, free,
-//! claim, touch, drain, reactivate and unmount with mixed granules, hosts and nodes.
+//! claim, touch, drain, reactivate and unmount with mixed granules, hosts and nodes. Best fit
+//! breaks ties by the lowest target id and never draws from the RNG. Every test is seeded, prints
+//! its seeds, and replays one with `HEADROOM_SEED=<seed>`.
 
 mod common;
 
@@ -240,6 +242,13 @@ fn run(seed: u64, policy: Policy, steps: usize, initial_targets: u32) {
                 assert_eq!(a, b, "step {step}: {req:?}");
                 assert_eq!(fast.rng_state(), slow.rng_state(), "step {step}: RNG draws");
                 assert_eq!(fast.stats, slow.stats, "step {step}: statistics");
+                if policy == Policy::BestFit {
+                    assert_eq!(
+                        fast.rng_state(),
+                        seed,
+                        "step {step}: best fit drew a number"
+                    );
+                }
             }
             if let Ok(p) = &a {
                 live.extend(p.replicas.iter().copied());
@@ -322,5 +331,80 @@ fn replicas_after_the_first_choose_what_the_scan_chooses() {
             assert_eq!(fast.rng_state(), slow.rng_state(), "step {step}");
         }
         fast.check_invariants();
+    });
+}
+
+fn empty_target(i: u32, host: u32, node: Option<u32>, granules: u64) -> TargetSpec {
+    TargetSpec {
+        uuid: u128::from(i) + 1,
+        name: format!("seg{i}"),
+        host,
+        kind: TargetKind::Mem,
+        base: 0,
+        size: granules * 4 * KIB,
+        locality: node,
+        granule: 4 * KIB,
+    }
+}
+
+/// Among equally good targets best fit takes the lowest id, whatever the seed: objects fill the
+/// lowest empty target until its largest hole no longer holds the next one, then the next
+/// lowest; a target that empties again is the first to be filled again. Any other rule (tiers,
+/// excluded targets) still comes first.
+#[test]
+fn best_fit_ties_go_to_the_lowest_id() {
+    for_each_seed("placement_index_lowest_id", 10, |seed| {
+        let mut rng = Rng::new(seed);
+        let mut a = Placer::new(LOCAL, Policy::BestFit, seed);
+        let mut b = Placer::new(LOCAL, Policy::BestFit, seed ^ 0x5555);
+        // 200 equal empty targets on node 0 in a shuffled mount order of nodes: ids 0.. on
+        // node 1 come first, so the lowest id of tier 0 is not target 0.
+        let mut ids = Vec::new();
+        for i in 0..300u32 {
+            let node = if i < 100 { 1 } else { 0 };
+            let spec = empty_target(i, LOCAL, Some(node), 16);
+            ids.push(a.mount(spec.clone()).unwrap());
+            b.mount(spec).unwrap();
+        }
+        let mut live: Vec<(TargetId, Extent)> = Vec::new();
+        for step in 0..400 {
+            if !live.is_empty() && rng.chance(35) {
+                let (id, e) = live.swap_remove(rng.below(live.len() as u64) as usize);
+                a.free(id, e);
+                b.free(id, e);
+                continue;
+            }
+            let mut req = PlacementRequest::new(1 + rng.below(6 * 4 * KIB));
+            req.hint.node = Some(0);
+            if rng.chance(20) {
+                req.excluded.push(TargetId(100 + rng.below(5) as u32));
+            }
+            let rounded = req.size.next_multiple_of(4 * KIB);
+            // The rule, by hand: the least (largest hole, id) on node 0 that holds the object.
+            let expected = a
+                .targets()
+                .filter(|(id, t)| {
+                    t.spec.locality == Some(0)
+                        && !req.excluded.contains(id)
+                        && t.alloc.largest_free_region() >= rounded
+                })
+                .map(|(id, t)| (t.alloc.largest_free_region(), id))
+                .min()
+                .map(|(_, id)| id);
+            let (pa, pb) = (a.place(&req), b.place(&req));
+            assert_eq!(pa, pb, "step {step}: the seed changed a best-fit placement");
+            let got = pa.as_ref().ok().map(|p| p.replicas[0].0);
+            if expected.is_some() {
+                assert_eq!(got, expected, "step {step}: {req:?}");
+            }
+            if let Ok(p) = pa {
+                live.extend(p.replicas);
+            }
+            assert_eq!(a.rng_state(), seed, "step {step}: best fit drew a number");
+        }
+        // With fewer live objects than one target holds, only the first targets of node 0
+        // were ever used.
+        assert!(live.iter().all(|(id, _)| id.0 < 100 + 60), "{live:?}");
+        a.check_invariants();
     });
 }

@@ -4,10 +4,11 @@
 //! Candidates for a replica are ordered: the request's preferred targets first (in the given
 //! order), then by locality tier: tier 0 this host and the requested node, tier 1 this host and
 //! unknown locality, tier 2 this host and another node, tier 3 another host. Within a tier the
-//! policy ranks. Replicas go to distinct targets on distinct hosts; excluded targets are never
-//! used; no target is tried twice in one request. A strict request never leaves tier 0. The
-//! same seed and the same requests give the same placements (RFCs in `../shared/seeds/`; the
-//! design as built in `docs/placement.md`).
+//! policy ranks; best fit breaks ties between equally good targets by the lowest id (no draw
+//! from the RNG), the other policies from the seeded RNG. Replicas go to distinct targets on
+//! distinct hosts; excluded targets are never used; no target is tried twice in one request. A
+//! strict request never leaves tier 0. The same seed and the same requests give the same
+//! placements (RFCs in `../shared/seeds/`; the design as built in `docs/placement.md`).
 //!
 //! Cost: a request never walks every target. Per locality group the active targets sit in
 //! ordered indexes (`index.rs`) kept current on every allocate, free, claim, mount, unmount and
@@ -18,12 +19,15 @@
 //! that hold one of its replicas already (a local group on a used host is skipped whole);
 //! `free_ratio_first` also passes over better-ranked targets too fragmented for the object. A
 //! failure reports free bytes and the largest hole from running totals and the indexes' top
-//! keys (O(G) for G groups); a mount checks uuid and range in O(log S). `place_exhaustive` is
-//! the reference the indexes are tested against: the same decisions by scanning every target.
+//! keys (O(G) for G groups); a mount checks uuid and range in O(log S). The use order of live
+//! extents (LRU eviction) is O(1) per allocate, free and touch (`uses.rs`). `place_exhaustive`
+//! is the reference the indexes are tested against: the same decisions by scanning every
+//! target.
 
 mod index;
 mod reference;
 mod stats;
+mod uses;
 
 use std::collections::{BTreeMap, HashMap, HashSet};
 use std::fmt;
@@ -36,6 +40,7 @@ use crate::topology::NodeId;
 
 use index::{rotation, GroupIndex, Multiset};
 pub use stats::PlacementStats;
+use uses::Uses;
 
 /// A target's number in the placer (dense, never reused).
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, PartialOrd, Ord)]
@@ -204,9 +209,10 @@ enum Group {
 /// targets instead (when few of them fit).
 const RANDOM_SAMPLES_MAX: u32 = 16;
 
-/// A mounted target. What an allocation on it reads comes first, in two whole cache lines, and
-/// the spec (read by none) last: a tie among thousands of empty targets lands on a cold target,
-/// and each line it touches is a miss.
+/// A mounted target. What an allocation on it reads comes first, in two whole cache lines (the
+/// allocator's holes inline while there are few), and the spec (read by none) last: the first
+/// placement on a target that has not been used for a while finds these lines cold, and each
+/// line it touches is a miss.
 #[derive(Clone, Debug)]
 #[repr(C, align(64))]
 pub struct Target {
@@ -235,53 +241,6 @@ struct Hot {
     largest: u64,
 }
 
-/// Live extents by last use, over every target: placer-wide, so these are as large as the live
-/// extents (not the targets), and a target's first object allocates nothing of its own.
-#[derive(Clone, Debug, Default)]
-struct Uses {
-    /// By (target, tick of last use): each target's extents, oldest first.
-    by_tick: BTreeMap<(TargetId, u64), Extent>,
-    /// Each live extent's tick, by (target, offset). (Ordered rather than hashed: it grows a
-    /// node at a time, where a hash table would rehash every live extent at once.)
-    tick_of: BTreeMap<(TargetId, u64), u64>,
-}
-
-impl Uses {
-    fn record(&mut self, id: TargetId, extent: Extent, tick: u64) {
-        self.by_tick.insert((id, tick), extent);
-        self.tick_of.insert((id, extent.offset), tick);
-    }
-
-    fn forget(&mut self, id: TargetId, offset: u64) {
-        if let Some(tick) = self.tick_of.remove(&(id, offset)) {
-            self.by_tick.remove(&(id, tick));
-        }
-    }
-
-    /// Moves an extent to the back of its target's use order; false if it is not live.
-    fn touch(&mut self, id: TargetId, offset: u64, tick: u64) -> bool {
-        let Some(old) = self.tick_of.get_mut(&(id, offset)) else {
-            return false;
-        };
-        let extent = self.by_tick.remove(&(id, *old)).expect("ticks agree");
-        *old = tick;
-        self.by_tick.insert((id, tick), extent);
-        true
-    }
-
-    /// A target's live extents, least recently used first.
-    fn oldest(&self, id: TargetId) -> impl Iterator<Item = &Extent> + '_ {
-        self.by_tick.range((id, 0)..=(id, u64::MAX)).map(|(_, e)| e)
-    }
-
-    fn drop_target(&mut self, id: TargetId) {
-        let extents: Vec<Extent> = self.oldest(id).copied().collect();
-        for extent in extents {
-            self.forget(id, extent.offset);
-        }
-    }
-}
-
 /// The placer's state: targets, their allocators, the ordered indexes, the RNG.
 #[derive(Clone, Debug)]
 pub struct Placer {
@@ -303,9 +262,8 @@ pub struct Placer {
     spaces: HashMap<Space, Ranges>,
     /// Per target id, what choosing among candidates reads.
     hot: Vec<Hot>,
+    /// Live extents in order of last use, per target (for LRU eviction plans).
     uses: Uses,
-    /// The logical clock of extent use (for LRU eviction plans).
-    clock: u64,
     scratch: Progress,
     pub stats: PlacementStats,
 }
@@ -382,7 +340,6 @@ impl Placer {
             spaces: HashMap::new(),
             hot: Vec::new(),
             uses: Uses::default(),
-            clock: 0,
             scratch: Progress::default(),
             stats: PlacementStats::default(),
         }
@@ -660,9 +617,8 @@ impl Placer {
             return false;
         }
         target.objects += 1;
-        self.clock += 1;
         let (local, locality) = (target.host == self.local_host, target.locality);
-        self.uses.record(id, extent, self.clock);
+        self.uses.record(id, extent);
         self.stats.on_allocate(extent.len, local, locality);
         self.reindex(id);
         true
@@ -712,7 +668,8 @@ impl Placer {
         groups
     }
 
-    /// The seeded start of the rotation that breaks ties, drawn once per tier tried.
+    /// The seeded start of the rotation that breaks ties under `largest_hole_first` and
+    /// `free_ratio_first`, drawn once per tier tried (best fit takes the lowest id, no draw).
     fn pivot(&mut self) -> TargetId {
         TargetId(splitmix(&mut self.rng) as u32 % (self.targets.len().max(1) as u32))
     }
@@ -728,11 +685,10 @@ impl Placer {
     ) -> Option<TargetId> {
         match self.policy {
             Policy::BestFit => {
-                let pivot = self.pivot();
                 if p.swept[tier] {
                     return None;
                 }
-                self.best_fit(groups, rounded, pivot, req, p).or_else(|| {
+                self.best_fit(groups, rounded, req, p).or_else(|| {
                     self.sweep(tier, groups, req, p);
                     None
                 })
@@ -745,14 +701,16 @@ impl Placer {
         }
     }
 
-    /// Best fit within a tier: per group the smallest class of largest region that holds
-    /// `rounded` bytes (skipping the targets this request rules out), ties by the rotation; the
-    /// first group with the smallest class wins. O(log K) per group plus the skipped entries.
+    /// Best fit within a tier: the smallest class of largest region that holds `rounded` bytes
+    /// (skipping the targets this request rules out), and in it the lowest target id; per group
+    /// from its index, then the least (size, id) over the groups. O(log K) per group plus the
+    /// skipped entries. No draw from the RNG: ties go to the lowest id, so a run of objects
+    /// keeps filling the same (warm) target until its largest hole changes class, and among
+    /// thousands of empty targets the one taken is always the first, never a random cold one.
     fn best_fit(
         &self,
         groups: &[Group],
         rounded: u64,
-        pivot: TargetId,
         req: &PlacementRequest,
         p: &Progress,
     ) -> Option<TargetId> {
@@ -764,38 +722,22 @@ impl Placer {
             let Some(g) = self.index.get(&group) else {
                 continue;
             };
-            let Some((size, pick)) = g
-                .by_hole
-                .lowest_from(rounded, pivot, |id| self.open(id, req, p))
-            else {
-                continue;
-            };
-            best = match best {
-                Some((s, _)) if s <= size => best,
-                _ => Some((size, pick)),
+            let found = g.by_hole.lowest_from(rounded, |id| self.open(id, req, p));
+            best = match (best, found) {
+                (Some(b), Some(f)) => Some(b.min(f)),
+                (b, f) => b.or(f),
             };
         }
         best.map(|(_, id)| id)
     }
 
-    /// Best fit found nothing in this tier. The exhaustive scan (the placer as it was) then
-    /// walks every open target of the tier in a seeded order (one draw when there is any) and
-    /// counts each as tried: none of them fits, and within a request targets only fill and
-    /// fewer stay open, so the tier holds nothing for the rest of the request. The indexes make
-    /// the same draw and remember the tier as swept instead of listing it. (The preferred
-    /// targets, the only ones the list could still matter for, were all tried before the
-    /// tiers, or are off tier 0 under a strict request.)
-    fn sweep(&mut self, tier: usize, groups: &[Group], req: &PlacementRequest, p: &mut Progress) {
-        let any_open = groups.iter().any(|&group| {
-            !self.closed(group, p)
-                && self
-                    .index
-                    .get(&group)
-                    .is_some_and(|g| g.by_hole.ids_from(0).any(|id| self.open(id, req, p)))
-        });
-        if any_open {
-            splitmix(&mut self.rng);
-        }
+    /// Best fit found nothing in this tier: none of its open targets fits, and within a request
+    /// targets only fill and fewer stay open, so the tier holds nothing for the rest of the
+    /// request; it is remembered as swept instead of being listed. (The exhaustive reference
+    /// marks every open target of the tier as tried instead: the same answers. The preferred
+    /// targets, the only ones that could tell the two apart, were all tried before the tiers,
+    /// or are off tier 0 under a strict request.)
+    fn sweep(&self, tier: usize, groups: &[Group], req: &PlacementRequest, p: &mut Progress) {
         debug_assert!(req.preferred.iter().all(|&id| {
             !self.open(id, req, p)
                 || self
@@ -900,18 +842,17 @@ impl Placer {
 
     fn allocate_on(&mut self, id: TargetId, size: u64) -> Option<Extent> {
         let target = self.targets[id.0 as usize].as_mut().expect("live target");
-        // A tie among thousands of empty targets lands on a cold one. Reading an end of each of
-        // its allocator's two trees first lets their cache misses overlap, where the allocation
-        // would take them one after the other (a quarter off a cold allocation here).
+        // Under `random` (and the seeded ties of the comparators) a placement may land on a cold
+        // target. When its holes are in trees, reading an end of each first lets their cache
+        // misses overlap, where the allocation would take them one after the other.
         std::hint::black_box((
             target.alloc.largest_free_region(),
             target.alloc.holes().next(),
         ));
         let extent = target.alloc.allocate(size).ok()?;
         target.objects += 1;
-        self.clock += 1;
         let (local, locality) = (target.host == self.local_host, target.locality);
-        self.uses.record(id, extent, self.clock);
+        self.uses.record(id, extent);
         self.stats.on_allocate(extent.len, local, locality);
         self.reindex(id);
         Some(extent)
@@ -924,8 +865,8 @@ impl Placer {
     }
 
     /// The reference `place` is tested against: the same decisions (and the same draws from
-    /// the RNG, except under `random`) by scanning every target, as the placer did before its
-    /// indexes. For tests only.
+    /// the RNG, none under best fit; under `random`, the same outcome and tier) by scanning
+    /// every target. For tests only.
     #[doc(hidden)]
     pub fn place_exhaustive(&mut self, req: &PlacementRequest) -> Result<Placed, PlacementError> {
         self.place_with(req, Scan::Exhaustive)
@@ -1052,9 +993,7 @@ impl Placer {
 
     /// Notes that an extent was just used (a read of its object), for LRU eviction plans.
     pub fn touch(&mut self, id: TargetId, offset: u64) {
-        if self.uses.touch(id, offset, self.clock + 1) {
-            self.clock += 1;
-        }
+        self.uses.touch(id, offset);
     }
 
     /// For a request that found no hole: the least recently used extents of the first target
@@ -1223,16 +1162,7 @@ impl Placer {
                 .all(|(i, h)| !h.active || self.target(TargetId(i as u32)).is_some()),
             "an unmounted target is active"
         );
-        assert_eq!(
-            self.uses.by_tick.len() as u64,
-            objects,
-            "uses of unmounted targets"
-        );
-        assert_eq!(self.uses.tick_of.len(), self.uses.by_tick.len());
-        assert!(self.uses.tick_of.iter().all(|(&(id, off), tick)| self
-            .uses
-            .by_tick
-            .get(&(id, *tick))
-            .is_some_and(|e| e.offset == off)));
+        assert_eq!(self.uses.len() as u64, objects, "uses of unmounted targets");
+        self.uses.check_invariants();
     }
 }

@@ -1,6 +1,7 @@
 //! The reference the indexes are tested against: every decision of `Placer` made by scanning
-//! every target, as the placer did before it kept indexes. Tests only (through
-//! `place_exhaustive` and `eviction_plan_exhaustive`); O(S) per request by design.
+//! every target, each rule written as plainly as it can be (best fit: the least (largest free
+//! region, id) that holds the object). Tests only (through `place_exhaustive` and
+//! `eviction_plan_exhaustive`); O(S) per request by design.
 
 use std::collections::HashSet;
 
@@ -73,43 +74,19 @@ impl Placer {
             };
         match self.policy {
             Policy::BestFit => {
-                let pivot = self.pivot();
-                // Per group: the smallest largest region that holds `rounded`, ties by the
-                // rotation; a later group replaces only with a strictly smaller one.
-                let mut best: Option<(u64, TargetId)> = None;
-                for group in groups {
-                    let fitting: Vec<TargetId> = in_tier
-                        .iter()
-                        .filter(|(id, g)| g == group && self.largest(*id) >= rounded)
-                        .map(|&(id, _)| id)
-                        .collect();
-                    let Some(size) = fitting.iter().map(|&id| self.largest(id)).min() else {
-                        continue;
-                    };
-                    let pick = fitting
-                        .into_iter()
-                        .filter(|&id| self.largest(id) == size)
-                        .min_by_key(|&id| rotation(id, pivot))
-                        .expect("a target of this size");
-                    best = match best {
-                        Some((s, _)) if s <= size => best,
-                        _ => Some((size, pick)),
-                    };
-                }
+                // Over the whole tier: the smallest largest region that holds `rounded`, and
+                // among the targets with that one the lowest id. No draw from the RNG.
+                let best = in_tier
+                    .iter()
+                    .map(|&(id, _)| (self.largest(id), id))
+                    .filter(|&(largest, _)| largest >= rounded)
+                    .min();
                 if let Some((_, id)) = best {
                     return Some(id);
                 }
-                // The fallback: every open target of the tier in a seeded order, each tried;
-                // none holds `rounded` bytes, so none is taken.
-                if !in_tier.is_empty() {
-                    splitmix(&mut self.rng);
-                }
-                for (id, _) in in_tier {
-                    p.tried.insert(id);
-                    if self.largest(id) >= rounded {
-                        return Some(id);
-                    }
-                }
+                // Nothing fits: every open target of the tier counts as tried (none can hold
+                // `rounded` bytes for the rest of the request either).
+                p.tried.extend(in_tier.iter().map(|&(id, _)| id));
                 None
             }
             Policy::LargestHoleFirst => {
