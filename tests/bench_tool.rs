@@ -65,6 +65,24 @@ fn a_short_load_run_has_no_errors_and_writes_json_and_svg() {
     assert!(report["get"]["p99_us"].as_u64().unwrap() >= report["get"]["p50_us"].as_u64().unwrap());
     let svg = std::fs::read_to_string(out_dir.join("load.svg")).unwrap();
     assert!(svg.starts_with("<svg") && svg.contains("<path"));
+    // The result says where it came from.
+    let meta = &report["meta"];
+    assert_eq!(meta["tool"], "headroom-bench");
+    assert!(meta["tool_version"].as_str().unwrap().contains("commit "));
+    assert!(meta["tool_arguments"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .any(|a| a == "load"));
+    assert!(!meta["host"].as_str().unwrap().is_empty());
+    assert!(!meta["kernel"].as_str().unwrap().is_empty());
+    assert!(meta["cpus"].as_u64().unwrap() >= 1);
+    assert!(meta["date"].as_str().unwrap().ends_with('Z'));
+    let servers = meta["servers"].as_array().unwrap();
+    assert_eq!(servers.len(), 1);
+    assert_eq!(servers[0]["address"], server.addr.to_string());
+    assert!(servers[0]["stat_version"].as_str().is_some());
+    assert!(!servers[0]["stat_settings"].as_object().unwrap().is_empty());
     let _ = std::fs::remove_dir_all(out_dir);
 }
 
@@ -197,6 +215,18 @@ fn headroom_against_memcached_in_interleaved_rounds() {
     assert!(std::fs::read_to_string(out_dir.join("vs.svg"))
         .unwrap()
         .contains("<path"));
+    // Both sides are named in the metadata, with how the bench started them.
+    let servers = c["meta"]["servers"].as_array().unwrap();
+    let roles: Vec<&str> = servers.iter().map(|s| s["role"].as_str().unwrap()).collect();
+    assert_eq!(roles, ["A", "B"]);
+    assert!(servers
+        .iter()
+        .all(|s| s["command"].as_str().is_some() && s["stat_version"].as_str().is_some()));
+    let headroom = servers.iter().find(|s| s["name"] == "headroom").unwrap();
+    assert!(headroom["binary_version"]
+        .as_str()
+        .unwrap()
+        .contains("commit"));
     let _ = std::fs::remove_dir_all(out_dir);
     let _ = std::fs::remove_dir_all(data_dir);
 }

@@ -2,10 +2,11 @@
 //! so drift on a shared machine lands on both; each figure is the median of its rounds.
 //! `ab` is Headroom against itself with `--perverse`; `vs` is Headroom against a peer.
 
-use std::path::Path;
+use std::path::{Path, PathBuf};
 use std::process::Command;
 
 use super::load::{self, LoadConfig, LoadReport};
+use super::meta;
 use super::process::{self, Target};
 use super::report::{figures_of, Comparison, Figure};
 use super::stats::median;
@@ -13,6 +14,9 @@ use super::stats::median;
 pub struct Side {
     pub name: String,
     pub target: Target,
+    /// The Headroom binary the target was started from, when it was (its `--version` goes
+    /// into the results).
+    pub binary: Option<PathBuf>,
 }
 
 /// Runs `rounds` rounds of `cfg` against A then B. Each side is prefilled (when asked) in
@@ -53,6 +57,10 @@ pub fn interleave_with(
     if rounds == 0 {
         return Err("at least one round".into());
     }
+    let servers = vec![
+        meta::describe("A", &a.name, &a.target, a.binary.as_deref()),
+        meta::describe("B", &b.name, &b.target, b.binary.as_deref()),
+    ];
     let mut results: [Vec<LoadReport>; 2] = [Vec::new(), Vec::new()];
     for round in 0..rounds {
         for (i, side) in [a, b].iter().enumerate() {
@@ -89,6 +97,7 @@ pub fn interleave_with(
         notes,
         a_rounds,
         b_rounds,
+        servers,
     })
 }
 
@@ -173,10 +182,12 @@ pub fn ab(
         &Side {
             name: "normal".into(),
             target: Target::Started(normal),
+            binary: Some(headroom.to_path_buf()),
         },
         &Side {
             name: "--perverse".into(),
             target: Target::Started(inverted),
+            binary: Some(headroom.to_path_buf()),
         },
         rounds,
         notes,

@@ -10,6 +10,7 @@
 pub mod client;
 pub mod compare;
 pub mod load;
+pub mod meta;
 pub mod process;
 pub mod replay;
 pub mod report;

@@ -130,6 +130,18 @@ pub struct Failure {
     pub fragmentation: bool,
 }
 
+/// The targets at one probe (after each step of the pattern, every 100 puts of a trace, and at
+/// the end).
+#[derive(Clone, Debug, Serialize)]
+pub struct ProbePoint {
+    /// Puts placed or failed so far.
+    pub puts_attempted: u64,
+    pub free_bytes: u64,
+    pub largest_hole_bytes: u64,
+    /// Failed puts so far.
+    pub failures: u64,
+}
+
 /// What a replay measured for one policy.
 #[derive(Clone, Debug, Serialize)]
 pub struct ReplayReport {
@@ -158,6 +170,8 @@ pub struct ReplayReport {
     pub live_stddev_bytes: f64,
     pub alloc_ns_p50: f64,
     pub alloc_ns_p99: f64,
+    /// Free space, the largest hole and failures at every probe, in order.
+    pub timeline: Vec<ProbePoint>,
 }
 
 pub const WINDOW_PUTS: usize = 200;
@@ -215,6 +229,7 @@ pub fn replay(
         live_stddev_bytes: 0.0,
         alloc_ns_p50: 0.0,
         alloc_ns_p99: 0.0,
+        timeline: Vec::new(),
     };
     let mut alloc_ns = Vec::new();
     let (mut holes, mut fragmentation, mut live_spread) = (Vec::new(), Vec::new(), Vec::new());
@@ -233,6 +248,12 @@ pub fn replay(
         live_spread.push(stddev(&live));
         report.probes += 1;
         report.probe_fits += u64::from(largest >= probe_bytes);
+        report.timeline.push(ProbePoint {
+            puts_attempted: report.puts + report.failures.len() as u64,
+            free_bytes: free,
+            largest_hole_bytes: largest,
+            failures: report.failures.len() as u64,
+        });
     };
     let mut last_time: Option<u64> = None;
     for event in events {

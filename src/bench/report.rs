@@ -1,11 +1,14 @@
-//! How results leave the bench: a table on the terminal, a JSON file, an SVG of the latency
-//! distributions.
+//! How results leave the bench: a table on the terminal, a JSON file that says where it came
+//! from ([`Meta`]), SVGs of the latency distributions, of a comparison's throughput and CPU,
+//! and of the placement replay over time.
 
 use std::path::Path;
 
 use serde::Serialize;
 
 use super::load::LoadReport;
+use super::meta::{Meta, ServerInfo, WithMeta};
+use super::replay::{ReplayReport, Targets, GIB};
 use super::stats::Latency;
 use super::svg;
 
@@ -28,6 +31,9 @@ pub struct Comparison {
     pub notes: Vec<String>,
     pub a_rounds: Vec<LoadReport>,
     pub b_rounds: Vec<LoadReport>,
+    /// A and B as they described themselves before the first round (into the JSON's meta).
+    #[serde(skip)]
+    pub servers: Vec<ServerInfo>,
 }
 
 /// The figures a comparison reports, from one run.
@@ -128,26 +134,140 @@ pub fn print_comparison(c: &Comparison) {
     }
 }
 
-pub fn write_json(path: &Path, value: &impl Serialize) -> Result<(), String> {
+fn write_file(path: &Path, text: String) -> Result<(), String> {
     if let Some(dir) = path.parent().filter(|d| !d.as_os_str().is_empty()) {
         std::fs::create_dir_all(dir).map_err(|e| format!("{}: {e}", dir.display()))?;
     }
-    let text = serde_json::to_string_pretty(value).map_err(|e| e.to_string())?;
-    std::fs::write(path, text + "\n").map_err(|e| format!("{}: {e}", path.display()))
+    std::fs::write(path, text).map_err(|e| format!("{}: {e}", path.display()))
 }
 
-/// Writes an SVG of latency CDFs, one line per (name, histogram) with data.
-pub fn write_cdf_svg(path: &Path, title: &str, lines: &[(String, &Latency)]) -> Result<(), String> {
-    if let Some(dir) = path.parent().filter(|d| !d.as_os_str().is_empty()) {
-        std::fs::create_dir_all(dir).map_err(|e| format!("{}: {e}", dir.display()))?;
-    }
+pub fn write_json(path: &Path, value: &impl Serialize) -> Result<(), String> {
+    let text = serde_json::to_string_pretty(value).map_err(|e| e.to_string())?;
+    write_file(path, text + "\n")
+}
+
+/// Writes `result` as JSON with `meta` first: `{"meta": {...}, ...result's fields}`.
+pub fn write_result(path: &Path, meta: &Meta, result: &impl Serialize) -> Result<(), String> {
+    write_json(path, &WithMeta { meta, result })
+}
+
+/// One line of a latency CDF: its name, histogram, colour and dash (`svg::COLORS`,
+/// `svg::DASHES`).
+pub struct CdfLine<'a> {
+    pub name: String,
+    pub latency: &'a Latency,
+    pub color: usize,
+    pub dash: usize,
+}
+
+/// Writes an SVG of latency CDFs, one line per histogram with data.
+pub fn write_cdf_svg(path: &Path, title: &str, lines: &[CdfLine]) -> Result<(), String> {
     let series: Vec<svg::Series> = lines
         .iter()
-        .filter(|(_, l)| l.count() > 0)
-        .map(|(name, l)| svg::Series {
-            name: name.clone(),
-            points: l.cdf(),
+        .filter(|l| l.latency.count() > 0)
+        .map(|l| svg::Series::new(l.name.clone(), l.latency.cdf(), l.color).dashed(l.dash))
+        .collect();
+    write_file(path, svg::cdf(title, &series))
+}
+
+/// Writes a comparison's throughput and server CPU per request side by side: a bar per side
+/// (the median over rounds) with a circle per round.
+pub fn write_comparison_svg(path: &Path, title: &str, c: &Comparison) -> Result<(), String> {
+    let sides = [(&c.a_rounds, 0usize), (&c.b_rounds, 1usize)];
+    let bars = |value: &dyn Fn(&LoadReport) -> Option<f64>| -> Vec<svg::Bar> {
+        sides
+            .iter()
+            .filter_map(|(rounds, color)| {
+                let dots: Vec<f64> = rounds.iter().filter_map(value).collect();
+                (!dots.is_empty()).then(|| svg::Bar {
+                    value: super::stats::median(&dots),
+                    dots,
+                    color: *color,
+                })
+            })
+            .collect()
+    };
+    let cpu_per_request = |r: &LoadReport| {
+        r.server_cpu_per_second
+            .map(|cpu| cpu * r.seconds / r.requests.max(1) as f64 * 1e6)
+    };
+    let cpu_bars = bars(&cpu_per_request);
+    let panels = [
+        svg::BarPanel {
+            y_label: "throughput, requests/s".into(),
+            bars: bars(&|r| Some(r.requests_per_second)),
+            empty: "no rounds".into(),
+        },
+        svg::BarPanel {
+            y_label: "server CPU µs per request (user + system)".into(),
+            bars: cpu_bars,
+            empty: "no CPU figure: the bench measures the CPU of servers it started only".into(),
+        },
+    ];
+    let legend = [(format!("A: {}", c.a), 0), (format!("B: {}", c.b), 1)];
+    write_file(path, svg::bar_panels(title, &panels, &legend))
+}
+
+/// Writes the placement replay over time: free space, the largest hole, and failures so far,
+/// one line per policy, at each probe.
+pub fn write_placement_svg(
+    path: &Path,
+    title: &str,
+    targets: &Targets,
+    reports: &[ReplayReport],
+) -> Result<(), String> {
+    let gib = |b: u64| b as f64 / GIB as f64;
+    let series = |value: &dyn Fn(&super::replay::ProbePoint) -> f64| -> Vec<svg::Series> {
+        reports
+            .iter()
+            .enumerate()
+            .map(|(i, r)| {
+                svg::Series::new(
+                    r.policy.clone(),
+                    r.timeline
+                        .iter()
+                        .map(|p| (p.puts_attempted as f64, value(p)))
+                        .collect(),
+                    i,
+                )
+            })
+            .collect()
+    };
+    let capacity = gib(targets.bytes * u64::from(targets.count));
+    let panels = [
+        svg::Panel {
+            y_label: "free space, GiB".into(),
+            series: series(&|p| gib(p.free_bytes)),
+            y_max: Some(capacity),
+        },
+        svg::Panel {
+            y_label: "largest hole, GiB".into(),
+            series: series(&|p| gib(p.largest_hole_bytes)),
+            y_max: Some(gib(targets.bytes)),
+        },
+        svg::Panel {
+            y_label: "failed puts so far".into(),
+            series: series(&|p| p.failures as f64),
+            y_max: Some(1.0),
+        },
+    ];
+    let legend: Vec<(String, usize)> = reports
+        .iter()
+        .enumerate()
+        .map(|(i, r)| {
+            (
+                format!(
+                    "{}: {} failures ({} fragmentation)",
+                    r.policy,
+                    r.failures.len(),
+                    r.fragmentation_failures
+                ),
+                i,
+            )
         })
         .collect();
-    std::fs::write(path, svg::cdf(title, &series)).map_err(|e| format!("{}: {e}", path.display()))
+    write_file(
+        path,
+        svg::line_panels(title, "puts attempted", &panels, &legend),
+    )
 }

@@ -1,6 +1,9 @@
 //! headroom-bench: load, the --perverse A/B, Headroom against a peer, the offline placement
 //! replay and the live RL pattern. Every figure printed comes from a run it made; results go
-//! to the terminal, to `OUT/NAME.json`, and latency distributions to `OUT/NAME.svg`.
+//! to the terminal, to `OUT/NAME.json` (with a `meta` object: tool version and arguments, host,
+//! kernel, CPUs, date, and every server measured), latency distributions to `OUT/NAME.svg`,
+//! a comparison's throughput and CPU per request to `OUT/NAME-cpu.svg`, and the placement
+//! replay over time to `OUT/NAME.svg`.
 
 use std::net::SocketAddr;
 use std::path::{Path, PathBuf};
@@ -11,9 +14,10 @@ use clap::{Args, Parser, Subcommand};
 
 use headroom::bench::compare::{self, Side};
 use headroom::bench::load::{self, LoadConfig};
+use headroom::bench::meta::{self, Meta};
 use headroom::bench::process::{self, Target};
 use headroom::bench::replay::{self, RlPattern, Targets, GIB, MIB};
-use headroom::bench::report;
+use headroom::bench::report::{self, CdfLine};
 use headroom::bench::workload::{KeyDist, Ratio, ValueSize};
 use headroom::bench::{rl, trace};
 use headroom::placement::Policy;
@@ -22,9 +26,9 @@ use headroom::units::ByteSize;
 #[derive(Parser)]
 #[command(
     name = "headroom-bench",
-    version,
+    version = headroom::config::VERSION,
     about = "Benchmarks for Headroom (and any memcached-binary-protocol server): load, the --perverse A/B, side by side with a peer, placement replay, the live RL pattern",
-    after_help = "Results: a table on the terminal, OUT/NAME.json, and latency CDFs in OUT/NAME.svg.\nSee docs/benchmarks.md for the commands behind the published figures."
+    after_help = "Results: a table on the terminal, OUT/NAME.json (with a meta object: versions, arguments, host, kernel, CPUs, date, servers), latency CDFs in OUT/NAME.svg, throughput and CPU per request of ab and vs in OUT/NAME-cpu.svg, the placement replay over time in OUT/placement.svg.\nSee docs/benchmarks.md for the commands behind the published figures."
 )]
 struct Cli {
     #[command(subcommand)]
@@ -322,6 +326,11 @@ fn headroom_binary(given: &Option<PathBuf>) -> PathBuf {
     given.clone().unwrap_or_else(process::default_headroom)
 }
 
+/// The binary a target was started from, when the bench started it.
+fn started_binary(target: &Target, headroom: &Option<PathBuf>) -> Option<PathBuf> {
+    matches!(target, Target::Started(_)).then(|| headroom_binary(headroom))
+}
+
 /// A running server at `--server`, or a Headroom started with the arguments after `--`.
 fn target_of(
     server: &Option<SocketAddr>,
@@ -341,6 +350,7 @@ fn target_of(
 }
 
 fn run(cli: Cli) -> Result<(), String> {
+    let meta = Meta::now();
     match &cli.command {
         Cmd::Load {
             load,
@@ -350,18 +360,46 @@ fn run(cli: Cli) -> Result<(), String> {
         } => {
             let cfg = load.config()?;
             let target = target_of(server, headroom, server_args)?;
-            println!("# load against {}: {}", target.addr(), load.describe());
+            let info = meta::describe(
+                "server",
+                "",
+                &target,
+                started_binary(&target, headroom).as_deref(),
+            );
+            println!(
+                "# load against {} at {} ({}): {}",
+                info.name,
+                target.addr(),
+                info.stat_version.as_deref().unwrap_or("version unknown"),
+                load.describe()
+            );
             let cpu = || target.cpu_seconds();
             let result = load::run(&cfg, target.addr(), &cpu)?;
             report::print_load("## Result", &result);
             let (json, svg) = outputs(&cli.out, &cli.name, "load");
-            report::write_json(&json, &result)?;
+            let title = format!(
+                "{} at {}: latency, {}",
+                info.name,
+                info.address,
+                load.describe()
+            );
+            report::write_result(&json, &meta.with_servers(vec![info]), &result)?;
             report::write_cdf_svg(
                 &svg,
-                &format!("latency, {}", load.describe()),
+                &title,
                 &[
-                    ("GET".into(), &result.get_latency),
-                    ("SET".into(), &result.set_latency),
+                    CdfLine {
+                        name: "GET".into(),
+                        latency: &result.get_latency,
+                        color: 0,
+                        dash: 0,
+                    },
+                    CdfLine {
+                        name: "SET".into(),
+                        latency: &result.set_latency,
+                        color: 1,
+                        dash: 1,
+                    },
                 ],
             )?;
             println!("\nwrote {} and {}", json.display(), svg.display());
@@ -379,7 +417,7 @@ fn run(cli: Cli) -> Result<(), String> {
             let cfg = load.config()?;
             println!("# --perverse A/B: {}", load.describe());
             let c = compare::ab(&headroom_binary(headroom), server_args, &cfg, *rounds)?;
-            finish_comparison(&cli, "ab", load, &c)
+            finish_comparison(&cli, meta, "ab", load, &c)
         }
         Cmd::Vs {
             load,
@@ -391,12 +429,15 @@ fn run(cli: Cli) -> Result<(), String> {
             server_args,
         } => {
             let cfg = load.config()?;
-            let a = match headroom_addr {
-                Some(addr) => Target::Address(*addr),
-                None => Target::Started(process::start_headroom(
-                    &headroom_binary(headroom),
-                    server_args,
-                )?),
+            let (a, a_binary) = match headroom_addr {
+                Some(addr) => (Target::Address(*addr), None),
+                None => {
+                    let binary = headroom_binary(headroom);
+                    (
+                        Target::Started(process::start_headroom(&binary, server_args)?),
+                        Some(binary),
+                    )
+                }
             };
             let (b, b_name) = match (peer_addr, peer_command) {
                 (Some(addr), None) => (Target::Address(*addr), format!("peer at {addr}")),
@@ -414,15 +455,17 @@ fn run(cli: Cli) -> Result<(), String> {
                 &Side {
                     name: "headroom".into(),
                     target: a,
+                    binary: a_binary,
                 },
                 &Side {
                     name: b_name,
                     target: b,
+                    binary: None,
                 },
                 *rounds,
                 notes,
             )?;
-            finish_comparison(&cli, "vs", load, &c)
+            finish_comparison(&cli, meta, "vs", load, &c)
         }
         Cmd::Placement {
             pattern,
@@ -435,6 +478,7 @@ fn run(cli: Cli) -> Result<(), String> {
             placer_seed,
         } => placement(
             &cli,
+            &meta,
             pattern,
             policies,
             *targets,
@@ -460,8 +504,15 @@ fn run(cli: Cli) -> Result<(), String> {
                 ..RlPattern::default()
             })?;
             let target = target_of(server, headroom, server_args)?;
+            let info = meta::describe(
+                "server",
+                "",
+                &target,
+                started_binary(&target, headroom).as_deref(),
+            );
             println!(
-                "# RL pattern live against {}: {} ranks, {} steps, keys {}-{} per rank of {}-{}, whole object {}-{}, removed {} steps later",
+                "# RL pattern live against {} at {}: {} ranks, {} steps, keys {}-{} per rank of {}-{}, whole object {}-{}, removed {} steps later",
+                info.name,
                 target.addr(),
                 p.ranks,
                 p.steps,
@@ -517,13 +568,27 @@ fn run(cli: Cli) -> Result<(), String> {
                 );
             }
             let (json, svg) = outputs(&cli.out, &cli.name, "rl");
-            report::write_json(&json, &r)?;
+            let title = format!(
+                "{} at {}: RL pattern latency, {} ranks, {} steps",
+                info.name, info.address, p.ranks, p.steps
+            );
+            report::write_result(&json, &meta.with_servers(vec![info]), &r)?;
             report::write_cdf_svg(
                 &svg,
-                "RL pattern latency",
+                &title,
                 &[
-                    ("SETX".into(), &r.put_latency),
-                    ("GET".into(), &r.get_latency),
+                    CdfLine {
+                        name: "SETX".into(),
+                        latency: &r.put_latency,
+                        color: 1,
+                        dash: 1,
+                    },
+                    CdfLine {
+                        name: "GET".into(),
+                        latency: &r.get_latency,
+                        color: 0,
+                        dash: 0,
+                    },
                 ],
             )?;
             println!("\nwrote {} and {}", json.display(), svg.display());
@@ -537,13 +602,18 @@ fn run(cli: Cli) -> Result<(), String> {
 
 fn finish_comparison(
     cli: &Cli,
+    meta: Meta,
     default_name: &str,
     load: &LoadArgs,
     c: &report::Comparison,
 ) -> Result<(), String> {
     report::print_comparison(c);
     let (json, svg) = outputs(&cli.out, &cli.name, default_name);
-    report::write_json(&json, c)?;
+    let cpu_svg = cli.out.join(format!(
+        "{}-cpu.svg",
+        cli.name.as_deref().unwrap_or(default_name)
+    ));
+    report::write_result(&json, &meta.with_servers(c.servers.clone()), c)?;
     let merge = |rounds: &[load::LoadReport], get: bool| {
         let mut l = headroom::bench::stats::Latency::new();
         for r in rounds {
@@ -551,20 +621,51 @@ fn finish_comparison(
         }
         l
     };
+    // Colour: the side; dash: the operation (GET solid, SET dashed); the operation leads the
+    // name so a long peer command cannot hide it.
     let lines = [
-        (format!("{} GET", c.a), merge(&c.a_rounds, true)),
-        (format!("{} GET", c.b), merge(&c.b_rounds, true)),
-        (format!("{} SET", c.a), merge(&c.a_rounds, false)),
-        (format!("{} SET", c.b), merge(&c.b_rounds, false)),
+        (format!("GET, A: {}", c.a), merge(&c.a_rounds, true), 0, 0),
+        (format!("SET, A: {}", c.a), merge(&c.a_rounds, false), 0, 1),
+        (format!("GET, B: {}", c.b), merge(&c.b_rounds, true), 1, 0),
+        (format!("SET, B: {}", c.b), merge(&c.b_rounds, false), 1, 1),
     ];
-    let refs: Vec<(String, &headroom::bench::stats::Latency)> =
-        lines.iter().map(|(n, l)| (n.clone(), l)).collect();
+    let refs: Vec<CdfLine> = lines
+        .iter()
+        .map(|(name, latency, color, dash)| CdfLine {
+            name: name.clone(),
+            latency,
+            color: *color,
+            dash: *dash,
+        })
+        .collect();
     report::write_cdf_svg(
         &svg,
-        &format!("{} vs {}: {}", c.a, c.b, load.describe()),
+        &format!(
+            "{} vs {}: latency over {} rounds, {}",
+            c.a,
+            c.b,
+            c.rounds,
+            load.describe()
+        ),
         &refs,
     )?;
-    println!("\nwrote {} and {}", json.display(), svg.display());
+    report::write_comparison_svg(
+        &cpu_svg,
+        &format!(
+            "{} vs {}: throughput and server CPU per request, {} rounds, {}",
+            c.a,
+            c.b,
+            c.rounds,
+            load.describe()
+        ),
+        c,
+    )?;
+    println!(
+        "\nwrote {}, {} and {}",
+        json.display(),
+        svg.display(),
+        cpu_svg.display()
+    );
     let errors: u64 = c
         .a_rounds
         .iter()
@@ -580,6 +681,7 @@ fn finish_comparison(
 #[allow(clippy::too_many_arguments)]
 fn placement(
     cli: &Cli,
+    meta: &Meta,
     pattern: &PatternArgs,
     policies: &[String],
     targets: u32,
@@ -695,30 +797,51 @@ fn placement(
     }
     let mut sweep_rows = Vec::new();
     if !sweep.is_empty() {
-        println!("\n## allocation latency by target count (the same pattern, 5 steps)\n");
-        println!("| targets | policy | alloc p50 ns | alloc p99 ns |");
-        println!("| --- | --- | --- | --- |");
+        // One replay's p99 rests on its few slowest puts, which a timer interrupt or a busy
+        // neighbour on a shared machine decides; so each count is replayed in interleaved
+        // rounds and the medians are reported (each round's figures too, in the JSON).
+        const SWEEP_ROUNDS: usize = 7;
+        println!(
+            "\n## allocation latency by target count (the same pattern, 5 steps; medians of {SWEEP_ROUNDS} interleaved rounds)\n"
+        );
+        println!("| targets | policy | alloc p50 ns | alloc p99 ns | p99 of each round |");
+        println!("| --- | --- | --- | --- | --- |");
         let p = pattern.pattern(RlPattern::default())?;
         let short = replay::rl_events(&RlPattern { steps: 5, ..p });
-        for &count in sweep {
-            for &policy in &policies {
-                let r = replay::replay(
-                    &short,
-                    &Targets { count, ..shape },
-                    policy,
-                    probe_mib * MIB,
-                    None,
-                    placer_seed,
-                );
+        let mut rounds: Vec<Vec<(f64, f64)>> = vec![Vec::new(); sweep.len() * policies.len()];
+        for _ in 0..SWEEP_ROUNDS {
+            for (i, &count) in sweep.iter().enumerate() {
+                for (j, &policy) in policies.iter().enumerate() {
+                    let r = replay::replay(
+                        &short,
+                        &Targets { count, ..shape },
+                        policy,
+                        probe_mib * MIB,
+                        None,
+                        placer_seed,
+                    );
+                    rounds[i * policies.len() + j].push((r.alloc_ns_p50, r.alloc_ns_p99));
+                }
+            }
+        }
+        for (i, &count) in sweep.iter().enumerate() {
+            for (j, &policy) in policies.iter().enumerate() {
+                let runs = &rounds[i * policies.len() + j];
+                let p50 =
+                    headroom::bench::stats::median(&runs.iter().map(|r| r.0).collect::<Vec<_>>());
+                let p99s: Vec<f64> = runs.iter().map(|r| r.1).collect();
+                let p99 = headroom::bench::stats::median(&p99s);
+                let each: Vec<String> = p99s.iter().map(|v| format!("{v:.0}")).collect();
                 println!(
-                    "| {count} | {} | {:.0} | {:.0} |",
-                    r.policy, r.alloc_ns_p50, r.alloc_ns_p99
+                    "| {count} | {} | {p50:.0} | {p99:.0} | {} |",
+                    policy.name(),
+                    each.join(" ")
                 );
-                sweep_rows.push((count, r.policy.clone(), r.alloc_ns_p50, r.alloc_ns_p99));
+                sweep_rows.push((count, policy.name().to_string(), p50, p99));
             }
         }
     }
-    let (json, _) = outputs(&cli.out, &cli.name, "placement");
+    let (json, svg) = outputs(&cli.out, &cli.name, "placement");
     #[derive(serde::Serialize)]
     struct Out<'a> {
         source: &'a str,
@@ -726,8 +849,9 @@ fn placement(
         reports: &'a [replay::ReplayReport],
         sweep: &'a [(u32, String, f64, f64)],
     }
-    report::write_json(
+    report::write_result(
         &json,
+        meta,
         &Out {
             source: &source,
             targets: shape,
@@ -735,6 +859,16 @@ fn placement(
             sweep: &sweep_rows,
         },
     )?;
-    println!("\nwrote {}", json.display());
+    report::write_placement_svg(
+        &svg,
+        &format!(
+            "placement replay over {} targets of {}: {source}",
+            targets,
+            ByteSize(target_bytes)
+        ),
+        &shape,
+        &reports,
+    )?;
+    println!("\nwrote {} and {}", json.display(), svg.display());
     Ok(())
 }
