@@ -217,7 +217,10 @@ fn headroom_against_memcached_in_interleaved_rounds() {
         .contains("<path"));
     // Both sides are named in the metadata, with how the bench started them.
     let servers = c["meta"]["servers"].as_array().unwrap();
-    let roles: Vec<&str> = servers.iter().map(|s| s["role"].as_str().unwrap()).collect();
+    let roles: Vec<&str> = servers
+        .iter()
+        .map(|s| s["role"].as_str().unwrap())
+        .collect();
     assert_eq!(roles, ["A", "B"]);
     assert!(servers
         .iter()
