@@ -3,6 +3,9 @@
 //! request order. A GET reads in one direction: socket -> `proto::decode` -> `execute` against
 //! the partition -> reply bytes (or a value lent from the arena) -> `Wire` -> socket.
 //!
+//! The first byte decides the connection's protocol, as in memcached: `0x80` is binary (this
+//! module and `execute`), anything else text and meta (`text`, the same store calls).
+//!
 //! FLUSH and STAT see everything before them and nothing after (they run in order like every
 //! other request); a large SET's value is streamed into its segment before the next frame is
 //! decoded. See `docs/server.md`.
@@ -16,8 +19,8 @@ use glommio::net::TcpStream;
 use crate::proto::{decode_streaming, Decoded, FrameError, Request, ResponseWriter, Status};
 
 use super::deferred::Held;
-use super::execute::execute_keyed;
-use super::large::{self, LargeSet};
+use super::execute::{execute_keyed, Deferred};
+use super::large::{self, LargeReply, LargeSet};
 use super::shard::ShardCtx;
 use super::stats::{write_stats, ConnInfo};
 use super::unix_now;
@@ -29,7 +32,7 @@ const READ_BUFFER_BYTES: usize = 16 << 10;
 pub(super) const OUTPUT_CAP_BYTES: usize = 1 << 20;
 
 /// What the connection does after writing its replies.
-enum After {
+pub(super) enum After {
     /// Every whole frame is done: read more.
     Read,
     /// Stopped at the output cap with whole frames still buffered: write, then process again.
@@ -39,26 +42,59 @@ enum After {
     Close,
 }
 
-struct Conn {
-    buf: Vec<u8>,
+/// The protocol a connection speaks, from its first byte.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+enum Protocol {
+    Binary,
+    Text,
+}
+
+pub(super) struct Conn {
+    pub(super) buf: Vec<u8>,
     /// Bytes of `buf` holding received data, and how many of those are processed.
-    filled: usize,
-    consumed: usize,
+    pub(super) filled: usize,
+    pub(super) consumed: usize,
     /// Stream bytes still to discard (the rest of a rejected or too-large frame).
-    skip: u64,
-    out: Vec<u8>,
+    pub(super) skip: u64,
+    pub(super) out: Vec<u8>,
     /// Values the connection sends itself, at their offsets in `out` (each lease or pin ends
     /// when it is dropped).
-    held: Vec<(usize, Held)>,
+    pub(super) held: Vec<(usize, Held)>,
     /// Bytes `held` keeps in RAM until sent (they count against the output cap).
-    held_bytes: usize,
+    pub(super) held_bytes: usize,
     /// SASL done, or not required (`--sasl-password-file` unset).
-    authenticated: bool,
+    pub(super) authenticated: bool,
+    /// Unknown until the first byte arrives.
+    protocol: Option<Protocol>,
 }
 
 /// The body of the refusal ADMIN gets on a data connection.
 const ADMIN_REFUSAL: &str =
     "ADMIN is served only on the admin socket (--admin-socket PATH), not on data connections";
+
+/// Keeps a reply part the connection sends itself in its place among the replies (`out`'s
+/// end); a lent value is followed by `lent_suffix` (the text protocols' `\r\n` after a data
+/// block). (A function of the fields, not of the connection: the command being run still
+/// borrows the connection's read buffer.)
+pub(super) fn hold(
+    ctx: &Rc<ShardCtx>,
+    out: &mut Vec<u8>,
+    held: &mut Vec<(usize, Held)>,
+    held_bytes: &mut usize,
+    part: Option<Deferred>,
+    lent_suffix: &[u8],
+) {
+    let Some(part) = part else {
+        return;
+    };
+    let lent = matches!(part, Deferred::Lent(_));
+    let part = Held::new(ctx, part);
+    *held_bytes += part.held_bytes();
+    held.push((out.len(), part));
+    if lent {
+        out.extend_from_slice(lent_suffix);
+    }
+}
 
 /// What a connection may do before SASL authentication, as memcached allows.
 fn allowed_before_auth(request: &Request) -> bool {
@@ -124,21 +160,59 @@ fn sasl(ctx: &ShardCtx, authenticated: &mut bool, request: &Request) -> (Status,
 }
 
 impl Conn {
-    /// Runs every whole frame buffered, up to the output cap. Returns what to do next.
+    /// Runs every whole command buffered, in the connection's protocol, up to the output cap.
+    /// Returns what to do next.
     async fn process(&mut self, ctx: &Rc<ShardCtx>) -> After {
+        let protocol = match self.protocol {
+            Some(protocol) => protocol,
+            None => {
+                let Some(&first) = self.buf[self.consumed..self.filled].first() else {
+                    return After::Read;
+                };
+                let protocol = if crate::proto::is_binary(first) {
+                    Protocol::Binary
+                } else {
+                    Protocol::Text
+                };
+                self.protocol = Some(protocol);
+                protocol
+            }
+        };
+        match protocol {
+            Protocol::Binary => self.process_binary(ctx).await,
+            Protocol::Text => self.process_text(ctx).await,
+        }
+    }
+
+    /// Drops buffered bytes still to be skipped; false while more are to come.
+    pub(super) fn skip_buffered(&mut self) -> bool {
+        if self.skip > 0 {
+            let drop = (self.skip as usize).min(self.filled - self.consumed);
+            self.consumed += drop;
+            self.skip -= drop as u64;
+        }
+        self.skip == 0
+    }
+
+    /// Skips `skip` bytes of the stream from the current command's start: what is buffered
+    /// now, the rest as it arrives.
+    pub(super) fn skip_stream(&mut self, skip: u64) {
+        let available = (self.filled - self.consumed) as u64;
+        let now_dropped = skip.min(available);
+        self.consumed += now_dropped as usize;
+        self.skip += skip - now_dropped;
+    }
+
+    /// The binary protocol's [`Conn::process`].
+    async fn process_binary(&mut self, ctx: &Rc<ShardCtx>) -> After {
         let max_item = ctx.shared.settings.max_item_bytes as usize;
         // Values above ram_head live in segments: they are streamed, never buffered whole.
         let stream_from = ctx.shared.settings.arena.ram_head_bytes as usize;
         let lend_from = ctx.io.lend_from();
         let now = unix_now();
         loop {
-            if self.skip > 0 {
-                let drop = (self.skip as usize).min(self.filled - self.consumed);
-                self.consumed += drop;
-                self.skip -= drop as u64;
-                if self.skip > 0 {
-                    return After::Read;
-                }
+            if !self.skip_buffered() {
+                return After::Read;
             }
             if self.out.len() + self.held_bytes > OUTPUT_CAP_BYTES {
                 return After::Process;
@@ -164,10 +238,7 @@ impl Conn {
                     } => {
                         count(ctx, error);
                         ResponseWriter::new(&mut self.out).error(opcode, opaque, status);
-                        let available = (self.filled - self.consumed) as u64;
-                        let now_dropped = skip.min(available);
-                        self.consumed += now_dropped as usize;
-                        self.skip = skip - now_dropped;
+                        self.skip_stream(skip);
                         if close {
                             return After::Close;
                         }
@@ -270,10 +341,12 @@ impl Conn {
                         flags: *flags,
                         expiry: *expiry,
                         cas: *cas,
-                        quiet: *quiet,
                         value_len: *value_len,
-                        opcode,
-                        opaque,
+                        reply: LargeReply::Binary {
+                            opcode,
+                            opaque,
+                            quiet: *quiet,
+                        },
                     };
                     self.consumed += consumed;
                     return After::LargeSet(set);
@@ -297,11 +370,14 @@ impl Conn {
                     let frees = store.take_pending_frees();
                     drop(store);
                     ctx.free_extents(frees);
-                    if let Some(part) = part {
-                        let part = Held::new(ctx, part);
-                        self.held_bytes += part.held_bytes();
-                        self.held.push((self.out.len(), part));
-                    }
+                    hold(
+                        ctx,
+                        &mut self.out,
+                        &mut self.held,
+                        &mut self.held_bytes,
+                        part,
+                        b"",
+                    );
                 }
             }
             self.consumed += consumed;
@@ -309,7 +385,7 @@ impl Conn {
     }
 
     /// Makes the buffer able to hold a frame of `needed` bytes from `consumed`.
-    fn make_room(&mut self, needed: usize) {
+    pub(super) fn make_room(&mut self, needed: usize) {
         if self.consumed > 0 {
             self.buf.copy_within(self.consumed..self.filled, 0);
             self.filled -= self.consumed;
@@ -468,6 +544,7 @@ async fn serve_frames(
         held: Vec::new(),
         held_bytes: 0,
         authenticated: ctx.shared.credentials.is_none(),
+        protocol: None,
     };
     // On the ring path the last replies of a pass go out with the next receive: both queued,
     // one submission for the pair (and for every other connection's of the same pass).

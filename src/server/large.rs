@@ -22,6 +22,7 @@ use crate::store::{LargeLink, StoreOutcome};
 use super::conn::{with_limits, Io};
 use super::execute::LargeGet;
 use super::shard::{ShardCtx, ShardReply, ShardRequest};
+use super::text::OwnedStoreReply;
 use super::unix_now;
 use super::wire::Wire;
 
@@ -33,12 +34,93 @@ pub struct LargeSet {
     pub flags: u32,
     pub expiry: u32,
     pub cas: u64,
-    pub quiet: bool,
     pub value_len: u64,
-    pub opcode: u8,
-    pub opaque: u32,
-    /// From a SETX: replicas and where to put them.
+    /// From a SETX (or an `ms` with placement flags): replicas and where to put them.
     pub hints: Option<PlacementHints>,
+    pub reply: LargeReply,
+}
+
+/// How a large store is answered, in the protocol it came in.
+#[derive(Clone, Debug)]
+pub enum LargeReply {
+    Binary {
+        opcode: u8,
+        opaque: u32,
+        quiet: bool,
+    },
+    /// A text or `ms` command: its data block ends in `\r\n`, checked before the value is
+    /// linked.
+    Text(Box<OwnedStoreReply>),
+}
+
+/// How a large store ended.
+enum Answer {
+    Stored {
+        cas: u64,
+        replicas: u8,
+    },
+    Refused(StoreOutcome),
+    NotPlaced(PlacementError),
+    SegmentFailed,
+    /// Text: the two bytes after the value were not `\r\n`.
+    BadChunk,
+}
+
+impl LargeReply {
+    /// Bytes after the value that belong to it (text's `\r\n`).
+    fn trailer_bytes(&self) -> u64 {
+        match self {
+            LargeReply::Binary { .. } => 0,
+            LargeReply::Text(_) => 2,
+        }
+    }
+
+    fn write(&self, out: &mut Vec<u8>, answer: Answer, setx: bool) {
+        match self {
+            LargeReply::Binary {
+                opcode,
+                opaque,
+                quiet,
+            } => {
+                let mut w = ResponseWriter::new(out);
+                let status = match answer {
+                    Answer::Stored { cas, replicas } => {
+                        if !quiet {
+                            // A SETX reply says how many replicas were placed (fewer than
+                            // asked: partial).
+                            let extras: &[u8] = if setx { &[replicas] } else { &[] };
+                            w.reply(*opcode, *opaque, Status::Ok, cas, extras, &[], &[]);
+                        }
+                        return;
+                    }
+                    Answer::Refused(outcome) => status_of(outcome),
+                    Answer::NotPlaced(PlacementError::Strict { .. }) => Status::StrictPlacement,
+                    Answer::NotPlaced(PlacementError::Invalid(_)) => Status::InvalidArguments,
+                    Answer::NotPlaced(PlacementError::NoSpace { .. }) | Answer::SegmentFailed => {
+                        Status::OutOfMemory
+                    }
+                    Answer::BadChunk => unreachable!("binary values have no trailer"),
+                };
+                w.error(*opcode, *opaque, status);
+            }
+            LargeReply::Text(reply) => {
+                let reply = reply.borrow();
+                match answer {
+                    Answer::Stored { cas, .. } => {
+                        reply.write(out, Some(StoreOutcome::Stored { cas }));
+                    }
+                    Answer::Refused(outcome) => reply.write(out, Some(outcome)),
+                    Answer::NotPlaced(PlacementError::NoSpace { .. }) | Answer::SegmentFailed => {
+                        reply.error(out, b"SERVER_ERROR out of memory storing object\r\n");
+                    }
+                    Answer::NotPlaced(err) => {
+                        reply.error(out, format!("SERVER_ERROR {err}\r\n").as_bytes());
+                    }
+                    Answer::BadChunk => reply.write(out, None),
+                }
+            }
+        }
+    }
 }
 
 /// The placement request for a large value: the server's defaults (one replica, the serving
@@ -335,6 +417,8 @@ enum Interrupted {
     Connection(io::Error),
     /// A segment write failed: the body was drained; answer and keep the connection.
     Segment(io::Error),
+    /// Text: the value did not end in `\r\n`; answer and keep the connection.
+    BadChunk,
 }
 
 /// Receives a large value: checks ADD/REPLACE/CAS with the owner, places it, streams it into
@@ -352,6 +436,13 @@ pub async fn receive_set(
 ) -> io::Result<usize> {
     let from_buffer = buffered.len().min(op.value_len as usize);
     let rest = op.value_len - from_buffer as u64;
+    let setx = op.hints.is_some();
+    // A value refused before it is read is dropped with its trailer.
+    let (trailer_buffered, trailer_rest) = {
+        let t = op.reply.trailer_bytes();
+        let in_buffer = (buffered.len() - from_buffer).min(t as usize);
+        (in_buffer, t - in_buffer as u64)
+    };
     // An ADD of a live key (say) is refused before a byte goes to a segment.
     let refused =
         ctx.shared
@@ -360,22 +451,17 @@ pub async fn receive_set(
             .1
             .check_large(op.mode, &op.key, op.cas, unix_now());
     if let Some(refused) = refused {
-        discard(ctx, idle, stream, rest).await?;
-        ResponseWriter::new(out).error(op.opcode, op.opaque, status_of(refused));
-        return Ok(from_buffer);
+        discard(ctx, idle, stream, rest + trailer_rest).await?;
+        op.reply.write(out, Answer::Refused(refused), setx);
+        return Ok(from_buffer + trailer_buffered);
     }
     let replicas = match place(ctx, op).await {
         Ok(placed) => placed.replicas,
         Err(err) => {
             tracing::debug!(key_len = op.key.len(), value_len = op.value_len, %err, "large value not placed");
-            discard(ctx, idle, stream, rest).await?;
-            let status = match err {
-                PlacementError::Strict { .. } => Status::StrictPlacement,
-                PlacementError::Invalid(_) => Status::InvalidArguments,
-                PlacementError::NoSpace { .. } => Status::OutOfMemory,
-            };
-            ResponseWriter::new(out).error(op.opcode, op.opaque, status);
-            return Ok(from_buffer);
+            discard(ctx, idle, stream, rest + trailer_rest).await?;
+            op.reply.write(out, Answer::NotPlaced(err), setx);
+            return Ok(from_buffer + trailer_buffered);
         }
     };
     let chunk_bytes = ctx.shared.settings.arena.io_chunk_bytes as usize;
@@ -435,8 +521,24 @@ pub async fn receive_set(
             }
             received += filled as u64;
         }
+        // Text: the data block's `\r\n` (the two bytes are consumed whatever they are).
+        let mut trailer = [0u8; 2];
+        let want = op.reply.trailer_bytes() as usize;
+        let mut filled = 0;
+        while filled < want {
+            if used < buffered.len() {
+                trailer[filled] = buffered[used];
+                used += 1;
+                filled += 1;
+            } else {
+                filled += step(ctx, idle, stream.read(&mut trailer[filled..want]))
+                    .await
+                    .map_err(Interrupted::Connection)?;
+            }
+        }
         match segment_error.take() {
             Some(err) => Err(Interrupted::Segment(err)),
+            None if want > 0 && trailer != *b"\r\n" => Err(Interrupted::BadChunk),
             None => Ok(()),
         }
     }
@@ -448,8 +550,12 @@ pub async fn receive_set(
             Interrupted::Connection(err) => Err(err),
             Interrupted::Segment(err) => {
                 tracing::error!(%err, value_len = op.value_len, "writing a large value to its segment failed");
-                ResponseWriter::new(out).error(op.opcode, op.opaque, Status::OutOfMemory);
-                Ok(from_buffer)
+                op.reply.write(out, Answer::SegmentFailed, setx);
+                Ok(used)
+            }
+            Interrupted::BadChunk => {
+                op.reply.write(out, Answer::BadChunk, setx);
+                Ok(used)
             }
         };
     }
@@ -474,22 +580,15 @@ pub async fn receive_set(
         (outcome, store.take_pending_frees())
     };
     ctx.free_extents(frees);
-    let mut w = ResponseWriter::new(out);
-    match outcome {
-        StoreOutcome::Stored { cas } => {
-            if !op.quiet {
-                // A SETX reply says how many replicas were placed (fewer than asked: partial).
-                let extras: &[u8] = if op.hints.is_some() {
-                    &[placed_replicas]
-                } else {
-                    &[]
-                };
-                w.reply(op.opcode, op.opaque, Status::Ok, cas, extras, &[], &[]);
-            }
-        }
-        refused => w.error(op.opcode, op.opaque, status_of(refused)),
-    }
-    Ok(from_buffer)
+    let answer = match outcome {
+        StoreOutcome::Stored { cas } => Answer::Stored {
+            cas,
+            replicas: placed_replicas,
+        },
+        refused => Answer::Refused(refused),
+    };
+    op.reply.write(out, answer, setx);
+    Ok(used)
 }
 
 /// Streams a large GET's reply: header, flags and key, the head from RAM at once, then the

@@ -20,6 +20,7 @@ mod master;
 pub mod partition;
 mod shard;
 mod stats;
+mod text;
 mod warm;
 mod wire;
 
@@ -74,6 +75,8 @@ pub struct ConnCounters {
     /// SASL AUTH/STEP commands, and those that failed.
     pub auth_cmds: u64,
     pub auth_errors: u64,
+    /// Text and meta commands answered with an error line (or a close) by the decoder.
+    pub text_errors: u64,
 }
 
 impl ConnCounters {
@@ -91,6 +94,7 @@ impl ConnCounters {
         self.cmd_flush += o.cmd_flush;
         self.auth_cmds += o.auth_cmds;
         self.auth_errors += o.auth_errors;
+        self.text_errors += o.text_errors;
     }
 }
 

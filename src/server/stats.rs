@@ -230,6 +230,7 @@ fn general(ctx: &ShardCtx, snapshots: &[ShardSnapshot]) -> Vec<(String, String)>
         ("frame_invalid", conn.invalid_frames.to_string()),
         ("frame_unknown_opcode", conn.unknown_opcodes.to_string()),
         ("frame_too_large", conn.too_large_frames.to_string()),
+        ("text_errors", conn.text_errors.to_string()),
         ("idle_closed", conn.idle_closed.to_string()),
         ("auth_cmds", conn.auth_cmds.to_string()),
         ("auth_errors", conn.auth_errors.to_string()),

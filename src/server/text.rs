@@ -1,0 +1,772 @@
+//! The text and meta protocols on a connection: each decoded command ([`crate::proto::text`])
+//! runs on the spot against its key's partition, through the same [`Store`] calls the binary
+//! protocol makes, and only its reply is composed here, as memcached 1.6 writes it. How a found
+//! value leaves (copied after its `VALUE`/`VA` line, lent from the arena, or streamed from its
+//! segment between that line and its `\r\n`) is [`super::execute`]'s, shared with binary.
+//!
+//! A GET of many keys locks each key's partition in turn (never two at once), so a multiget
+//! is not a snapshot: as in memcached, a write between two of its keys may be seen by one and
+//! not the other.
+
+use std::rc::Rc;
+
+use crate::proto::meta::{self, MetaCode, MetaValues};
+use crate::proto::text::{self, errors, TextCommand, TextDecoded, TextStore};
+use crate::proto::{MaFlags, MdFlags, MgFlags, StoreMode, ARITH_NO_CREATE};
+use crate::store::{
+    ArithOutcome, DeleteOutcome, Lookup, MetaGet, Store, StoreOutcome, RELATIVE_EXPIRY_MAX_SECONDS,
+};
+
+use super::conn::{hold, After, Conn, OUTPUT_CAP_BYTES};
+use super::execute::{deliver_large, lend, lends, Deferred};
+use super::large::{LargeReply, LargeSet};
+use super::shard::ShardCtx;
+use super::stats::group_pairs;
+use super::unix_now;
+
+/// An exptime as the store takes it. memcached's text protocol lets it be negative ("expired
+/// at once"); an absolute time just past the relative range is long gone, so the item is
+/// stored (or touched) and never seen again, as memcached does.
+pub fn store_exptime(exptime: i32) -> u32 {
+    u32::try_from(exptime).unwrap_or(RELATIVE_EXPIRY_MAX_SECONDS + 1)
+}
+
+/// What memcached's classic storage commands answer for an outcome: an ADD of a live key and
+/// a REPLACE of a missing one are `NOT_STORED` (binary says "exists" and "not found"); only a
+/// CAS names the missing key.
+fn classic_store_reply(outcome: StoreOutcome, mode: StoreMode, cas: bool) -> &'static [u8] {
+    match outcome {
+        StoreOutcome::Stored { .. } => text::STORED,
+        StoreOutcome::Exists if mode == StoreMode::Add => text::NOT_STORED,
+        StoreOutcome::Exists => text::EXISTS,
+        StoreOutcome::NotFound if cas => text::NOT_FOUND,
+        StoreOutcome::NotFound | StoreOutcome::NotStored => text::NOT_STORED,
+        StoreOutcome::TooLarge => errors::TOO_LARGE,
+        StoreOutcome::OutOfMemory => b"SERVER_ERROR out of memory storing object\r\n",
+    }
+}
+
+/// The same outcome as a meta status code (`None`: an error line instead).
+fn meta_store_code(outcome: StoreOutcome, mode: StoreMode, cas: bool) -> Option<MetaCode> {
+    Some(match classic_store_reply(outcome, mode, cas) {
+        text::STORED => MetaCode::Hd,
+        text::NOT_STORED => MetaCode::Ns,
+        text::EXISTS => MetaCode::Ex,
+        text::NOT_FOUND => MetaCode::Nf,
+        _ => return None,
+    })
+}
+
+/// How a storage command (classic or `ms`) wants its outcome answered.
+#[derive(Clone, Copy, Debug)]
+pub struct StoreReply<'a> {
+    mode: StoreMode,
+    key: &'a [u8],
+    binary_key: bool,
+    cas_given: bool,
+    /// Classic `noreply` (nothing at all is sent) or `ms`'s `q` (only `HD` is held back).
+    noreply: bool,
+    /// `ms`: its reply flags (O k c) and opaque.
+    meta: Option<(crate::proto::ReturnFlags, Option<&'a [u8]>)>,
+}
+
+impl<'a> StoreReply<'a> {
+    pub fn of(store: &'a TextStore) -> StoreReply<'a> {
+        StoreReply {
+            mode: store.mode,
+            key: &store.key,
+            binary_key: store.key.is_binary(),
+            cas_given: store.cas.is_some(),
+            noreply: store.noreply,
+            meta: store.meta.as_ref().map(|ms| (ms.returns, ms.opaque)),
+        }
+    }
+
+    /// Appends the reply for `outcome`, or for a data block that did not end in `\r\n`
+    /// (`None`), or nothing where `noreply` / `q` silences it.
+    pub fn write(&self, out: &mut Vec<u8>, outcome: Option<StoreOutcome>) {
+        let Some(outcome) = outcome else {
+            if !self.noreply || self.meta.is_some() {
+                out.extend_from_slice(errors::BAD_DATA_CHUNK);
+            }
+            return;
+        };
+        let Some((returns, opaque)) = &self.meta else {
+            if !self.noreply {
+                out.extend_from_slice(classic_store_reply(outcome, self.mode, self.cas_given));
+            }
+            return;
+        };
+        let Some(code) = meta_store_code(outcome, self.mode, self.cas_given) else {
+            out.extend_from_slice(classic_store_reply(outcome, self.mode, self.cas_given));
+            return;
+        };
+        if code == MetaCode::Hd && self.noreply {
+            return;
+        }
+        let new_cas = match outcome {
+            StoreOutcome::Stored { cas } => cas,
+            _ => 0,
+        };
+        let values = MetaValues {
+            cas: Some(new_cas),
+            key: Some((self.key, self.binary_key)),
+            opaque: *opaque,
+            ..MetaValues::default()
+        };
+        meta::meta_line(out, code, returns, &values);
+    }
+
+    /// An error line that is not a store outcome (placement, a segment write): errors are
+    /// silenced only by a classic `noreply`, as memcached's are.
+    pub fn error(&self, out: &mut Vec<u8>, line: &[u8]) {
+        if !self.noreply || self.meta.is_some() {
+            out.extend_from_slice(line);
+        }
+    }
+}
+
+/// [`StoreReply`] owning its parts, for a value streamed after its line was consumed.
+#[derive(Clone, Debug)]
+pub struct OwnedStoreReply {
+    mode: StoreMode,
+    key: Vec<u8>,
+    binary_key: bool,
+    cas_given: bool,
+    noreply: bool,
+    meta: Option<(crate::proto::ReturnFlags, Option<Vec<u8>>)>,
+}
+
+impl OwnedStoreReply {
+    pub fn of(store: &TextStore) -> OwnedStoreReply {
+        let r = StoreReply::of(store);
+        OwnedStoreReply {
+            mode: r.mode,
+            key: r.key.to_vec(),
+            binary_key: r.binary_key,
+            cas_given: r.cas_given,
+            noreply: r.noreply,
+            meta: r
+                .meta
+                .map(|(returns, opaque)| (returns, opaque.map(<[u8]>::to_vec))),
+        }
+    }
+
+    pub fn borrow(&self) -> StoreReply<'_> {
+        StoreReply {
+            mode: self.mode,
+            key: &self.key,
+            binary_key: self.binary_key,
+            cas_given: self.cas_given,
+            noreply: self.noreply,
+            meta: self
+                .meta
+                .as_ref()
+                .map(|(returns, opaque)| (*returns, opaque.as_deref())),
+        }
+    }
+}
+
+/// Runs a storage command whose whole value is buffered.
+fn run_store(store: &mut Store, cmd: &TextStore, value: &[u8], now: u32) -> StoreOutcome {
+    let exptime = store_exptime(cmd.exptime);
+    let invalidate = cmd.meta.as_ref().is_some_and(|ms| ms.invalidate);
+    if let (true, Some(cas)) = (invalidate, cmd.cas) {
+        // `ms ... C<cas> I`: a CAS older than the item's still stores, keeping the item's TTL,
+        // and marks it stale so the next reader wins the token to refill it.
+        if let Some(old) = store.meta_of(&cmd.key, now) {
+            if cas < old.cas && matches!(cmd.mode, StoreMode::Set | StoreMode::Replace) {
+                // (An expiry is a Unix time, past the relative range: it is kept as it is.)
+                let outcome = store.store(
+                    StoreMode::Set,
+                    &cmd.key,
+                    value,
+                    cmd.flags,
+                    old.expiry,
+                    0,
+                    now,
+                );
+                if matches!(outcome, StoreOutcome::Stored { .. }) {
+                    store.meta_mark(&cmd.key, now, None, true);
+                }
+                return outcome;
+            }
+        }
+    }
+    store.store(
+        cmd.mode,
+        &cmd.key,
+        value,
+        cmd.flags,
+        exptime,
+        cmd.cas.unwrap_or(0),
+        now,
+    )
+}
+
+/// A GET-family hit or miss for one key of a `get`/`gets`/`gat`/`gats`: the `VALUE` line and
+/// value, or nothing on a miss.
+#[allow(clippy::too_many_arguments)]
+fn get_one(
+    store: &mut Store,
+    owner: usize,
+    key: &[u8],
+    with_cas: bool,
+    touch: Option<u32>,
+    now: u32,
+    out: &mut Vec<u8>,
+    lend_from: Option<usize>,
+) -> Option<Deferred> {
+    match store.lookup(key, touch, now, true) {
+        Lookup::Miss => None,
+        Lookup::Small(hit) => {
+            let cas = with_cas.then_some(hit.cas);
+            text::value_header(out, key, hit.flags, hit.value.len(), cas);
+            if lends(hit.value.len(), lend_from) {
+                let (at, len) = (hit.at, hit.value.len());
+                return Some(lend(store, owner, at, len));
+            }
+            out.extend_from_slice(hit.value);
+            out.extend_from_slice(b"\r\n");
+            None
+        }
+        Lookup::Large(hit) => {
+            let mut prefix = Vec::with_capacity(48 + key.len());
+            let cas = with_cas.then_some(hit.cas);
+            text::value_header(&mut prefix, key, hit.flags, hit.value_len as usize, cas);
+            Some(deliver_large(store, owner, hit, prefix, b"\r\n", lend_from))
+        }
+    }
+}
+
+/// `mg`: the item's state and value as the flags ask.
+fn meta_get(
+    store: &mut Store,
+    owner: usize,
+    key: &crate::proto::Key,
+    flags: &MgFlags,
+    now: u32,
+    out: &mut Vec<u8>,
+    lend_from: Option<usize>,
+) -> Option<Deferred> {
+    let opts = MetaGet {
+        touch: flags.ttl.map(store_exptime),
+        vivify: flags.vivify.map(store_exptime),
+        recache: flags.recache.map(store_exptime),
+        bump: !flags.no_bump,
+        lease: flags.value,
+    };
+    let key_value = Some((&key[..], key.is_binary()));
+    let (state, found) = store.meta_get(key, now, &opts);
+    let (flags_value, cas, size) = match &found {
+        Lookup::Miss => {
+            if !flags.quiet {
+                let values = MetaValues {
+                    key: key_value,
+                    opaque: flags.opaque,
+                    ..MetaValues::default()
+                };
+                meta::meta_line(out, MetaCode::En, &flags.returns, &values);
+            }
+            return None;
+        }
+        Lookup::Small(hit) => (hit.flags, hit.cas, hit.value.len()),
+        Lookup::Large(hit) => (hit.flags, hit.cas, hit.value_len as usize),
+    };
+    let values = MetaValues {
+        cas: Some(cas),
+        flags: Some(flags_value),
+        hit: Some(state.fetched),
+        key: key_value,
+        last_access: Some(u64::from(now.saturating_sub(state.accessed))),
+        opaque: flags.opaque,
+        size: Some(size),
+        ttl: Some(match state.expiry {
+            0 => -1,
+            at => i64::from(at) - i64::from(now),
+        }),
+        already_won: state.token_sent,
+        stale: state.stale,
+        won: state.won,
+    };
+    let code = if flags.value {
+        MetaCode::Va(size)
+    } else {
+        MetaCode::Hd
+    };
+    match found {
+        Lookup::Small(hit) if flags.value => {
+            meta::meta_line(out, code, &flags.returns, &values);
+            if lends(hit.value.len(), lend_from) {
+                let (at, len) = (hit.at, hit.value.len());
+                return Some(lend(store, owner, at, len));
+            }
+            out.extend_from_slice(hit.value);
+            out.extend_from_slice(b"\r\n");
+            None
+        }
+        Lookup::Large(hit) if flags.value => {
+            let mut prefix = Vec::with_capacity(64);
+            meta::meta_line(&mut prefix, code, &flags.returns, &values);
+            Some(deliver_large(store, owner, hit, prefix, b"\r\n", lend_from))
+        }
+        Lookup::Large(hit) => {
+            // The lease was not taken (no `v`); nothing to release.
+            debug_assert!(hit.lease.is_none());
+            meta::meta_line(out, code, &flags.returns, &values);
+            None
+        }
+        _ => {
+            meta::meta_line(out, code, &flags.returns, &values);
+            None
+        }
+    }
+}
+
+/// `md`.
+fn meta_delete(
+    store: &mut Store,
+    key: &crate::proto::Key,
+    flags: &MdFlags,
+    now: u32,
+    out: &mut Vec<u8>,
+) {
+    let outcome = store.meta_delete(
+        key,
+        flags.cas.unwrap_or(0),
+        flags.invalidate,
+        flags.ttl.map(store_exptime),
+        now,
+    );
+    let code = match outcome {
+        DeleteOutcome::Deleted if flags.quiet => return,
+        DeleteOutcome::Deleted => MetaCode::Hd,
+        DeleteOutcome::NotFound => MetaCode::Nf,
+        DeleteOutcome::Exists => MetaCode::Ex,
+    };
+    let values = MetaValues {
+        key: Some((&key[..], key.is_binary())),
+        opaque: flags.opaque,
+        ..MetaValues::default()
+    };
+    meta::meta_line(out, code, &flags.returns, &values);
+}
+
+/// `ma`: increment or decrement, creating the counter on a miss with `N`.
+fn meta_arith(
+    store: &mut Store,
+    key: &crate::proto::Key,
+    flags: &MaFlags,
+    now: u32,
+    out: &mut Vec<u8>,
+) {
+    // (store_exptime never gives ARITH_NO_CREATE: an i32 stays below it.)
+    let create = flags.vivify.map_or(ARITH_NO_CREATE, store_exptime);
+    let outcome = store.arith(
+        flags.incr,
+        key,
+        flags.delta,
+        flags.initial,
+        create,
+        flags.cas.unwrap_or(0),
+        now,
+    );
+    let mut values = MetaValues {
+        key: Some((&key[..], key.is_binary())),
+        opaque: flags.opaque,
+        ..MetaValues::default()
+    };
+    let (value, cas) = match outcome {
+        ArithOutcome::Value { value, cas } => (value, cas),
+        ArithOutcome::NotFound => {
+            meta::meta_line(out, MetaCode::Nf, &flags.returns, &values);
+            return;
+        }
+        ArithOutcome::Exists => {
+            meta::meta_line(out, MetaCode::Ex, &flags.returns, &values);
+            return;
+        }
+        ArithOutcome::NonNumeric => {
+            out.extend_from_slice(errors::NON_NUMERIC);
+            return;
+        }
+        ArithOutcome::OutOfMemory => {
+            out.extend_from_slice(b"SERVER_ERROR out of memory\r\n");
+            return;
+        }
+    };
+    if let Some(ttl) = flags.ttl {
+        store.set_ttl(key, store_exptime(ttl), now);
+    }
+    // memcached's `q` holds back the whole success reply, a `VA` included.
+    if flags.quiet {
+        return;
+    }
+    let expiry = store.meta_of(key, now).map_or(0, |m| m.expiry);
+    values.cas = Some(cas);
+    values.ttl = Some(match expiry {
+        0 => -1,
+        at => i64::from(at) - i64::from(now),
+    });
+    let mut digits = Vec::with_capacity(20);
+    text::counter(&mut digits, value);
+    let number = &digits[..digits.len() - 2];
+    if flags.value {
+        meta::meta_line(out, MetaCode::Va(number.len()), &flags.returns, &values);
+        out.extend_from_slice(&digits);
+    } else {
+        meta::meta_line(out, MetaCode::Hd, &flags.returns, &values);
+    }
+}
+
+/// `me`: what memcached's debug line shows of an item (`cls` is 0: Headroom has no slab
+/// classes; `size` is the value's bytes).
+fn meta_debug(store: &mut Store, key: &crate::proto::Key, now: u32, out: &mut Vec<u8>) {
+    let opts = MetaGet {
+        bump: false,
+        ..MetaGet::default()
+    };
+    let (state, found) = store.meta_get(key, now, &opts);
+    let size = match found {
+        Lookup::Miss => {
+            out.extend_from_slice(meta::EN);
+            return;
+        }
+        Lookup::Small(hit) => hit.value.len() as u64,
+        Lookup::Large(hit) => hit.value_len,
+    };
+    let exp = match state.expiry {
+        0 => -1,
+        at => i64::from(at) - i64::from(now),
+    };
+    let cas = store.meta_of(key, now).map_or(0, |m| m.cas);
+    meta::meta_debug(
+        out,
+        key,
+        key.is_binary(),
+        exp,
+        u64::from(now.saturating_sub(state.accessed)),
+        cas,
+        state.fetched,
+        0,
+        size,
+    );
+}
+
+/// Runs a command that names one key against its partition (held by the caller) and appends
+/// its reply; a value sent in place comes back as a [`Deferred`].
+fn execute_keyed(
+    store: &mut Store,
+    owner: usize,
+    command: &TextCommand,
+    now: u32,
+    out: &mut Vec<u8>,
+    lend_from: Option<usize>,
+) -> Option<Deferred> {
+    match command {
+        TextCommand::Store { store: cmd, value } => {
+            let outcome = run_store(store, cmd, value, now);
+            StoreReply::of(cmd).write(out, Some(outcome));
+        }
+        TextCommand::Arith {
+            incr,
+            key,
+            delta,
+            noreply,
+        } => {
+            let reply = store.arith(*incr, key, *delta, 0, ARITH_NO_CREATE, 0, now);
+            if !noreply {
+                match reply {
+                    ArithOutcome::Value { value, .. } => text::counter(out, value),
+                    ArithOutcome::NotFound => out.extend_from_slice(text::NOT_FOUND),
+                    ArithOutcome::NonNumeric => out.extend_from_slice(errors::NON_NUMERIC),
+                    ArithOutcome::Exists => out.extend_from_slice(text::EXISTS),
+                    ArithOutcome::OutOfMemory => {
+                        out.extend_from_slice(b"SERVER_ERROR out of memory\r\n")
+                    }
+                }
+            }
+        }
+        TextCommand::Delete { key, noreply } => {
+            let outcome = store.delete(key, 0, now);
+            if !noreply {
+                out.extend_from_slice(match outcome {
+                    DeleteOutcome::Deleted => text::DELETED,
+                    DeleteOutcome::NotFound | DeleteOutcome::Exists => text::NOT_FOUND,
+                });
+            }
+        }
+        TextCommand::Touch {
+            key,
+            exptime,
+            noreply,
+        } => {
+            let found = !matches!(
+                store.lookup(key, Some(store_exptime(*exptime)), now, false),
+                Lookup::Miss
+            );
+            if !noreply {
+                out.extend_from_slice(if found {
+                    text::TOUCHED
+                } else {
+                    text::NOT_FOUND
+                });
+            }
+        }
+        TextCommand::MetaGet { key, flags } => {
+            return meta_get(store, owner, key, flags, now, out, lend_from);
+        }
+        TextCommand::MetaDelete { key, flags } => meta_delete(store, key, flags, now, out),
+        TextCommand::MetaArith { key, flags } => meta_arith(store, key, flags, now, out),
+        TextCommand::MetaDebug { key } => meta_debug(store, key, now, out),
+        _ => unreachable!("only keyed text commands run against a store"),
+    }
+    None
+}
+
+/// The key a keyed command runs under.
+fn key_of<'c>(command: &'c TextCommand) -> Option<&'c [u8]> {
+    Some(match command {
+        TextCommand::Store { store, .. } => &store.key,
+        TextCommand::Arith { key, .. }
+        | TextCommand::Delete { key, .. }
+        | TextCommand::Touch { key, .. } => key,
+        TextCommand::MetaGet { key, .. }
+        | TextCommand::MetaDelete { key, .. }
+        | TextCommand::MetaArith { key, .. }
+        | TextCommand::MetaDebug { key } => key,
+        _ => return None,
+    })
+}
+
+/// memcached's `stats` in text: `STAT name value` lines and `END`; `reset` answers `RESET`,
+/// `detail on|off` `OK`, `detail dump` the dump itself; an unknown group `ERROR`.
+async fn write_stats(ctx: &ShardCtx, args: &text::Words<'_>, out: &mut Vec<u8>) {
+    let mut group = Vec::with_capacity(args.as_bytes().len());
+    for (i, word) in args.iter().enumerate() {
+        if i > 0 {
+            group.push(b' ');
+        }
+        group.extend_from_slice(word);
+    }
+    let Some(pairs) = group_pairs(ctx, &group).await else {
+        out.extend_from_slice(errors::ERROR);
+        return;
+    };
+    match &group[..] {
+        b"reset" => out.extend_from_slice(text::RESET),
+        b"detail on" | b"detail off" => out.extend_from_slice(text::OK),
+        b"detail dump" => {
+            for (_, dump) in pairs {
+                out.extend_from_slice(dump.as_bytes());
+            }
+            out.extend_from_slice(text::END);
+        }
+        _ => {
+            for (name, value) in pairs {
+                text::stat(out, name.as_bytes(), value.as_bytes());
+            }
+            out.extend_from_slice(text::END);
+        }
+    }
+}
+
+/// What a text connection may do before it authenticates (with `--sasl-password-file`),
+/// as memcached's text authentication has it: a `set` whose value is `user password`.
+enum Auth {
+    /// Authenticated now: answer `STORED`.
+    Accepted,
+    Refused(&'static [u8]),
+}
+
+fn authenticate(ctx: &ShardCtx, command: &TextCommand) -> Auth {
+    let (TextCommand::Store { store, value }, Some(credentials)) =
+        (command, &ctx.shared.credentials)
+    else {
+        return Auth::Refused(b"CLIENT_ERROR unauthenticated\r\n");
+    };
+    if store.meta.is_some() {
+        return Auth::Refused(b"CLIENT_ERROR unauthenticated\r\n");
+    }
+    ctx.counters.borrow_mut().auth_cmds += 1;
+    let mut plain = vec![0u8];
+    let mut parts = value.splitn(2, |&b| b == b' ');
+    plain.extend_from_slice(parts.next().unwrap_or_default());
+    plain.push(0);
+    plain.extend_from_slice(parts.next().unwrap_or_default());
+    match credentials.authenticate(super::auth::MECHANISMS.as_bytes(), &plain) {
+        super::auth::AuthOutcome::Authenticated { user } => {
+            tracing::debug!(shard = ctx.id, %user, "text authentication: authenticated");
+            Auth::Accepted
+        }
+        _ => {
+            ctx.counters.borrow_mut().auth_errors += 1;
+            Auth::Refused(b"CLIENT_ERROR authentication failure\r\n")
+        }
+    }
+}
+
+impl Conn {
+    /// Runs every whole text or meta command buffered, up to the output cap. Returns what to
+    /// do next.
+    pub(super) async fn process_text(&mut self, ctx: &Rc<ShardCtx>) -> After {
+        let max_item = ctx.shared.settings.max_item_bytes as usize;
+        // Values above ram_head live in segments: they are streamed, never buffered whole.
+        let stream_from = ctx.shared.settings.arena.ram_head_bytes as usize;
+        let lend_from = ctx.io.lend_from();
+        let now = unix_now();
+        loop {
+            if !self.skip_buffered() {
+                return After::Read;
+            }
+            if self.out.len() + self.held_bytes > OUTPUT_CAP_BYTES {
+                return After::Process;
+            }
+            let buffered = &self.buf[self.consumed..self.filled];
+            let (command, consumed) = match text::decode_text(buffered, max_item, stream_from) {
+                TextDecoded::Incomplete { needed } => {
+                    self.make_room(needed);
+                    return After::Read;
+                }
+                TextDecoded::Error { reply, skip, close } => {
+                    ctx.counters.borrow_mut().text_errors += 1;
+                    self.out.extend_from_slice(&reply);
+                    self.skip_stream(skip);
+                    if close {
+                        return After::Close;
+                    }
+                    continue;
+                }
+                TextDecoded::TooLarge {
+                    key,
+                    drop_existing,
+                    reply,
+                    skip,
+                } => {
+                    ctx.counters.borrow_mut().commands += 1;
+                    if self.authenticated {
+                        let (_, mut store) = ctx.shared.partitions.lock_key(&key);
+                        store.refuse_too_large(&key, drop_existing);
+                    }
+                    self.out.extend_from_slice(reply);
+                    self.skip_stream(skip);
+                    continue;
+                }
+                TextDecoded::LargeStore { store, consumed } => {
+                    ctx.counters.borrow_mut().commands += 1;
+                    self.consumed += consumed;
+                    if !self.authenticated {
+                        // Refused without running; the value and its `\r\n` are skipped.
+                        self.out
+                            .extend_from_slice(b"CLIENT_ERROR unauthenticated\r\n");
+                        self.skip += store.value_len as u64 + 2;
+                        continue;
+                    }
+                    return After::LargeSet(LargeSet::from_text(&store));
+                }
+                TextDecoded::Command { command, consumed } => (command, consumed),
+            };
+            ctx.counters.borrow_mut().commands += 1;
+            if !self.authenticated {
+                match authenticate(ctx, &command) {
+                    Auth::Accepted => {
+                        self.authenticated = true;
+                        self.out.extend_from_slice(text::STORED);
+                    }
+                    Auth::Refused(reply) => self.out.extend_from_slice(reply),
+                }
+                self.consumed += consumed;
+                continue;
+            }
+            match &command {
+                TextCommand::Get { cas, touch, keys } => {
+                    let touch = touch.map(store_exptime);
+                    for key in keys.iter() {
+                        let (partition, mut store) = ctx.shared.partitions.lock_key(key);
+                        // Past one output cap of held bytes, values are copied, not lent.
+                        let lend = lend_from.filter(|_| self.held_bytes <= OUTPUT_CAP_BYTES);
+                        let part = get_one(
+                            &mut store,
+                            partition,
+                            key,
+                            *cas,
+                            touch,
+                            now,
+                            &mut self.out,
+                            lend,
+                        );
+                        drop(store);
+                        hold(
+                            ctx,
+                            &mut self.out,
+                            &mut self.held,
+                            &mut self.held_bytes,
+                            part,
+                            b"\r\n",
+                        );
+                    }
+                    self.out.extend_from_slice(text::END);
+                }
+                TextCommand::FlushAll { delay, noreply } => {
+                    ctx.counters.borrow_mut().cmd_flush += 1;
+                    super::flush_all(&ctx.shared, (*delay).max(0) as u32, now);
+                    if !noreply {
+                        self.out.extend_from_slice(text::OK);
+                    }
+                }
+                TextCommand::Version => text::version(&mut self.out, &ctx.shared.version),
+                TextCommand::Verbosity { noreply, .. } => {
+                    if !noreply {
+                        self.out.extend_from_slice(text::OK);
+                    }
+                }
+                TextCommand::Stats { args } => {
+                    let args = *args;
+                    let mut out = std::mem::take(&mut self.out);
+                    write_stats(ctx, &args, &mut out).await;
+                    self.out = out;
+                }
+                TextCommand::Quit => {
+                    self.consumed += consumed;
+                    return After::Close;
+                }
+                TextCommand::MetaNoop => self.out.extend_from_slice(meta::MN),
+                keyed => {
+                    let key = key_of(keyed).expect("keyed text commands have keys");
+                    let (partition, mut store) = ctx.shared.partitions.lock_key(key);
+                    let lend = lend_from.filter(|_| self.held_bytes <= OUTPUT_CAP_BYTES);
+                    let part =
+                        execute_keyed(&mut store, partition, keyed, now, &mut self.out, lend);
+                    let frees = store.take_pending_frees();
+                    drop(store);
+                    ctx.free_extents(frees);
+                    hold(
+                        ctx,
+                        &mut self.out,
+                        &mut self.held,
+                        &mut self.held_bytes,
+                        part,
+                        b"\r\n",
+                    );
+                }
+            }
+            self.consumed += consumed;
+        }
+    }
+}
+
+impl LargeSet {
+    /// A text or `ms` storage command whose value is streamed to a segment.
+    fn from_text(store: &TextStore) -> LargeSet {
+        LargeSet {
+            mode: store.mode,
+            key: store.key.to_vec(),
+            flags: store.flags,
+            expiry: store_exptime(store.exptime),
+            cas: store.cas.unwrap_or(0),
+            value_len: store.value_len as u64,
+            hints: store.meta.as_ref().and_then(|ms| ms.hints.clone()),
+            reply: LargeReply::Text(Box::new(OwnedStoreReply::of(store))),
+        }
+    }
+}
