@@ -14,6 +14,7 @@ mod deferred;
 mod event;
 mod execute;
 mod large;
+pub mod latency;
 pub mod listen;
 mod log_limit;
 mod master;

@@ -175,6 +175,9 @@ pub struct ShardCtx {
     pub storage: RefCell<Vec<Option<TargetStorage>>>,
     /// The ring (if any), the streaming pool, and the data path's counters.
     pub io: super::wire::ShardIo,
+    /// Request latency per command kind, recorded by this shard's connections
+    /// ([`super::latency::LatencyHistograms::record`] says how).
+    pub latency: super::latency::LatencyHistograms,
     mesh_sent: Cell<MeshCounters>,
     mesh: Rc<Senders<Message>>,
     peers: Peers,
@@ -208,6 +211,7 @@ impl ShardCtx {
             live_connections: Cell::new(0),
             files: SegmentFiles,
             io,
+            latency: super::latency::LatencyHistograms::new(),
             storage: RefCell::new(storage),
             mesh_sent: Cell::new(MeshCounters::default()),
             waiters: RefCell::new(HashMap::new()),

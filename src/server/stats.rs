@@ -87,6 +87,7 @@ pub fn answer(ctx: &ShardCtx, query: StatQuery) -> StatAnswer {
     match query {
         StatQuery::Reset => {
             *ctx.counters.borrow_mut() = ConnCounters::default();
+            ctx.latency.reset();
             StatAnswer::Done
         }
         StatQuery::Conns => {
