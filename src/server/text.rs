@@ -14,7 +14,8 @@ use crate::proto::meta::{self, MetaCode, MetaValues};
 use crate::proto::text::{self, errors, TextCommand, TextDecoded, TextStore};
 use crate::proto::{MaFlags, MdFlags, MgFlags, StoreMode, ARITH_NO_CREATE};
 use crate::store::{
-    ArithOutcome, DeleteOutcome, Lookup, MetaGet, Store, StoreOutcome, RELATIVE_EXPIRY_MAX_SECONDS,
+    ArithOutcome, DeleteOutcome, Lookup, MetaGet, Store, StoreOutcome, CAS_NEVER_ISSUED,
+    RELATIVE_EXPIRY_MAX_SECONDS,
 };
 
 use super::conn::{hold, After, Conn, OUTPUT_CAP_BYTES};
@@ -167,6 +168,18 @@ impl OwnedStoreReply {
     }
 }
 
+/// The CAS a storage command compares with, as the store takes it (0: none).
+fn compare_cas(store: &TextStore) -> u64 {
+    match (store.mode, store.cas) {
+        // memcached's add ignores a CAS (only `ms` can give one: "add-with-cas works the same
+        // as add").
+        (StoreMode::Add, _) => 0,
+        // A `cas` (or `ms C0`) with unique 0 still compares, and fails.
+        (StoreMode::Set | StoreMode::Replace, Some(0)) => CAS_NEVER_ISSUED,
+        (_, cas) => cas.unwrap_or(0),
+    }
+}
+
 /// Runs a storage command whose whole value is buffered.
 fn run_store(store: &mut Store, cmd: &TextStore, value: &[u8], now: u32) -> StoreOutcome {
     let exptime = store_exptime(cmd.exptime);
@@ -176,7 +189,9 @@ fn run_store(store: &mut Store, cmd: &TextStore, value: &[u8], now: u32) -> Stor
         // and marks it stale so the next reader wins the token to refill it.
         if let Some(old) = store.meta_of(&cmd.key, now) {
             if cas < old.cas && matches!(cmd.mode, StoreMode::Set | StoreMode::Replace) {
-                // (An expiry is a Unix time, past the relative range: it is kept as it is.)
+                // (An expiry is a Unix time, past the relative range: it is kept as it is.) A
+                // recache token already handed out stays handed out.
+                let token_sent = store.token_sent(&cmd.key, now);
                 let outcome = store.store(
                     StoreMode::Set,
                     &cmd.key,
@@ -187,7 +202,7 @@ fn run_store(store: &mut Store, cmd: &TextStore, value: &[u8], now: u32) -> Stor
                     now,
                 );
                 if matches!(outcome, StoreOutcome::Stored { .. }) {
-                    store.meta_mark(&cmd.key, now, None, true);
+                    store.meta_mark(&cmd.key, now, None, true, token_sent);
                 }
                 return outcome;
             }
@@ -199,7 +214,7 @@ fn run_store(store: &mut Store, cmd: &TextStore, value: &[u8], now: u32) -> Stor
         value,
         cmd.flags,
         exptime,
-        cmd.cas.unwrap_or(0),
+        compare_cas(cmd),
         now,
     )
 }
@@ -333,7 +348,11 @@ fn meta_delete(
 ) {
     let outcome = store.meta_delete(
         key,
-        flags.cas.unwrap_or(0),
+        // `C0` still compares (and fails), as memcached's md does.
+        match flags.cas {
+            Some(0) => CAS_NEVER_ISSUED,
+            cas => cas.unwrap_or(0),
+        },
         flags.invalidate,
         flags.ttl.map(store_exptime),
         now,
@@ -362,6 +381,8 @@ fn meta_arith(
 ) {
     // (store_exptime never gives ARITH_NO_CREATE: an i32 stays below it.)
     let create = flags.vivify.map_or(ARITH_NO_CREATE, store_exptime);
+    // memcached's `q` silences the reply to an existing counter only, not to one `N` creates.
+    let existed = flags.quiet && flags.vivify.is_some() && store.meta_of(key, now).is_some();
     let outcome = store.arith(
         flags.incr,
         key,
@@ -399,7 +420,7 @@ fn meta_arith(
         store.set_ttl(key, store_exptime(ttl), now);
     }
     // memcached's `q` holds back the whole success reply, a `VA` included.
-    if flags.quiet {
+    if flags.quiet && (flags.vivify.is_none() || existed) {
         return;
     }
     let expiry = store.meta_of(key, now).map_or(0, |m| m.expiry);
@@ -556,11 +577,11 @@ async fn write_stats(ctx: &ShardCtx, args: &text::Words<'_>, out: &mut Vec<u8>) 
     match &group[..] {
         b"reset" => out.extend_from_slice(text::RESET),
         b"detail on" | b"detail off" => out.extend_from_slice(text::OK),
+        // The dump ends in its own `END`.
         b"detail dump" => {
             for (_, dump) in pairs {
                 out.extend_from_slice(dump.as_bytes());
             }
-            out.extend_from_slice(text::END);
         }
         _ => {
             for (name, value) in pairs {
@@ -647,6 +668,9 @@ impl Conn {
                     if self.authenticated {
                         let (_, mut store) = ctx.shared.partitions.lock_key(&key);
                         store.refuse_too_large(&key, drop_existing);
+                        let frees = store.take_pending_frees();
+                        drop(store);
+                        ctx.free_extents(frees);
                     }
                     self.out.extend_from_slice(reply);
                     self.skip_stream(skip);
@@ -695,7 +719,10 @@ impl Conn {
                             &mut self.out,
                             lend,
                         );
+                        // (A lookup that finds a large item expired frees its extents.)
+                        let frees = store.take_pending_frees();
                         drop(store);
+                        ctx.free_extents(frees);
                         hold(
                             ctx,
                             &mut self.out,
@@ -763,7 +790,7 @@ impl LargeSet {
             key: store.key.to_vec(),
             flags: store.flags,
             expiry: store_exptime(store.exptime),
-            cas: store.cas.unwrap_or(0),
+            cas: compare_cas(store),
             value_len: store.value_len as u64,
             hints: store.meta.as_ref().and_then(|ms| ms.hints.clone()),
             reply: LargeReply::Text(Box::new(OwnedStoreReply::of(store))),

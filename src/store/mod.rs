@@ -22,6 +22,10 @@ pub use stats::{ClassStats, ItemClass, StoreStats};
 /// Relative expiry times above this are absolute Unix times (memcached's rule: 30 days).
 pub const RELATIVE_EXPIRY_MAX_SECONDS: u32 = 30 * 24 * 3600;
 
+/// A CAS no item ever has: what a text `cas` with unique 0 compares with (memcached compares
+/// a 0 unique and fails, where the store reads a 0 CAS as "no compare").
+pub const CAS_NEVER_ISSUED: u64 = u64::MAX;
+
 /// Most partitions (stores) one server has: their number fits the top 16 bits of a CAS.
 pub const PARTITIONS_MAX: usize = 1 << 16;
 /// CAS bits a partition counts with.
@@ -168,7 +172,10 @@ pub fn is_expired(expiry: u32, now: u32) -> bool {
 /// The most digits a u64 has in decimal.
 const ARITH_MAX_DIGITS: usize = 20;
 
+/// A counter's value as memcached reads it (`strtoull`): digits, with whitespace around them
+/// (a counter an INCR/DECR shortened in place is padded with spaces).
 fn parse_counter(value: &[u8]) -> Option<u64> {
+    let value = value.trim_ascii();
     if value.is_empty() || value.len() > ARITH_MAX_DIGITS || !value.iter().all(u8::is_ascii_digit) {
         return None;
     }
@@ -275,6 +282,9 @@ impl Store {
         let cas = ((self.config.partition as u64) << CAS_COUNTER_BITS)
             | (self.next_cas & ((1 << CAS_COUNTER_BITS) - 1));
         self.next_cas += 1;
+        if cas == CAS_NEVER_ISSUED {
+            return self.new_cas();
+        }
         cas
     }
 
@@ -507,9 +517,17 @@ impl Store {
         Some(item::meta(self.arena.bytes(loc)))
     }
 
-    /// Meta set's extras on a stored item: an explicit CAS (`E`) and the stale mark (`I`, a
-    /// compare-and-swap that lost to a newer CAS).
-    pub fn meta_mark(&mut self, key: &[u8], now: u32, cas: Option<u64>, stale: bool) {
+    /// Meta set's extras on a stored item: an explicit CAS (`E`), the stale mark (`I`, a
+    /// compare-and-swap that lost to a newer CAS) and the recache token already handed out
+    /// (carried over from the item it replaced).
+    pub fn meta_mark(
+        &mut self,
+        key: &[u8],
+        now: u32,
+        cas: Option<u64>,
+        stale: bool,
+        token_sent: bool,
+    ) {
         if let Some(loc) = self.live(key, now) {
             let record = self.arena.bytes_mut(loc);
             if let Some(cas) = cas {
@@ -518,7 +536,16 @@ impl Store {
             if stale {
                 item::set_bit(record, item::BIT_STALE, true);
             }
+            if token_sent {
+                item::set_bit(record, item::BIT_TOKEN_SENT, true);
+            }
         }
+    }
+
+    /// Whether a live item's recache token was handed out (meta `Z`).
+    pub fn token_sent(&mut self, key: &[u8], now: u32) -> bool {
+        self.live(key, now)
+            .is_some_and(|loc| item::bit(self.arena.bytes(loc), item::BIT_TOKEN_SENT))
     }
 
     /// A meta TTL update (`ma T`) on a live item.
@@ -1075,7 +1102,13 @@ impl Store {
             self.keys.stats.decr_hits += 1;
         }
         let new_cas = self.new_cas();
-        let text = value.to_string();
+        let mut text = value.to_string().into_bytes();
+        // memcached rewrites a counter in place when the new number is no longer, padding it
+        // with spaces to the old length; clients see the same bytes here.
+        let old_len = self.value_of(loc).len();
+        if text.len() < old_len {
+            text.resize(old_len, b' ');
+        }
         match self.write_item(
             key,
             Meta {
@@ -1083,7 +1116,7 @@ impl Store {
                 ..meta
             },
             text.len(),
-            |dst| dst.copy_from_slice(text.as_bytes()),
+            |dst| dst.copy_from_slice(&text),
         ) {
             Ok(loc) => {
                 self.link(key, loc);
