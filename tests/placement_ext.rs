@@ -107,3 +107,64 @@ fn a_malformed_setx_is_refused_like_any_bad_frame() {
     assert_eq!(r.status, 0x0004);
     assert!(c.recv().is_none(), "closed after invalid arguments");
 }
+
+/// Sends a text `ms` line and a value of `len` bytes; the reply line.
+fn ms(stream: &mut std::net::TcpStream, line: &str, len: usize) -> String {
+    use std::io::{BufRead, BufReader};
+    stream.write_all(format!("{line}\r\n").as_bytes()).unwrap();
+    stream.write_all(&vec![7u8; len]).unwrap();
+    stream.write_all(b"\r\n").unwrap();
+    let mut reply = String::new();
+    BufReader::new(stream.try_clone().unwrap())
+        .read_line(&mut reply)
+        .unwrap();
+    reply
+}
+
+#[test]
+fn ms_placement_flags_place_as_setx_does() {
+    let dir = std::env::temp_dir().join(format!("headroom-ms-hints-{}", std::process::id()));
+    let file = format!("file:{}/seg,size=256M", dir.display());
+    let server = Server::start(&[
+        "--threads",
+        "2",
+        "--segment",
+        "mem:size=16M,numa=0",
+        "--segment",
+        &file,
+    ]);
+    let mut c = server.client();
+    let mut text = std::net::TcpStream::connect(server.addr).unwrap();
+    text.set_read_timeout(Some(std::time::Duration::from_secs(10)))
+        .unwrap();
+    let mb = 1 << 20;
+    // Default: the memory target on the serving node.
+    assert_eq!(ms(&mut text, &format!("ms a {mb}"), mb), "HD\r\n");
+    assert_eq!((used(&mut c, 0), used(&mut c, 1)), (mb as u64, 0));
+    // U: preferred target first.
+    assert_eq!(ms(&mut text, &format!("ms b {mb} U1"), mb), "HD\r\n");
+    assert_eq!(used(&mut c, 1), mb as u64);
+    // X: excluded never used.
+    assert_eq!(ms(&mut text, &format!("ms c {mb} G0 X0"), mb), "HD\r\n");
+    assert_eq!(used(&mut c, 1), 2 * mb as u64);
+    // H: strict on node 0 with more than it holds: refused, nothing stored.
+    let reply = ms(&mut text, &format!("ms d {} G0 H", 20 * mb), 20 * mb);
+    assert!(
+        reply.starts_with("SERVER_ERROR no target on node 0"),
+        "{reply}"
+    );
+    assert_eq!(c.get(b"d").status, 1);
+    // Not strict: it falls back to the file; R1 and k/O come back as for any ms.
+    assert_eq!(
+        ms(&mut text, &format!("ms d {} G0 R1 k O5", 20 * mb), 20 * mb),
+        "HD kd O5\r\n"
+    );
+    assert_eq!(used(&mut c, 1), 22 * mb as u64);
+    // A malformed hint is memcached's bad token error, and the connection goes on.
+    assert_eq!(
+        ms(&mut text, "ms e 1 Ux", 1),
+        "CLIENT_ERROR bad token in command line format\r\n"
+    );
+    assert_eq!(ms(&mut text, "ms e 1", 1), "HD\r\n");
+    let _ = std::fs::remove_dir_all(dir);
+}
