@@ -259,6 +259,9 @@ fn log_startup(settings: &Settings) {
     tracing::info!(
         version = VERSION,
         listen = %settings.listen,
+        metrics_listen = %settings
+            .metrics_listen
+            .map_or("none (off)".to_string(), |addr| addr.to_string()),
         shards = settings.cpus.len(),
         memory = %ByteSize(arena.memory_bytes),
         sub_memory = %ByteSize(arena.sub_memory_bytes),

@@ -176,6 +176,11 @@ fn every_invalid_combination_has_its_own_error_and_exit_2() {
         ),
         (
             ONE,
+            &["--metrics-listen", "nowhere"],
+            "--metrics-listen nowhere: not a HOST:PORT address",
+        ),
+        (
+            ONE,
             &["--config", "tests/data/does-not-exist.toml"],
             "--config tests/data/does-not-exist.toml:",
         ),

@@ -210,6 +210,12 @@ pub struct Cli {
     #[arg(long, value_name = "ADDR")]
     pub listen: Option<String>,
 
+    /// Serve Prometheus metrics over HTTP on this address: `/metrics` (the Prometheus text
+    /// format, or OpenMetrics when the scraper asks for it) and `/health` (200 while serving,
+    /// 503 while starting or stopping); port 0 picks a free port, logged. Off without it.
+    #[arg(long, value_name = "ADDR")]
+    pub metrics_listen: Option<String>,
+
     /// Log filter: error, warn, info, debug, trace, or a tracing directive [default: info].
     #[arg(long, value_name = "LEVEL")]
     pub log_level: Option<String>,
@@ -329,6 +335,7 @@ pub struct FileConfig {
     #[serde(default)]
     pub perverse: bool,
     pub listen: Option<String>,
+    pub metrics_listen: Option<String>,
     pub log_level: Option<String>,
     pub log_format: Option<String>,
     pub threads: Option<usize>,
@@ -448,6 +455,10 @@ pub enum ConfigError {
         online: usize,
     },
     Listen {
+        text: String,
+        reason: String,
+    },
+    MetricsListen {
         text: String,
         reason: String,
     },
@@ -593,6 +604,7 @@ impl fmt::Display for ConfigError {
                 "--perverse needs at least two online NUMA nodes, and this machine has {online}"
             ),
             Listen { text, reason } => write!(f, "--listen {text}: {reason}"),
+            MetricsListen { text, reason } => write!(f, "--metrics-listen {text}: {reason}"),
             ThreadsZero => write!(f, "--threads must be at least 1"),
             ThreadsAboveCpus { threads, cpus } => write!(
                 f,
@@ -635,6 +647,8 @@ impl std::error::Error for ConfigError {}
 pub struct Settings {
     pub arena: ArenaConfig,
     pub listen: SocketAddr,
+    /// The metrics endpoint's address (`None`: off).
+    pub metrics_listen: Option<SocketAddr>,
     /// The CPUs that get a shard each, ascending.
     pub cpus: Vec<usize>,
     /// Partitions of the key space; `None`: chosen from the CPUs and the memory at start.
@@ -687,16 +701,20 @@ pub fn resolve(cli: &Cli, topology: &Topology) -> Result<Settings, ConfigError> 
 }
 
 fn parse_listen(text: &str) -> Result<SocketAddr, ConfigError> {
-    let fail = |reason: String| ConfigError::Listen {
+    parse_address(text).map_err(|reason| ConfigError::Listen {
         text: text.to_string(),
         reason,
-    };
+    })
+}
+
+/// A `HOST:PORT` address, or why it is not one.
+fn parse_address(text: &str) -> Result<SocketAddr, String> {
     let mut addrs = text
         .to_socket_addrs()
-        .map_err(|err| fail(format!("not a HOST:PORT address ({err})")))?;
+        .map_err(|err| format!("not a HOST:PORT address ({err})"))?;
     addrs
         .next()
-        .ok_or_else(|| fail("resolves to no address".to_string()))
+        .ok_or_else(|| "resolves to no address".to_string())
 }
 
 /// The node `--numa auto` picks: the NIC holding the listen address, else the lowest online
@@ -748,6 +766,16 @@ pub fn resolve_with_file(
         .or_else(|| file.listen.clone())
         .unwrap_or_else(|| DEFAULT_LISTEN.to_string());
     let listen = parse_listen(&listen_text)?;
+    let metrics_listen = match cli
+        .metrics_listen
+        .clone()
+        .or_else(|| file.metrics_listen.clone())
+    {
+        None => None,
+        Some(text) => Some(
+            parse_address(&text).map_err(|reason| ConfigError::MetricsListen { text, reason })?,
+        ),
+    };
     let huge = topology.huge_page_bytes();
 
     let block = cli.block.or(file.block).unwrap_or(default_block()).0;
@@ -1047,6 +1075,7 @@ pub fn resolve_with_file(
             .unwrap_or(DEFAULT_ZERO_COPY_MIN)
             .0,
         listen,
+        metrics_listen,
         cpus: node_cpus[..threads].to_vec(),
         partitions,
         max_connections,

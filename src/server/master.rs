@@ -16,7 +16,7 @@ use crate::placement::{PlacementError, Placer, TargetId, TargetStatus};
 use crate::segment::{mount_all, MountOrigin, MountedTarget, SegmentSpec, TargetSpec};
 
 use super::shard::{
-    send_reply, MasterSnapshot, Message, ShardReply, ShardRequest, TargetRow, Victim,
+    send_reply, Calls, MasterSnapshot, Message, ShardReply, ShardRequest, TargetRow, Victim,
 };
 use super::Shared;
 
@@ -197,23 +197,7 @@ fn serve(master: &mut Master, request: ShardRequest) -> ShardReply {
             placer.touch(target, offset);
             ShardReply::Done
         }
-        ShardRequest::PlacementStats => ShardReply::PlacementStats(Box::new(MasterSnapshot {
-            stats: placer.stats.clone(),
-            segment_evictions: master.evictions,
-            policy: placer.policy().name(),
-            targets: placer
-                .targets()
-                .map(|(id, t)| TargetRow {
-                    id,
-                    spec: t.spec.clone(),
-                    capacity: t.alloc.capacity(),
-                    used: t.alloc.used_bytes(),
-                    largest_free: t.alloc.largest_free_region(),
-                    objects: t.objects,
-                    draining: t.status == TargetStatus::Draining,
-                })
-                .collect(),
-        })),
+        ShardRequest::PlacementStats => ShardReply::PlacementStats(Box::new(snapshot(master))),
         ShardRequest::Stats
         | ShardRequest::StatQuery(_)
         | ShardRequest::AddStorage(_)
@@ -223,10 +207,42 @@ fn serve(master: &mut Master, request: ShardRequest) -> ShardReply {
     }
 }
 
-pub async fn master_main(shared: Arc<Shared>, mesh: MeshBuilder<Message, Full>, placer: Placer) {
+/// The master's figures (STAT `segments` and `placement`, the metrics endpoint).
+fn snapshot(master: &Master) -> MasterSnapshot {
+    let placer = &master.placer;
+    MasterSnapshot {
+        stats: placer.stats.clone(),
+        segment_evictions: master.evictions,
+        policy: placer.policy().name(),
+        targets: placer
+            .targets()
+            .map(|(id, t)| TargetRow {
+                id,
+                spec: t.spec.clone(),
+                capacity: t.alloc.capacity(),
+                used: t.alloc.used_bytes(),
+                largest_free: t.alloc.largest_free_region(),
+                objects: t.objects,
+                draining: t.status == TargetStatus::Draining,
+            })
+            .collect(),
+    }
+}
+
+/// Runs the placement master, and the metrics endpoint when `metrics` is bound
+/// (`--metrics-listen`: it runs here, never on a serving shard).
+pub async fn master_main(
+    shared: Arc<Shared>,
+    mesh: MeshBuilder<Message, Full>,
+    placer: Placer,
+    metrics: Option<std::net::TcpListener>,
+) {
     let (senders, mut receivers) = mesh.join().await.expect("the mesh forms");
     shared.register_master(senders.peer_id());
     let senders = Rc::new(senders);
+    // The master's own requests to the shards (the metrics endpoint's): replies come back on
+    // the streams below.
+    let calls = Rc::new(Calls::default());
     let lru = shared.settings.segment_eviction_lru;
     let history = placer
         .targets()
@@ -241,21 +257,34 @@ pub async fn master_main(shared: Arc<Shared>, mesh: MeshBuilder<Message, Full>, 
         evictions: 0,
     }));
     for (_peer, stream) in receivers.streams() {
-        let (senders, placer) = (Rc::clone(&senders), Rc::clone(&placer));
+        let (senders, placer, calls) = (Rc::clone(&senders), Rc::clone(&placer), Rc::clone(&calls));
         glommio::spawn_local(async move {
             while let Some(message) = stream.recv().await {
-                if let Message::Request {
-                    from,
-                    token,
-                    request,
-                } = message
-                {
-                    let reply = serve(&mut placer.borrow_mut(), request);
-                    send_reply(&senders, from, token, reply);
+                match message {
+                    Message::Request {
+                        from,
+                        token,
+                        request,
+                    } => {
+                        let reply = serve(&mut placer.borrow_mut(), request);
+                        send_reply(&senders, from, token, reply);
+                    }
+                    Message::Reply { token, reply } => calls.deliver(token, reply),
                 }
             }
         })
         .detach();
+    }
+    if let Some(listener) = metrics {
+        let master = Rc::clone(&placer);
+        let source = super::metrics::Source {
+            shard_peers: shared.peer_map().shards,
+            shared: Arc::clone(&shared),
+            mesh: Rc::clone(&senders),
+            calls: Rc::clone(&calls),
+            master: Box::new(move || snapshot(&master.borrow())),
+        };
+        super::metrics::spawn(listener, source);
     }
     // Serve until every shard is done, its last frees included (each rings on finishing).
     let shards = shared.settings.cpus.len();

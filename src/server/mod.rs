@@ -18,6 +18,7 @@ pub mod latency;
 pub mod listen;
 mod log_limit;
 mod master;
+pub mod metrics;
 pub mod partition;
 mod shard;
 mod stats;
@@ -108,6 +109,8 @@ pub struct Shared {
     pub partitions: partition::Partitions,
     pub version: String,
     pub started: Instant,
+    /// Every shard serves (set once start-up is done; `/health` answers 200 from then on).
+    pub(crate) serving: AtomicBool,
     pub stop: AtomicBool,
     /// One per shard, then the master's: rung to stop, and for the master when a shard finished.
     pub(crate) doorbells: Vec<crate::ring::Doorbell>,
@@ -169,6 +172,8 @@ pub enum ServerError {
     Bind(listen::BindError),
     Admin(String),
     Credentials(String),
+    /// `--metrics-listen` cannot be bound.
+    Metrics(String),
     Map(crate::arena::MapError),
     Mount(crate::segment::MountFailure),
     Executor(String),
@@ -181,7 +186,8 @@ impl std::fmt::Display for ServerError {
         match self {
             ServerError::DataDir(reason)
             | ServerError::Admin(reason)
-            | ServerError::Credentials(reason) => write!(f, "{reason}"),
+            | ServerError::Credentials(reason)
+            | ServerError::Metrics(reason) => write!(f, "{reason}"),
             ServerError::Bind(err) => write!(f, "{err}"),
             ServerError::Map(err) => write!(f, "{err}"),
             ServerError::Mount(err) => write!(f, "{err}"),
@@ -196,6 +202,8 @@ impl std::error::Error for ServerError {}
 /// A running server: its address and a handle to stop it.
 pub struct Running {
     pub addr: SocketAddr,
+    /// The metrics endpoint's address (`--metrics-listen`), when it has one.
+    pub metrics_addr: Option<SocketAddr>,
     shared: Arc<Shared>,
     handles: Vec<glommio::ExecutorJoinHandle<()>>,
 }
@@ -282,6 +290,14 @@ pub fn start(settings: Settings, topology: &Topology) -> Result<Running, ServerE
         Some(path) => Some(auth::Credentials::read(path).map_err(ServerError::Credentials)?),
         None => None,
     };
+    let metrics = match settings.metrics_listen {
+        Some(addr) => Some(metrics::bind(addr).map_err(ServerError::Metrics)?),
+        None => None,
+    };
+    let metrics_addr = metrics.as_ref().and_then(|l| l.local_addr().ok());
+    if let Some(addr) = metrics_addr {
+        tracing::info!(%addr, "metrics on http://{addr}/metrics (and /health)");
+    }
     let plan = MemoryPlan::new(&settings.arena, topology);
     let arena = Arena::map_for_serving(plan, topology, shards).map_err(ServerError::Map)?;
     let targets = mount_all(
@@ -337,6 +353,7 @@ pub fn start(settings: Settings, topology: &Topology) -> Result<Running, ServerE
         restore_done: std::sync::Barrier::new(shards),
         version: format!("1.6.0-headroom-{}", env!("CARGO_PKG_VERSION")),
         started: Instant::now(),
+        serving: AtomicBool::new(false),
         stop: AtomicBool::new(false),
         doorbells,
         credentials,
@@ -363,7 +380,7 @@ pub fn start(settings: Settings, topology: &Topology) -> Result<Running, ServerE
         LocalExecutorBuilder::new(Placement::Unbound)
             .name("placement")
             .io_memory(EXECUTOR_IO_MEMORY_BYTES)
-            .spawn(move || master::master_main(shared, mesh, placer))
+            .spawn(move || master::master_main(shared, mesh, placer, metrics))
             .map_err(|err| ServerError::Executor(format!("placement master: {err}")))?
     };
     let addr = listeners.addr;
@@ -400,6 +417,7 @@ pub fn start(settings: Settings, topology: &Topology) -> Result<Running, ServerE
         if let Err(reason) = report {
             let running = Running {
                 addr,
+                metrics_addr,
                 shared,
                 handles,
             };
@@ -407,9 +425,11 @@ pub fn start(settings: Settings, topology: &Topology) -> Result<Running, ServerE
             return Err(ServerError::Shard(reason));
         }
     }
+    shared.serving.store(true, Ordering::Release);
     tracing::info!(%addr, shards, cpus = ?shared.settings.cpus, "listening on {addr}");
     Ok(Running {
         addr,
+        metrics_addr,
         shared,
         handles,
     })

@@ -156,6 +156,8 @@ pub struct ShardSnapshot {
     pub mesh: MeshCounters,
     /// Idle blocks in this core's batch.
     pub idle_blocks: u64,
+    /// This shard's request latency histograms.
+    pub latency: super::latency::LatencySnapshot,
 }
 
 /// Everything a shard's tasks share (single-threaded; `Rc`).
@@ -181,8 +183,48 @@ pub struct ShardCtx {
     mesh_sent: Cell<MeshCounters>,
     mesh: Rc<Senders<Message>>,
     peers: Peers,
+    calls: Calls,
+}
+
+/// A peer's requests in flight: each waits, by token, for the reply its receiver delivers.
+#[derive(Default)]
+pub struct Calls {
     waiters: RefCell<HashMap<u64, LocalSender<ShardReply>>>,
     next_token: Cell<u64>,
+}
+
+impl Calls {
+    /// Sends `request` to mesh peer `to` and waits for its reply (`Done` when the peer is gone).
+    pub async fn call(
+        &self,
+        mesh: &Senders<Message>,
+        to: usize,
+        request: ShardRequest,
+    ) -> ShardReply {
+        let token = self.next_token.get();
+        self.next_token.set(token + 1);
+        let (tx, rx) = local_channel::new_bounded(1);
+        self.waiters.borrow_mut().insert(token, tx);
+        let message = Message::Request {
+            from: mesh.peer_id(),
+            token,
+            request,
+        };
+        if mesh.send_to(to, message).await.is_err() {
+            // Only at shutdown, after the peer finished: nothing will answer.
+            tracing::debug!(peer = to, "a request found its peer gone");
+            self.waiters.borrow_mut().remove(&token);
+            return ShardReply::Done;
+        }
+        rx.recv().await.unwrap_or(ShardReply::Done)
+    }
+
+    /// Hands a reply to the request waiting for it.
+    pub fn deliver(&self, token: u64, reply: ShardReply) {
+        if let Some(tx) = self.waiters.borrow_mut().remove(&token) {
+            let _ = tx.try_send(reply);
+        }
+    }
 }
 
 impl ShardCtx {
@@ -214,8 +256,7 @@ impl ShardCtx {
             latency: super::latency::LatencyHistograms::new(),
             storage: RefCell::new(storage),
             mesh_sent: Cell::new(MeshCounters::default()),
-            waiters: RefCell::new(HashMap::new()),
-            next_token: Cell::new(0),
+            calls: Calls::default(),
         }
     }
 
@@ -237,22 +278,7 @@ impl ShardCtx {
             sent.control += 1;
         }
         self.mesh_sent.set(sent);
-        let token = self.next_token.get();
-        self.next_token.set(token + 1);
-        let (tx, rx) = local_channel::new_bounded(1);
-        self.waiters.borrow_mut().insert(token, tx);
-        let message = Message::Request {
-            from: self.mesh.peer_id(),
-            token,
-            request,
-        };
-        if self.mesh.send_to(to, message).await.is_err() {
-            // Only at shutdown, after the peer finished: nothing will answer.
-            tracing::debug!(peer = to, "a request found its peer gone");
-            self.waiters.borrow_mut().remove(&token);
-            return ShardReply::Done;
-        }
-        rx.recv().await.unwrap_or(ShardReply::Done)
+        self.calls.call(&self.mesh, to, request).await
     }
 
     /// Runs a request from another peer, synchronously.
@@ -306,12 +332,7 @@ impl ShardCtx {
             mesh: self.mesh_sent.get(),
             idle_blocks: crate::arena::batch::with_core_batch(|batch| batch.all_held().count())
                 .unwrap_or(0) as u64,
-        }
-    }
-
-    fn deliver(&self, token: u64, reply: ShardReply) {
-        if let Some(tx) = self.waiters.borrow_mut().remove(&token) {
-            let _ = tx.try_send(reply);
+            latency: self.latency.snapshot(),
         }
     }
 
@@ -357,7 +378,7 @@ pub fn spawn_receivers(ctx: &Rc<ShardCtx>, mut receivers: Receivers<Message>) {
                         token,
                         request,
                     } => send_reply(&ctx.mesh, from, token, ctx.serve(request)),
-                    Message::Reply { token, reply } => ctx.deliver(token, reply),
+                    Message::Reply { token, reply } => ctx.calls.deliver(token, reply),
                 }
             }
         })

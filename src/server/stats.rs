@@ -12,7 +12,7 @@ use crate::store::detail::{self, PrefixCounts};
 use crate::store::{ItemClass, StoreStats};
 
 use super::shard::{MasterSnapshot, ShardCtx, ShardReply, ShardRequest, ShardSnapshot};
-use super::ConnCounters;
+use super::{ConnCounters, Shared};
 
 /// Gathers every shard's snapshot (this one's directly, the others over the mesh).
 /// Every partition's figures, each read under its lock.
@@ -21,8 +21,8 @@ struct PartitionFigures {
     arena: Vec<crate::arena::ShardArenaStats>,
 }
 
-fn partition_figures(ctx: &ShardCtx) -> PartitionFigures {
-    let partitions = &ctx.shared.partitions;
+fn partition_figures(shared: &Shared) -> PartitionFigures {
+    let partitions = &shared.partitions;
     let mut figures = PartitionFigures {
         store: StoreStats::default(),
         arena: Vec::with_capacity(partitions.len()),
@@ -134,10 +134,41 @@ fn rusage_seconds() -> (f64, f64) {
     }
 }
 
-fn general(ctx: &ShardCtx, snapshots: &[ShardSnapshot]) -> Vec<(String, String)> {
-    let shared = &ctx.shared;
-    let figures = partition_figures(ctx);
-    let store = figures.store;
+/// What the general group is made of: every partition's and every shard's figures, summed.
+#[derive(Clone, Debug, Default)]
+pub(crate) struct GeneralFigures {
+    pub uptime_seconds: u64,
+    pub version: String,
+    pub rusage_user_seconds: f64,
+    pub rusage_system_seconds: f64,
+    pub max_connections: usize,
+    pub curr_connections: usize,
+    pub total_connections: u64,
+    pub rejected_connections: u64,
+    pub store: StoreStats,
+    pub conn: ConnCounters,
+    pub cache_bytes: u64,
+    pub shards: usize,
+    pub compactions: u64,
+    pub compaction_bytes_moved: u64,
+    pub partitions: usize,
+    pub lock_acquisitions: u64,
+    pub locks_contended: u64,
+    /// Sampled hold times: p50, p99 and the longest, in nanoseconds (bucket upper bounds).
+    pub lock_hold_ns: [u64; 3],
+    pub mesh_placement: u64,
+    pub mesh_control: u64,
+    pub idle_blocks: u64,
+}
+
+/// Gathers the general group's figures: the partitions' (each under its lock), `snapshots`
+/// (every shard's per-core figures), and the process's. Runs on any thread.
+pub(crate) fn general_figures(
+    shared: &Shared,
+    shards: usize,
+    snapshots: &[ShardSnapshot],
+) -> GeneralFigures {
+    let figures = partition_figures(shared);
     let mut conn = ConnCounters::default();
     let (mut mesh_placement, mut mesh_control, mut idle_blocks) = (0u64, 0u64, 0u64);
     for s in snapshots {
@@ -149,36 +180,55 @@ fn general(ctx: &ShardCtx, snapshots: &[ShardSnapshot]) -> Vec<(String, String)>
     let arena = shared.arena.stats(&figures.arena);
     let (acquisitions, contended, holds) = shared.partitions.lock_stats();
     let (user, system) = rusage_seconds();
+    let quantile = |q| super::partition::quantile_ns(&holds, q);
+    GeneralFigures {
+        uptime_seconds: shared.started.elapsed().as_secs(),
+        version: shared.version.clone(),
+        rusage_user_seconds: user,
+        rusage_system_seconds: system,
+        max_connections: shared.settings.max_connections,
+        curr_connections: shared.curr_connections.load(Ordering::Relaxed),
+        total_connections: shared.total_connections.load(Ordering::Relaxed),
+        rejected_connections: shared.rejected_connections.load(Ordering::Relaxed),
+        store: figures.store,
+        conn,
+        cache_bytes: shared.arena.plan().cache_bytes(),
+        shards,
+        compactions: arena.totals.compactions,
+        compaction_bytes_moved: arena.totals.compaction_bytes_moved,
+        partitions: shared.partitions.len(),
+        lock_acquisitions: acquisitions,
+        locks_contended: contended,
+        lock_hold_ns: [quantile(0.5), quantile(0.99), quantile(1.0)],
+        mesh_placement,
+        mesh_control,
+        idle_blocks,
+    }
+}
+
+fn general(ctx: &ShardCtx, snapshots: &[ShardSnapshot]) -> Vec<(String, String)> {
+    general_pairs(&general_figures(&ctx.shared, ctx.shards, snapshots))
+}
+
+/// The general group's pairs, in memcached's order and then Headroom's.
+pub(crate) fn general_pairs(f: &GeneralFigures) -> Vec<(String, String)> {
+    let store = &f.store;
+    let conn = &f.conn;
     let pairs: Vec<(&str, String)> = vec![
         ("pid", std::process::id().to_string()),
-        ("uptime", shared.started.elapsed().as_secs().to_string()),
+        ("uptime", f.uptime_seconds.to_string()),
         ("time", super::unix_now().to_string()),
-        ("version", shared.version.to_string()),
+        ("version", f.version.clone()),
         (
             "pointer_size",
             (8 * std::mem::size_of::<usize>()).to_string(),
         ),
-        ("rusage_user", format!("{user:.6}")),
-        ("rusage_system", format!("{system:.6}")),
-        (
-            "max_connections",
-            shared.settings.max_connections.to_string(),
-        ),
-        (
-            "curr_connections",
-            shared.curr_connections.load(Ordering::Relaxed).to_string(),
-        ),
-        (
-            "total_connections",
-            shared.total_connections.load(Ordering::Relaxed).to_string(),
-        ),
-        (
-            "rejected_connections",
-            shared
-                .rejected_connections
-                .load(Ordering::Relaxed)
-                .to_string(),
-        ),
+        ("rusage_user", format!("{:.6}", f.rusage_user_seconds)),
+        ("rusage_system", format!("{:.6}", f.rusage_system_seconds)),
+        ("max_connections", f.max_connections.to_string()),
+        ("curr_connections", f.curr_connections.to_string()),
+        ("total_connections", f.total_connections.to_string()),
+        ("rejected_connections", f.rejected_connections.to_string()),
         ("cmd_get", (store.get_hits + store.get_misses).to_string()),
         ("cmd_set", store.cmd_set.to_string()),
         ("cmd_flush", conn.cmd_flush.to_string()),
@@ -201,11 +251,8 @@ fn general(ctx: &ShardCtx, snapshots: &[ShardSnapshot]) -> Vec<(String, String)>
         ("touch_misses", store.touch_misses.to_string()),
         ("bytes_read", conn.bytes_read.to_string()),
         ("bytes_written", conn.bytes_written.to_string()),
-        (
-            "limit_maxbytes",
-            shared.arena.plan().cache_bytes().to_string(),
-        ),
-        ("threads", ctx.shards.to_string()),
+        ("limit_maxbytes", f.cache_bytes.to_string()),
+        ("threads", f.shards.to_string()),
         ("bytes", store.bytes.to_string()),
         ("curr_items", store.curr_items.to_string()),
         ("total_items", store.total_items.to_string()),
@@ -219,10 +266,10 @@ fn general(ctx: &ShardCtx, snapshots: &[ShardSnapshot]) -> Vec<(String, String)>
         ("too_large", store.too_large.to_string()),
         ("large_values_refused", store.large_refusals.to_string()),
         ("out_of_memory", store.out_of_memory.to_string()),
-        ("compactions", arena.totals.compactions.to_string()),
+        ("compactions", f.compactions.to_string()),
         (
             "compaction_bytes_moved",
-            arena.totals.compaction_bytes_moved.to_string(),
+            f.compaction_bytes_moved.to_string(),
         ),
         ("commands", conn.commands.to_string()),
         ("frame_bad_magic", conn.bad_magic.to_string()),
@@ -236,24 +283,15 @@ fn general(ctx: &ShardCtx, snapshots: &[ShardSnapshot]) -> Vec<(String, String)>
         ("auth_cmds", conn.auth_cmds.to_string()),
         ("auth_errors", conn.auth_errors.to_string()),
         ("large_evictions", store.large_evictions.to_string()),
-        ("partitions", shared.partitions.len().to_string()),
-        ("partition_locks", acquisitions.to_string()),
-        ("partition_locks_contended", contended.to_string()),
-        (
-            "partition_lock_hold_p50_ns",
-            super::partition::quantile_ns(&holds, 0.5).to_string(),
-        ),
-        (
-            "partition_lock_hold_p99_ns",
-            super::partition::quantile_ns(&holds, 0.99).to_string(),
-        ),
-        (
-            "partition_lock_hold_max_ns",
-            super::partition::quantile_ns(&holds, 1.0).to_string(),
-        ),
-        ("mesh_messages_placement", mesh_placement.to_string()),
-        ("mesh_messages_control", mesh_control.to_string()),
-        ("core_batch_idle_blocks", idle_blocks.to_string()),
+        ("partitions", f.partitions.to_string()),
+        ("partition_locks", f.lock_acquisitions.to_string()),
+        ("partition_locks_contended", f.locks_contended.to_string()),
+        ("partition_lock_hold_p50_ns", f.lock_hold_ns[0].to_string()),
+        ("partition_lock_hold_p99_ns", f.lock_hold_ns[1].to_string()),
+        ("partition_lock_hold_max_ns", f.lock_hold_ns[2].to_string()),
+        ("mesh_messages_placement", f.mesh_placement.to_string()),
+        ("mesh_messages_control", f.mesh_control.to_string()),
+        ("core_batch_idle_blocks", f.idle_blocks.to_string()),
     ];
     pairs.into_iter().map(|(n, v)| (n.to_string(), v)).collect()
 }
@@ -335,7 +373,7 @@ fn node_text(node: Option<u32>) -> String {
 }
 
 /// One row per target: `target_N_<field> value`.
-fn segments(master: &MasterSnapshot) -> Vec<(String, String)> {
+pub(crate) fn segments(master: &MasterSnapshot) -> Vec<(String, String)> {
     let mut out = Vec::new();
     for row in &master.targets {
         let p = format!("target_{}", row.id.0);
@@ -365,7 +403,7 @@ fn segments(master: &MasterSnapshot) -> Vec<(String, String)> {
 }
 
 /// The RFC's placement metrics.
-fn placement(master: &MasterSnapshot) -> Vec<(String, String)> {
+pub(crate) fn placement(master: &MasterSnapshot) -> Vec<(String, String)> {
     let s = &master.stats;
     let mut out: Vec<(String, String)> = [
         ("policy", master.policy.to_string()),
@@ -522,8 +560,13 @@ fn conns(answers: Vec<StatAnswer>) -> Vec<(String, String)> {
 pub async fn group_pairs(ctx: &ShardCtx, group: &[u8]) -> Option<Vec<(String, String)>> {
     Some(match group {
         b"" => general(ctx, &gather(ctx).await),
-        b"items" => items(&partition_figures(ctx).store),
-        b"slabs" => slabs(ctx, &ctx.shared.arena.stats(&partition_figures(ctx).arena)),
+        b"items" => items(&partition_figures(&ctx.shared).store),
+        b"slabs" => slabs(
+            ctx,
+            &ctx.shared
+                .arena
+                .stats(&partition_figures(&ctx.shared).arena),
+        ),
         b"sizes" => {
             let partitions = &ctx.shared.partitions;
             let mut sizes = BTreeMap::new();
@@ -590,7 +633,7 @@ pub async fn group_pairs(ctx: &ShardCtx, group: &[u8]) -> Option<Vec<(String, St
         b"arena" => ctx
             .shared
             .arena
-            .stats(&partition_figures(ctx).arena)
+            .stats(&partition_figures(&ctx.shared).arena)
             .pairs(),
         _ => return None,
     })

@@ -1,0 +1,1917 @@
+//! The metrics endpoint (`--metrics-listen ADDR`): Prometheus metrics and a health check over
+//! HTTP, served from the placement master's executor so that a scrape never runs on a serving
+//! shard.
+//!
+//! - `GET /metrics`: every STAT figure of the general, `io`, `segments` and `placement` groups,
+//!   and the request latency histograms, in the Prometheus text format (0.0.4), or OpenMetrics
+//!   1.0 when the scraper's `Accept` names `application/openmetrics-text` (Prometheus does).
+//!   The `prometheus-client` crate writes both formats; nothing here writes exposition syntax.
+//! - `GET /health` (and `/healthz`): `200 ok` while the server serves, `503` while it starts
+//!   or stops (for load balancers).
+//!
+//! Names come from explicit tables ([`GENERAL`], [`IO`], [`SEGMENTS`], [`PLACEMENT`],
+//! [`PLACEMENT_BY_NODE`]): each STAT name maps to a metric (name, type, unit, labels, help) or
+//! is skipped with a reason. The unit tests check that every name each STAT group can produce
+//! is in its table, so a new STAT figure cannot silently miss the endpoint.
+//!
+//! A scrape asks every shard for its per-core figures (`ShardRequest::Stats`, one mesh message
+//! each, answered synchronously as for STAT), reads every partition's figures under its lock
+//! (as STAT does) and the placement master's figures in place, then encodes. HTTP parsing is
+//! `httparse` on a request head capped at [`HEAD_MAX_BYTES`]; one request per connection, then
+//! `Connection: close`.
+
+use std::cell::Cell;
+use std::collections::BTreeMap;
+use std::net::SocketAddr;
+use std::rc::Rc;
+use std::sync::atomic::Ordering;
+use std::sync::Arc;
+use std::time::Duration;
+
+use futures_lite::{AsyncReadExt, AsyncWriteExt};
+use glommio::channels::channel_mesh::Senders;
+use prometheus_client::collector::Collector;
+use prometheus_client::encoding::{DescriptorEncoder, NoLabelSet};
+use prometheus_client::metrics::MetricType;
+use prometheus_client::registry::Registry;
+
+use super::latency::{CommandKind, LatencySnapshot, BOUNDS_NS};
+use super::shard::{Calls, MasterSnapshot, Message, ShardReply, ShardRequest};
+use super::Shared;
+
+/// Every metric's name starts with this (and `_`).
+pub const PREFIX: &str = "headroom";
+/// The longest request head read (request line and headers); longer gets 431.
+pub const HEAD_MAX_BYTES: usize = 8 << 10;
+/// Metrics connections served at once; more are closed on accept.
+const CONNECTIONS_MAX: usize = 16;
+/// A connection that sends no whole request head, or does not take its reply, in this long is
+/// closed.
+const CONNECTION_TIMEOUT: Duration = Duration::from_secs(10);
+/// `Content-Type` of OpenMetrics text.
+pub const OPENMETRICS_CONTENT_TYPE: &str =
+    "application/openmetrics-text; version=1.0.0; charset=utf-8";
+/// `Content-Type` of the Prometheus text format.
+pub const PROMETHEUS_CONTENT_TYPE: &str =
+    prometheus_client::encoding::prometheus_text::CONTENT_TYPE;
+
+// ---------------------------------------------------------------------------------------------
+// The name tables.
+
+/// A metric's type.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Kind {
+    /// Only goes up (resets with the process or STAT `reset`); samples end in `_total`.
+    Counter,
+    Gauge,
+    /// A constant 1 whose labels carry text (a version, a policy); samples end in `_info`.
+    Info,
+    Histogram,
+}
+
+/// The unit a metric's name ends in.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Unit {
+    None,
+    Bytes,
+    Seconds,
+}
+
+/// How a STAT value becomes the metric's value.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Scale {
+    AsIs,
+    /// STAT says nanoseconds; the metric is in seconds.
+    NanosToSeconds,
+}
+
+/// One exposed metric family.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct Metric {
+    /// The name after `headroom_`, before the unit and the suffix the encoder adds (`_total`
+    /// for counters, `_info` for info).
+    pub name: &'static str,
+    pub kind: Kind,
+    pub unit: Unit,
+    pub help: &'static str,
+}
+
+impl Metric {
+    /// The family's name as exposed (`# TYPE` in OpenMetrics): prefix, name, unit.
+    pub fn family_name(&self) -> String {
+        match self.unit {
+            Unit::None => format!("{PREFIX}_{}", self.name),
+            Unit::Bytes => format!("{PREFIX}_{}_bytes", self.name),
+            Unit::Seconds => format!("{PREFIX}_{}_seconds", self.name),
+        }
+    }
+
+    /// The name its samples carry (what a query names; histograms add `_bucket`, `_sum` and
+    /// `_count` to it).
+    pub fn sample_name(&self) -> String {
+        match self.kind {
+            Kind::Counter => format!("{}_total", self.family_name()),
+            Kind::Info => format!("{}_info", self.family_name()),
+            Kind::Gauge | Kind::Histogram => self.family_name(),
+        }
+    }
+
+    fn metric_type(&self) -> MetricType {
+        match self.kind {
+            Kind::Counter => MetricType::Counter,
+            Kind::Gauge => MetricType::Gauge,
+            Kind::Info => MetricType::Info,
+            Kind::Histogram => MetricType::Histogram,
+        }
+    }
+
+    fn prometheus_unit(&self) -> Option<prometheus_client::registry::Unit> {
+        match self.unit {
+            Unit::None => None,
+            Unit::Bytes => Some(prometheus_client::registry::Unit::Bytes),
+            Unit::Seconds => Some(prometheus_client::registry::Unit::Seconds),
+        }
+    }
+}
+
+/// Label names and values fixed by a table row.
+pub type Labels = &'static [(&'static str, &'static str)];
+
+/// What becomes of one STAT name.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Export {
+    /// The value is a sample of `metric` with these labels.
+    Sample {
+        metric: Metric,
+        labels: Labels,
+        scale: Scale,
+    },
+    /// The value is the text of `label` on the info metric `metric`.
+    InfoLabel { metric: Metric, label: &'static str },
+    /// The value is a label on every sample of its row (a segment target's kind, host, node).
+    RowLabel(&'static str),
+    /// A state: the sample is 1 when the value is `when`, else 0.
+    Flag { metric: Metric, when: &'static str },
+    /// Not exposed, for this reason.
+    Skip(&'static str),
+}
+
+const fn counter(name: &'static str, unit: Unit, help: &'static str) -> Metric {
+    Metric {
+        name,
+        kind: Kind::Counter,
+        unit,
+        help,
+    }
+}
+
+const fn gauge(name: &'static str, unit: Unit, help: &'static str) -> Metric {
+    Metric {
+        name,
+        kind: Kind::Gauge,
+        unit,
+        help,
+    }
+}
+
+const fn info(name: &'static str, help: &'static str) -> Metric {
+    Metric {
+        name,
+        kind: Kind::Info,
+        unit: Unit::None,
+        help,
+    }
+}
+
+const fn sample(metric: Metric) -> Export {
+    labelled(metric, &[])
+}
+
+const fn labelled(metric: Metric, labels: Labels) -> Export {
+    Export::Sample {
+        metric,
+        labels,
+        scale: Scale::AsIs,
+    }
+}
+
+const fn skip(why: &'static str) -> Export {
+    Export::Skip(why)
+}
+
+const B: Unit = Unit::Bytes;
+const N: Unit = Unit::None;
+const S: Unit = Unit::Seconds;
+
+const BUILD: Metric = info("build", "The server's version, as STAT version gives it.");
+const CPU: Metric = counter(
+    "cpu",
+    S,
+    "CPU time the process has used, by mode (getrusage).",
+);
+const COMMANDS: Metric = counter(
+    "commands",
+    N,
+    "Commands run, by command, as STAT counts them: get (one per key, GATs included), set \
+     (every storage command), touch, flush.",
+);
+const COMMAND_RESULTS: Metric = counter(
+    "command_results",
+    N,
+    "Keyed commands by result: hit (found and applied), miss (not found), badval (a CAS whose \
+     value had changed).",
+);
+const BAD_FRAMES: Metric = counter(
+    "bad_frames",
+    N,
+    "Binary frames refused, by reason (docs/protocol.md, Bad input).",
+);
+const MESH_MESSAGES: Metric = counter(
+    "mesh_messages",
+    N,
+    "Control-plane messages the shards sent over the channel mesh, by purpose (requests send \
+     none).",
+);
+
+/// The general STAT group (`stats` with no argument): every name STAT can give, in its order.
+pub const GENERAL: &[(&str, Export)] = &[
+    ("pid", skip("a process attribute, not a measurement")),
+    (
+        "uptime",
+        sample(gauge("uptime", S, "Seconds since the server started.")),
+    ),
+    (
+        "time",
+        skip("the server's clock: Prometheus stamps every scrape itself"),
+    ),
+    (
+        "version",
+        Export::InfoLabel {
+            metric: BUILD,
+            label: "version",
+        },
+    ),
+    ("pointer_size", skip("a build constant")),
+    ("rusage_user", labelled(CPU, &[("mode", "user")])),
+    ("rusage_system", labelled(CPU, &[("mode", "system")])),
+    (
+        "max_connections",
+        sample(gauge(
+            "max_connections",
+            N,
+            "The --max-connections limit: connections beyond it are closed on accept.",
+        )),
+    ),
+    (
+        "curr_connections",
+        sample(gauge("open_connections", N, "Client connections open now.")),
+    ),
+    (
+        "total_connections",
+        sample(counter(
+            "accepted_connections",
+            N,
+            "Client connections accepted (those closed at --max-connections are not).",
+        )),
+    ),
+    (
+        "rejected_connections",
+        sample(counter(
+            "rejected_connections",
+            N,
+            "Connections closed on accept because --max-connections were open.",
+        )),
+    ),
+    ("cmd_get", labelled(COMMANDS, &[("command", "get")])),
+    ("cmd_set", labelled(COMMANDS, &[("command", "set")])),
+    ("cmd_flush", labelled(COMMANDS, &[("command", "flush")])),
+    ("cmd_touch", labelled(COMMANDS, &[("command", "touch")])),
+    (
+        "get_hits",
+        labelled(COMMAND_RESULTS, &[("command", "get"), ("result", "hit")]),
+    ),
+    (
+        "get_misses",
+        labelled(COMMAND_RESULTS, &[("command", "get"), ("result", "miss")]),
+    ),
+    (
+        "delete_misses",
+        labelled(
+            COMMAND_RESULTS,
+            &[("command", "delete"), ("result", "miss")],
+        ),
+    ),
+    (
+        "delete_hits",
+        labelled(COMMAND_RESULTS, &[("command", "delete"), ("result", "hit")]),
+    ),
+    (
+        "incr_misses",
+        labelled(COMMAND_RESULTS, &[("command", "incr"), ("result", "miss")]),
+    ),
+    (
+        "incr_hits",
+        labelled(COMMAND_RESULTS, &[("command", "incr"), ("result", "hit")]),
+    ),
+    (
+        "decr_misses",
+        labelled(COMMAND_RESULTS, &[("command", "decr"), ("result", "miss")]),
+    ),
+    (
+        "decr_hits",
+        labelled(COMMAND_RESULTS, &[("command", "decr"), ("result", "hit")]),
+    ),
+    (
+        "cas_misses",
+        labelled(COMMAND_RESULTS, &[("command", "cas"), ("result", "miss")]),
+    ),
+    (
+        "cas_hits",
+        labelled(COMMAND_RESULTS, &[("command", "cas"), ("result", "hit")]),
+    ),
+    (
+        "cas_badval",
+        labelled(COMMAND_RESULTS, &[("command", "cas"), ("result", "badval")]),
+    ),
+    (
+        "touch_hits",
+        labelled(COMMAND_RESULTS, &[("command", "touch"), ("result", "hit")]),
+    ),
+    (
+        "touch_misses",
+        labelled(COMMAND_RESULTS, &[("command", "touch"), ("result", "miss")]),
+    ),
+    (
+        "bytes_read",
+        sample(counter("read", B, "Bytes read from client connections.")),
+    ),
+    (
+        "bytes_written",
+        sample(counter(
+            "written",
+            B,
+            "Bytes written to client connections.",
+        )),
+    ),
+    (
+        "limit_maxbytes",
+        sample(gauge(
+            "limit",
+            B,
+            "RAM the cache holds items in (memcached's limit_maxbytes).",
+        )),
+    ),
+    (
+        "threads",
+        sample(gauge("shards", N, "Serving shards, one thread each.")),
+    ),
+    (
+        "bytes",
+        sample(gauge(
+            "current",
+            B,
+            "Arena bytes items hold now (records and fixed head slots).",
+        )),
+    ),
+    (
+        "curr_items",
+        sample(gauge("current_items", N, "Items stored now.")),
+    ),
+    (
+        "total_items",
+        sample(counter(
+            "items",
+            N,
+            "Items stored: every successful store, as memcached counts total_items.",
+        )),
+    ),
+    (
+        "evictions",
+        sample(counter(
+            "items_evicted",
+            N,
+            "Items evicted to make room in RAM.",
+        )),
+    ),
+    (
+        "reclaimed",
+        skip("the same figure as expired_reclaimed (memcached's older name)"),
+    ),
+    (
+        "expired_reclaimed",
+        sample(counter(
+            "items_reclaimed",
+            N,
+            "Expired items whose memory was reclaimed, by the sweep or on lookup.",
+        )),
+    ),
+    (
+        "index_bytes",
+        sample(gauge(
+            "index",
+            B,
+            "Bytes of the key indexes (the per-item overhead outside the arena).",
+        )),
+    ),
+    (
+        "large_items",
+        sample(gauge(
+            "large_items",
+            N,
+            "Items larger than --ram-head: values whole in segments, heads in RAM.",
+        )),
+    ),
+    (
+        "large_bytes",
+        sample(gauge("large_items", B, "Bytes of the large items' values.")),
+    ),
+    (
+        "large_heads_dropped",
+        sample(counter(
+            "large_heads_dropped",
+            N,
+            "RAM head copies of large items given up to make room.",
+        )),
+    ),
+    (
+        "too_large",
+        sample(counter(
+            "too_large_values",
+            N,
+            "Stores refused as too large (over --max-item-size).",
+        )),
+    ),
+    (
+        "large_values_refused",
+        sample(counter(
+            "large_values_refused",
+            N,
+            "APPENDs and PREPENDs refused because the result would outgrow --ram-head (values \
+             in segments are written whole).",
+        )),
+    ),
+    (
+        "store_too_large",
+        skip("the same count as too_large, under memcached's name"),
+    ),
+    (
+        "store_no_memory",
+        skip("the same count as out_of_memory, under memcached's name"),
+    ),
+    (
+        "out_of_memory",
+        sample(counter(
+            "out_of_memory_errors",
+            N,
+            "Stores refused for lack of memory.",
+        )),
+    ),
+    (
+        "compactions",
+        sample(counter("compactions", N, "Small-object blocks compacted.")),
+    ),
+    (
+        "compaction_bytes_moved",
+        sample(counter("compaction_moved", B, "Bytes moved by compaction.")),
+    ),
+    (
+        "commands",
+        sample(counter(
+            "requests",
+            N,
+            "Commands decoded, of every kind and protocol.",
+        )),
+    ),
+    (
+        "frame_bad_magic",
+        labelled(BAD_FRAMES, &[("reason", "bad_magic")]),
+    ),
+    (
+        "frame_body_too_short",
+        labelled(BAD_FRAMES, &[("reason", "body_too_short")]),
+    ),
+    (
+        "frame_key_too_long",
+        labelled(BAD_FRAMES, &[("reason", "key_too_long")]),
+    ),
+    (
+        "frame_invalid",
+        labelled(BAD_FRAMES, &[("reason", "invalid")]),
+    ),
+    (
+        "frame_unknown_opcode",
+        labelled(BAD_FRAMES, &[("reason", "unknown_opcode")]),
+    ),
+    (
+        "frame_too_large",
+        labelled(BAD_FRAMES, &[("reason", "too_large")]),
+    ),
+    (
+        "text_errors",
+        sample(counter(
+            "text_errors",
+            N,
+            "Text and meta commands answered with an error line, or a close.",
+        )),
+    ),
+    (
+        "idle_closed",
+        sample(counter(
+            "idle_closed_connections",
+            N,
+            "Connections closed after --idle-timeout without traffic.",
+        )),
+    ),
+    (
+        "auth_cmds",
+        sample(counter("auth_commands", N, "SASL authentication commands.")),
+    ),
+    (
+        "auth_errors",
+        sample(counter(
+            "auth_errors",
+            N,
+            "SASL authentication commands that failed.",
+        )),
+    ),
+    (
+        "large_evictions",
+        sample(counter(
+            "large_evictions",
+            N,
+            "Large items evicted to make segment room (--segment-eviction lru).",
+        )),
+    ),
+    (
+        "partitions",
+        sample(gauge("partitions", N, "Partitions of the key space.")),
+    ),
+    (
+        "partition_locks",
+        sample(counter(
+            "partition_lock_acquisitions",
+            N,
+            "Partition lock acquisitions.",
+        )),
+    ),
+    (
+        "partition_locks_contended",
+        sample(counter(
+            "partition_lock_contentions",
+            N,
+            "Partition lock acquisitions that found the lock held by another thread.",
+        )),
+    ),
+    (
+        "partition_lock_hold_p50_ns",
+        Export::Sample {
+            metric: gauge(
+                "partition_lock_hold_p50",
+                S,
+                "The median partition lock hold time, over a sample of every 64th hold (the upper bound of its \
+                 power-of-two bucket).",
+            ),
+            labels: &[],
+            scale: Scale::NanosToSeconds,
+        },
+    ),
+    (
+        "partition_lock_hold_p99_ns",
+        Export::Sample {
+            metric: gauge(
+                "partition_lock_hold_p99",
+                S,
+                "The 99th percentile of partition lock hold times, over a sample of every 64th hold (the upper bound of its \
+                 power-of-two bucket).",
+            ),
+            labels: &[],
+            scale: Scale::NanosToSeconds,
+        },
+    ),
+    (
+        "partition_lock_hold_max_ns",
+        Export::Sample {
+            metric: gauge(
+                "partition_lock_hold_max",
+                S,
+                "The longest partition lock hold, over a sample of every 64th hold (the upper bound of its \
+                 power-of-two bucket).",
+            ),
+            labels: &[],
+            scale: Scale::NanosToSeconds,
+        },
+    ),
+    (
+        "mesh_messages_placement",
+        labelled(MESH_MESSAGES, &[("purpose", "placement")]),
+    ),
+    (
+        "mesh_messages_control",
+        labelled(MESH_MESSAGES, &[("purpose", "control")]),
+    ),
+    (
+        "core_batch_idle_blocks",
+        sample(gauge(
+            "core_batch_idle_blocks",
+            N,
+            "Idle arena blocks in the shards' per-core batches.",
+        )),
+    ),
+];
+
+const IO_PATH: Metric = info(
+    "io_path",
+    "The data path a shard serves on (ring, or plain and why).",
+);
+const RING_OPERATIONS: Metric = counter(
+    "ring_operations",
+    N,
+    "io_uring operations completed, by shard and operation.",
+);
+const RING_BYTES: Metric = counter(
+    "ring",
+    B,
+    "Bytes io_uring operations moved, by shard and operation.",
+);
+const LENT_PLAIN_SENDS: Metric = counter(
+    "lent_plain_sends",
+    N,
+    "Lent values sent with plain SEND instead of SEND_ZC, by reason: huge_pages (zero-copy \
+     from huge pages stalls), kernel_copies (the connection's notifications said the kernel \
+     copies anyway).",
+);
+
+/// The `io` STAT group, per shard (`shardN_` + these names; every sample gets `shard="N"`).
+pub const IO: &[(&str, Export)] = &[
+    (
+        "path",
+        Export::InfoLabel {
+            metric: IO_PATH,
+            label: "path",
+        },
+    ),
+    (
+        "pool_chunks",
+        sample(gauge(
+            "stream_pool_chunks",
+            N,
+            "Chunks of a shard's streaming pool.",
+        )),
+    ),
+    (
+        "pool_chunks_free",
+        sample(gauge(
+            "stream_pool_free_chunks",
+            N,
+            "Free chunks of a shard's streaming pool.",
+        )),
+    ),
+    (
+        "heads_lent",
+        sample(counter(
+            "lent_values",
+            N,
+            "Values (or heads) sent straight from their pinned arena bytes.",
+        )),
+    ),
+    (
+        "head_bytes_lent",
+        sample(counter(
+            "lent",
+            B,
+            "Bytes sent straight from pinned arena bytes.",
+        )),
+    ),
+    (
+        "fallbacks",
+        sample(counter(
+            "io_fallbacks",
+            N,
+            "Times the ring path wanted a registered buffer and the memory was not registered.",
+        )),
+    ),
+    ("ops_send", labelled(RING_OPERATIONS, &[("op", "send")])),
+    ("bytes_send", labelled(RING_BYTES, &[("op", "send")])),
+    (
+        "ops_send_zc",
+        labelled(RING_OPERATIONS, &[("op", "send_zc")]),
+    ),
+    ("bytes_send_zc", labelled(RING_BYTES, &[("op", "send_zc")])),
+    (
+        "ops_read_fixed",
+        labelled(RING_OPERATIONS, &[("op", "read_fixed")]),
+    ),
+    (
+        "bytes_read_fixed",
+        labelled(RING_BYTES, &[("op", "read_fixed")]),
+    ),
+    (
+        "ops_write_fixed",
+        labelled(RING_OPERATIONS, &[("op", "write_fixed")]),
+    ),
+    (
+        "bytes_write_fixed",
+        labelled(RING_BYTES, &[("op", "write_fixed")]),
+    ),
+    ("ops_recv", labelled(RING_OPERATIONS, &[("op", "recv")])),
+    ("bytes_recv", labelled(RING_BYTES, &[("op", "recv")])),
+    (
+        "op_errors",
+        sample(counter(
+            "ring_operation_errors",
+            N,
+            "io_uring operations that completed with an error (cancellations included).",
+        )),
+    ),
+    (
+        "zc_notifications",
+        sample(counter(
+            "zero_copy_notifications",
+            N,
+            "Zero-copy send notifications received.",
+        )),
+    ),
+    (
+        "zc_copied",
+        sample(counter(
+            "zero_copy_kernel_copies",
+            N,
+            "Zero-copy notifications saying the kernel copied the bytes after all.",
+        )),
+    ),
+    (
+        "lent_sends_huge_pages",
+        labelled(LENT_PLAIN_SENDS, &[("reason", "huge_pages")]),
+    ),
+    (
+        "lent_sends_kernel_copies",
+        labelled(LENT_PLAIN_SENDS, &[("reason", "kernel_copies")]),
+    ),
+    (
+        "in_flight",
+        sample(gauge(
+            "ring_in_flight_operations",
+            N,
+            "io_uring operations in flight now.",
+        )),
+    ),
+    (
+        "in_flight_max",
+        sample(gauge(
+            "ring_in_flight_operations_max",
+            N,
+            "Most io_uring operations ever in flight at once.",
+        )),
+    ),
+    (
+        "ring_full_waits",
+        sample(counter(
+            "ring_full_waits",
+            N,
+            "Times a submission waited for room in the ring.",
+        )),
+    ),
+    (
+        "cq_overflows",
+        sample(counter(
+            "ring_cq_overflows",
+            N,
+            "Times the completion queue had overflowed (the kernel kept the completions).",
+        )),
+    ),
+    (
+        "cancels",
+        sample(counter("ring_cancels", N, "io_uring operations cancelled.")),
+    ),
+    (
+        "ring_wakeups",
+        sample(counter(
+            "ring_wakeups",
+            N,
+            "Eventfd wake-ups of the ring's driver.",
+        )),
+    ),
+    (
+        "ring_submits",
+        sample(counter(
+            "ring_submits",
+            N,
+            "io_uring_enter calls that submitted queued entries.",
+        )),
+    ),
+    (
+        "ring_entries_submitted",
+        sample(counter(
+            "ring_entries_submitted",
+            N,
+            "Entries those io_uring_enter calls carried.",
+        )),
+    ),
+    (
+        "ring_task_runs",
+        sample(counter(
+            "ring_task_runs",
+            N,
+            "io_uring_enter calls made only to run completions waiting for the thread.",
+        )),
+    ),
+];
+
+const TARGET_INFO: Metric = info(
+    "target",
+    "A store target of the segments: its name and uuid, with the labels its figures carry.",
+);
+
+/// The `segments` STAT group, per target (`target_N_` + these names). Every sample gets
+/// `target="N"` and the target's `kind`, `node` and `host` labels.
+pub const SEGMENTS: &[(&str, Export)] = &[
+    (
+        "name",
+        Export::InfoLabel {
+            metric: TARGET_INFO,
+            label: "name",
+        },
+    ),
+    (
+        "uuid",
+        Export::InfoLabel {
+            metric: TARGET_INFO,
+            label: "uuid",
+        },
+    ),
+    ("kind", Export::RowLabel("kind")),
+    ("host", Export::RowLabel("host")),
+    ("node", Export::RowLabel("node")),
+    (
+        "capacity",
+        sample(gauge(
+            "target_capacity",
+            B,
+            "A store target's usable bytes.",
+        )),
+    ),
+    (
+        "used",
+        sample(gauge(
+            "target_used",
+            B,
+            "Bytes of a store target that values hold.",
+        )),
+    ),
+    (
+        "largest_free",
+        sample(gauge(
+            "target_largest_free",
+            B,
+            "A store target's largest free extent.",
+        )),
+    ),
+    (
+        "objects",
+        sample(gauge(
+            "target_objects",
+            N,
+            "Values stored on a store target.",
+        )),
+    ),
+    (
+        "status",
+        Export::Flag {
+            metric: gauge(
+                "target_draining",
+                N,
+                "1 while a store target drains (takes no new placements), 0 while active.",
+            ),
+            when: "draining",
+        },
+    ),
+];
+
+const PLACED_REPLICAS: Metric = counter(
+    "placed_replicas",
+    N,
+    "Replicas the placement master placed, by locality tier: exact_node (this host, the \
+     requested node), unknown_locality (this host, a target of unknown node), cross_node \
+     (this host, another node), other_host.",
+);
+
+/// The `placement` STAT group (the NUMA RFC's placement metrics).
+pub const PLACEMENT: &[(&str, Export)] = &[
+    (
+        "policy",
+        Export::InfoLabel {
+            metric: info(
+                "placement_policy",
+                "How the placement master ranks targets (--placement-policy).",
+            ),
+            label: "policy",
+        },
+    ),
+    (
+        "segment_evictions",
+        sample(counter(
+            "segment_evictions",
+            N,
+            "Large values the placement master chose to evict to make segment room.",
+        )),
+    ),
+    (
+        "requests",
+        sample(counter(
+            "placement_requests",
+            N,
+            "Placement requests the master answered.",
+        )),
+    ),
+    (
+        "requests_without_locality",
+        sample(counter(
+            "placement_requests_without_locality",
+            N,
+            "Placement requests that named no NUMA node.",
+        )),
+    ),
+    (
+        "exact_node",
+        labelled(PLACED_REPLICAS, &[("tier", "exact_node")]),
+    ),
+    (
+        "exact_node_bytes",
+        sample(counter(
+            "placed_exact_node",
+            B,
+            "Bytes of replicas placed on the requested node.",
+        )),
+    ),
+    (
+        "unknown_locality_placements",
+        labelled(PLACED_REPLICAS, &[("tier", "unknown_locality")]),
+    ),
+    (
+        "cross_node_fallbacks",
+        labelled(PLACED_REPLICAS, &[("tier", "cross_node")]),
+    ),
+    (
+        "other_host_fallbacks",
+        labelled(PLACED_REPLICAS, &[("tier", "other_host")]),
+    ),
+    (
+        "preferred_placements",
+        sample(counter(
+            "preferred_placements",
+            N,
+            "Replicas placed on a target the client preferred.",
+        )),
+    ),
+    (
+        "partial",
+        sample(counter(
+            "partial_placements",
+            N,
+            "Placement requests that got fewer replicas than asked.",
+        )),
+    ),
+    (
+        "strict_failures",
+        sample(counter(
+            "strict_placement_failures",
+            N,
+            "Strict placement requests that found no room on their node.",
+        )),
+    ),
+    (
+        "failures",
+        sample(counter(
+            "placement_failures",
+            N,
+            "Placement requests that found no room.",
+        )),
+    ),
+    (
+        "last_failure_free",
+        sample(gauge(
+            "last_placement_failure_free",
+            B,
+            "Free segment bytes at the last placement failure.",
+        )),
+    ),
+    (
+        "last_failure_largest_hole",
+        sample(gauge(
+            "last_placement_failure_largest_hole",
+            B,
+            "The largest free extent at the last placement failure.",
+        )),
+    ),
+    (
+        "targets_unknown_locality",
+        sample(gauge(
+            "targets_unknown_locality",
+            N,
+            "Store targets whose NUMA node is unknown.",
+        )),
+    ),
+];
+
+/// The `placement` group's per-node rows (`{local|remote}_node_{N}_` + these names). Every
+/// sample gets `host` (`local`: this machine, `remote`: another) and `node` (a number, or
+/// `unknown`).
+pub const PLACEMENT_BY_NODE: &[(&str, Export)] = &[
+    (
+        "capacity",
+        sample(gauge(
+            "node_segment_capacity",
+            B,
+            "Segment bytes by host and NUMA node.",
+        )),
+    ),
+    (
+        "allocated",
+        sample(gauge(
+            "node_segment_allocated",
+            B,
+            "Segment bytes allocated, by host and NUMA node.",
+        )),
+    ),
+];
+
+/// The latency histograms (not a STAT group).
+pub const REQUEST_DURATION: Metric = Metric {
+    name: "request_duration",
+    kind: Kind::Histogram,
+    unit: S,
+    help: "Server-side request latency by command: from the request's arrival (its read \
+           completing) to its reply being handed to the kernel.",
+};
+
+fn lookup(table: &'static [(&'static str, Export)], name: &str) -> Option<&'static Export> {
+    table.iter().find(|(n, _)| *n == name).map(|(_, e)| e)
+}
+
+// ---------------------------------------------------------------------------------------------
+// Building the exposition from STAT pairs.
+
+/// Everything one scrape exposes, as STAT gives it.
+#[derive(Clone, Debug, Default)]
+pub struct Scrape {
+    pub general: Vec<(String, String)>,
+    /// Per shard, its `io` pairs with the `shardN_` prefix taken off.
+    pub io: Vec<Vec<(String, String)>>,
+    pub segments: Vec<(String, String)>,
+    pub placement: Vec<(String, String)>,
+    pub latency: LatencySnapshot,
+}
+
+#[derive(Clone, Debug)]
+enum Value {
+    Int(u64),
+    Float(f64),
+    Info,
+    Histogram {
+        sum: f64,
+        count: u64,
+        /// (upper bound, count in this bucket alone).
+        buckets: Vec<(f64, u64)>,
+    },
+}
+
+#[derive(Clone, Debug)]
+struct Sample {
+    labels: Vec<(&'static str, String)>,
+    value: Value,
+}
+
+#[derive(Clone, Debug)]
+struct Family {
+    metric: Metric,
+    samples: Vec<Sample>,
+}
+
+/// The metric families of one scrape, in a stable order; a [`Collector`] the crate encodes.
+#[derive(Clone, Debug, Default)]
+pub struct Exposition {
+    families: Vec<Family>,
+    /// Names STAT gave that no table has (a new figure nobody mapped): logged, never exposed.
+    pub unmapped: Vec<String>,
+}
+
+impl Exposition {
+    fn family(&mut self, metric: Metric) -> &mut Family {
+        let at = match self
+            .families
+            .iter()
+            .position(|f| f.metric.family_name() == metric.family_name())
+        {
+            Some(at) => at,
+            None => {
+                self.families.push(Family {
+                    metric,
+                    samples: Vec::new(),
+                });
+                self.families.len() - 1
+            }
+        };
+        debug_assert_eq!(
+            self.families[at].metric, metric,
+            "two table rows define one family differently"
+        );
+        &mut self.families[at]
+    }
+
+    fn push(&mut self, metric: Metric, labels: Vec<(&'static str, String)>, value: Value) {
+        self.family(metric).samples.push(Sample { labels, value });
+    }
+
+    /// Adds one STAT pair exported as `export`, with the row's `labels`. Row labels and info
+    /// labels are collected by the caller.
+    fn add(&mut self, export: &Export, labels: &[(&'static str, String)], value: &str) {
+        match *export {
+            Export::Sample {
+                metric,
+                labels: fixed,
+                scale,
+            } => {
+                let Some(value) = parse_value(value, scale) else {
+                    self.unmapped.push(format!("{value:?} is not a number"));
+                    return;
+                };
+                let mut all = labels.to_vec();
+                all.extend(fixed.iter().map(|&(k, v)| (k, v.to_string())));
+                self.push(metric, all, value);
+            }
+            Export::Flag { metric, when } => {
+                self.push(
+                    metric,
+                    labels.to_vec(),
+                    Value::Int(u64::from(value == when)),
+                );
+            }
+            Export::InfoLabel { .. } | Export::RowLabel(_) | Export::Skip(_) => {}
+        }
+    }
+
+    /// Adds a group of `pairs` mapped by `table`, every sample labelled with `labels`; info
+    /// labels of the group go on one info sample per info metric.
+    fn add_group(
+        &mut self,
+        table: &'static [(&'static str, Export)],
+        pairs: &[(String, String)],
+        labels: &[(&'static str, String)],
+        group: &str,
+    ) {
+        let mut infos: Vec<(Metric, Vec<(&'static str, String)>)> = Vec::new();
+        for (name, value) in pairs {
+            match lookup(table, name) {
+                None => self.unmapped.push(format!("{group} {name}")),
+                Some(Export::InfoLabel { metric, label }) => {
+                    match infos.iter_mut().find(|(m, _)| m == metric) {
+                        Some((_, l)) => l.push((label, value.clone())),
+                        None => {
+                            let mut l = labels.to_vec();
+                            l.push((label, value.clone()));
+                            infos.push((*metric, l));
+                        }
+                    }
+                }
+                Some(export) => self.add(export, labels, value),
+            }
+        }
+        for (metric, labels) in infos {
+            self.push(metric, labels, Value::Info);
+        }
+    }
+
+    /// Builds every family of a scrape.
+    pub fn build(scrape: &Scrape) -> Exposition {
+        let mut out = Exposition::default();
+        out.add_group(GENERAL, &scrape.general, &[], "general");
+        for (shard, pairs) in scrape.io.iter().enumerate() {
+            out.add_group(IO, pairs, &[("shard", shard.to_string())], "io");
+        }
+        // segments: target_N_field, grouped by target; the row labels first.
+        let mut targets: BTreeMap<u64, Vec<(String, String)>> = BTreeMap::new();
+        for (name, value) in &scrape.segments {
+            let parsed = name.strip_prefix("target_").and_then(|rest| {
+                let (id, field) = rest.split_once('_')?;
+                Some((id.parse::<u64>().ok()?, field))
+            });
+            match parsed {
+                Some((id, field)) => targets
+                    .entry(id)
+                    .or_default()
+                    .push((field.to_string(), value.clone())),
+                None => out.unmapped.push(format!("segments {name}")),
+            }
+        }
+        for (id, fields) in &targets {
+            let mut labels = vec![("target", id.to_string())];
+            for (field, value) in fields {
+                if let Some(Export::RowLabel(label)) = lookup(SEGMENTS, field) {
+                    labels.push((label, value.clone()));
+                }
+            }
+            out.add_group(SEGMENTS, fields, &labels, "segments");
+        }
+        // placement: fixed names, then the per-node rows.
+        let (by_node, fixed): (Vec<_>, Vec<_>) = scrape
+            .placement
+            .iter()
+            .cloned()
+            .partition(|(name, _)| by_node_name(name).is_some());
+        out.add_group(PLACEMENT, &fixed, &[], "placement");
+        for (name, value) in &by_node {
+            let Some((host, node, field)) = by_node_name(name) else {
+                continue;
+            };
+            match lookup(PLACEMENT_BY_NODE, field) {
+                Some(export) => out.add(
+                    export,
+                    &[("host", host.to_string()), ("node", node.to_string())],
+                    value,
+                ),
+                None => out.unmapped.push(format!("placement {name}")),
+            }
+        }
+        // Latency: one histogram per command kind, every kind present (zero until recorded).
+        for kind in CommandKind::ALL {
+            let row = scrape.latency.row(kind);
+            let mut buckets: Vec<(f64, u64)> = BOUNDS_NS
+                .iter()
+                .zip(&row.buckets)
+                .map(|(&bound, &count)| (bound as f64 / 1e9, count))
+                .collect();
+            buckets.push((f64::INFINITY, row.buckets[BOUNDS_NS.len()]));
+            out.push(
+                REQUEST_DURATION,
+                vec![("command", kind.label().to_string())],
+                Value::Histogram {
+                    sum: row.sum_seconds(),
+                    count: row.count(),
+                    buckets,
+                },
+            );
+        }
+        out
+    }
+
+    /// The exposition in `format`, written by `prometheus-client`.
+    pub fn render(self, format: Format) -> Result<String, std::fmt::Error> {
+        let mut registry = Registry::with_prefix(PREFIX);
+        registry.register_collector(Box::new(self));
+        let mut out = String::new();
+        match format {
+            Format::Prometheus => {
+                prometheus_client::encoding::prometheus_text::encode(&mut out, &registry)?
+            }
+            Format::OpenMetrics => prometheus_client::encoding::text::encode(&mut out, &registry)?,
+        }
+        Ok(out)
+    }
+}
+
+/// `{local|remote}_node_{N}_{field}` as (host, node, field).
+fn by_node_name(name: &str) -> Option<(&'static str, &str, &str)> {
+    let (host, rest) = if let Some(rest) = name.strip_prefix("local_node_") {
+        ("local", rest)
+    } else {
+        ("remote", name.strip_prefix("remote_node_")?)
+    };
+    let (node, field) = rest.split_once('_')?;
+    Some((host, node, field))
+}
+
+fn parse_value(text: &str, scale: Scale) -> Option<Value> {
+    match scale {
+        Scale::AsIs => text
+            .parse::<u64>()
+            .map(Value::Int)
+            .ok()
+            .or_else(|| text.parse::<f64>().ok().map(Value::Float)),
+        Scale::NanosToSeconds => text.parse::<f64>().ok().map(|ns| Value::Float(ns / 1e9)),
+    }
+}
+
+impl Collector for Exposition {
+    fn encode(&self, mut encoder: DescriptorEncoder) -> Result<(), std::fmt::Error> {
+        for family in &self.families {
+            if family.samples.is_empty() {
+                continue;
+            }
+            let metric = &family.metric;
+            let unit = metric.prometheus_unit();
+            let mut descriptor = encoder.encode_descriptor(
+                metric.name,
+                metric.help,
+                unit.as_ref(),
+                metric.metric_type(),
+            )?;
+            for sample in &family.samples {
+                let mut e = descriptor.encode_family(&sample.labels)?;
+                match (&sample.value, metric.kind) {
+                    (Value::Int(v), Kind::Counter) => {
+                        e.encode_counter::<NoLabelSet, u64, u64>(v, None)?
+                    }
+                    (Value::Float(v), Kind::Counter) => {
+                        e.encode_counter::<NoLabelSet, f64, f64>(v, None)?
+                    }
+                    (Value::Int(v), _) => match i64::try_from(*v) {
+                        Ok(v) => e.encode_gauge(&v)?,
+                        Err(_) => e.encode_gauge(&(*v as f64))?,
+                    },
+                    (Value::Float(v), _) => e.encode_gauge(v)?,
+                    (Value::Info, _) => e.encode_info(&Vec::<(&str, &str)>::new())?,
+                    (
+                        Value::Histogram {
+                            sum,
+                            count,
+                            buckets,
+                        },
+                        _,
+                    ) => e.encode_histogram::<NoLabelSet>(*sum, *count, buckets, None)?,
+                }
+            }
+        }
+        Ok(())
+    }
+}
+
+/// The exposition format a scraper gets.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Format {
+    /// The Prometheus text format 0.0.4 (the default, `text/plain`).
+    Prometheus,
+    /// OpenMetrics 1.0 text, when the `Accept` header names it with a nonzero quality.
+    OpenMetrics,
+}
+
+impl Format {
+    pub fn from_accept(accept: Option<&str>) -> Format {
+        let wanted = accept.is_some_and(|accept| {
+            accept.split(',').any(|range| {
+                let mut params = range.split(';').map(str::trim);
+                let media = params.next().unwrap_or("");
+                media.eq_ignore_ascii_case("application/openmetrics-text")
+                    && params
+                        .filter_map(|p| p.strip_prefix("q="))
+                        .all(|q| q.parse::<f32>().map_or(true, |q| q > 0.0))
+            })
+        });
+        if wanted {
+            Format::OpenMetrics
+        } else {
+            Format::Prometheus
+        }
+    }
+
+    pub fn content_type(self) -> &'static str {
+        match self {
+            Format::Prometheus => PROMETHEUS_CONTENT_TYPE,
+            Format::OpenMetrics => OPENMETRICS_CONTENT_TYPE,
+        }
+    }
+}
+
+// ---------------------------------------------------------------------------------------------
+// Gathering, on the placement master's executor.
+
+/// What the endpoint needs from the executor it runs on (the placement master's).
+pub(crate) struct Source {
+    pub shared: Arc<Shared>,
+    pub mesh: Rc<Senders<Message>>,
+    pub calls: Rc<Calls>,
+    /// Every shard's mesh peer id, by shard index.
+    pub shard_peers: Vec<usize>,
+    /// The placement master's figures, read in place.
+    pub master: Box<dyn Fn() -> MasterSnapshot>,
+}
+
+impl Source {
+    /// Gathers one scrape; `None` when a shard no longer answers (the server stops).
+    async fn scrape(&self) -> Option<Scrape> {
+        let mut snapshots = Vec::with_capacity(self.shard_peers.len());
+        for &peer in &self.shard_peers {
+            match self.calls.call(&self.mesh, peer, ShardRequest::Stats).await {
+                ShardReply::Stats(snapshot) => snapshots.push(*snapshot),
+                _ => return None,
+            }
+        }
+        let figures = super::stats::general_figures(&self.shared, snapshots.len(), &snapshots);
+        let master = (self.master)();
+        let mut latency = LatencySnapshot::default();
+        for s in &snapshots {
+            latency.merge(&s.latency);
+        }
+        Some(Scrape {
+            general: super::stats::general_pairs(&figures),
+            io: snapshots
+                .iter()
+                .enumerate()
+                .map(|(shard, s)| {
+                    let prefix = format!("shard{shard}_");
+                    s.io.pairs(shard)
+                        .into_iter()
+                        .map(|(n, v)| (n.strip_prefix(&prefix).unwrap_or(&n).to_string(), v))
+                        .collect()
+                })
+                .collect(),
+            segments: super::stats::segments(&master),
+            placement: super::stats::placement(&master),
+            latency,
+        })
+    }
+}
+
+/// Binds the endpoint's listener (at start-up, before anything is mapped).
+pub(crate) fn bind(addr: SocketAddr) -> Result<std::net::TcpListener, String> {
+    std::net::TcpListener::bind(addr).map_err(|err| {
+        let why = match err.raw_os_error() {
+            Some(libc::EADDRINUSE) => "the address is already in use".to_string(),
+            Some(libc::EADDRNOTAVAIL) => "no interface of this machine has it".to_string(),
+            Some(libc::EACCES) => {
+                "permission denied (ports below 1024 need CAP_NET_BIND_SERVICE)".to_string()
+            }
+            _ => err.to_string(),
+        };
+        format!("--metrics-listen {addr}: cannot listen there: {why}")
+    })
+}
+
+/// Serves the endpoint on the current executor (the placement master's) until it ends, in a
+/// task queue of low shares: placement requests go first when both are ready.
+pub(crate) fn spawn(listener: std::net::TcpListener, source: Source) {
+    let queue = glommio::executor().create_task_queue(
+        glommio::Shares::Static(100),
+        glommio::Latency::NotImportant,
+        "metrics",
+    );
+    let listener = super::listen::into_glommio(listener);
+    let source = Rc::new(source);
+    let spawned = glommio::spawn_local_into(
+        async move {
+            let active = Rc::new(Cell::new(0usize));
+            loop {
+                let stream = match listener.accept().await {
+                    Ok(stream) => stream,
+                    Err(err) => {
+                        tracing::warn!(%err, "metrics endpoint: accept failed");
+                        glommio::timer::sleep(Duration::from_millis(100)).await;
+                        continue;
+                    }
+                };
+                if active.get() >= CONNECTIONS_MAX {
+                    continue; // dropped: closed
+                }
+                active.set(active.get() + 1);
+                let (source, active) = (Rc::clone(&source), Rc::clone(&active));
+                glommio::spawn_local(async move {
+                    if let Err(err) = handle(&source, stream).await {
+                        tracing::debug!(%err, "metrics endpoint: connection ended");
+                    }
+                    active.set(active.get() - 1);
+                })
+                .detach();
+            }
+        },
+        queue,
+    );
+    match spawned {
+        Ok(task) => {
+            task.detach();
+        }
+        Err(err) => tracing::error!(%err, "metrics endpoint: cannot start its task"),
+    }
+}
+
+/// Where the server is, as `/health` tells it: `None` while it serves, else why not.
+fn state(shared: &Shared) -> Option<&'static str> {
+    state_of(
+        shared.serving.load(Ordering::Acquire),
+        shared.stop.load(Ordering::Acquire),
+    )
+}
+
+fn state_of(serving: bool, stopping: bool) -> Option<&'static str> {
+    match (serving, stopping) {
+        (_, true) => Some("stopping"),
+        (false, false) => Some("starting"),
+        (true, false) => None,
+    }
+}
+
+/// A parsed request head: what the endpoint looks at.
+#[derive(Debug, PartialEq, Eq)]
+pub struct RequestHead {
+    pub method: String,
+    pub path: String,
+    pub accept: Option<String>,
+}
+
+/// What a buffered request head is so far.
+#[derive(Debug, PartialEq, Eq)]
+pub enum Parsed {
+    Complete(RequestHead),
+    Partial,
+    /// Answer with this status and close.
+    Refuse(u16),
+}
+
+/// Parses `head` (the bytes read so far) with `httparse`.
+pub fn parse_head(head: &[u8]) -> Parsed {
+    let mut headers = [httparse::EMPTY_HEADER; 64];
+    let mut request = httparse::Request::new(&mut headers);
+    match request.parse(head) {
+        Ok(httparse::Status::Complete(_)) => {
+            let accept = request
+                .headers
+                .iter()
+                .find(|h| h.name.eq_ignore_ascii_case("accept"))
+                .map(|h| String::from_utf8_lossy(h.value).into_owned());
+            Parsed::Complete(RequestHead {
+                method: request.method.unwrap_or("").to_string(),
+                path: request.path.unwrap_or("").to_string(),
+                accept,
+            })
+        }
+        Ok(httparse::Status::Partial) if head.len() >= HEAD_MAX_BYTES => Parsed::Refuse(431),
+        Ok(httparse::Status::Partial) => Parsed::Partial,
+        Err(httparse::Error::TooManyHeaders) => Parsed::Refuse(431),
+        Err(_) => Parsed::Refuse(400),
+    }
+}
+
+/// A whole response: status, content type, body.
+struct Response {
+    status: u16,
+    content_type: &'static str,
+    body: String,
+}
+
+impl Response {
+    fn text(status: u16, body: &str) -> Response {
+        Response {
+            status,
+            content_type: "text/plain; charset=utf-8",
+            body: format!("{body}\n"),
+        }
+    }
+
+    fn bytes(&self, head_only: bool) -> Vec<u8> {
+        let reason = match self.status {
+            200 => "OK",
+            400 => "Bad Request",
+            404 => "Not Found",
+            405 => "Method Not Allowed",
+            431 => "Request Header Fields Too Large",
+            500 => "Internal Server Error",
+            _ => "Service Unavailable",
+        };
+        let allow = if self.status == 405 {
+            "Allow: GET, HEAD\r\n"
+        } else {
+            ""
+        };
+        let mut out = format!(
+            "HTTP/1.1 {} {reason}\r\nContent-Type: {}\r\nContent-Length: {}\r\n{allow}Cache-Control: no-store\r\nConnection: close\r\n\r\n",
+            self.status,
+            self.content_type,
+            self.body.len()
+        )
+        .into_bytes();
+        if !head_only {
+            out.extend_from_slice(self.body.as_bytes());
+        }
+        out
+    }
+}
+
+/// Answers one request on `stream`, then closes it.
+async fn handle(source: &Source, mut stream: glommio::net::TcpStream) -> std::io::Result<()> {
+    stream.set_read_timeout(Some(CONNECTION_TIMEOUT))?;
+    stream.set_write_timeout(Some(CONNECTION_TIMEOUT))?;
+    let mut head = Vec::with_capacity(1024);
+    let mut chunk = [0u8; 2048];
+    let request = loop {
+        let n = stream.read(&mut chunk).await?;
+        if n == 0 {
+            return Ok(()); // gone before a whole request
+        }
+        head.extend_from_slice(&chunk[..n]);
+        match parse_head(&head) {
+            Parsed::Complete(request) => break Ok(request),
+            Parsed::Partial => {}
+            Parsed::Refuse(status) => break Err(status),
+        }
+    };
+    let (response, head_only) = match request {
+        Err(status) => (Response::text(status, "bad request"), false),
+        Ok(request) => {
+            let head_only = request.method == "HEAD";
+            (respond(source, &request).await, head_only)
+        }
+    };
+    stream.write_all(&response.bytes(head_only)).await?;
+    stream.close().await
+}
+
+async fn respond(source: &Source, request: &RequestHead) -> Response {
+    if request.method != "GET" && request.method != "HEAD" {
+        return Response::text(405, "only GET and HEAD");
+    }
+    let path = request.path.split('?').next().unwrap_or("");
+    match path {
+        "/health" | "/healthz" => match state(&source.shared) {
+            None => Response::text(200, "ok"),
+            Some(state) => Response::text(503, state),
+        },
+        "/metrics" => {
+            if let Some(state) = state(&source.shared) {
+                return Response::text(503, state);
+            }
+            let Some(scrape) = source.scrape().await else {
+                return Response::text(503, "stopping");
+            };
+            let exposition = Exposition::build(&scrape);
+            for name in &exposition.unmapped {
+                tracing::warn!(stat = %name, "metrics: a STAT figure no metric maps (a bug)");
+            }
+            let format = Format::from_accept(request.accept.as_deref());
+            match exposition.render(format) {
+                Ok(body) => Response {
+                    status: 200,
+                    content_type: format.content_type(),
+                    body,
+                },
+                Err(_) => Response::text(500, "the metrics could not be encoded"),
+            }
+        }
+        _ => Response::text(404, "not found: /metrics, /health, /healthz"),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::server::shard::{MasterSnapshot, TargetRow};
+    use crate::server::stats::{general_pairs, placement, segments, GeneralFigures};
+
+    /// Every table, named.
+    const TABLES: [(&str, &[(&str, Export)]); 5] = [
+        ("general", GENERAL),
+        ("io", IO),
+        ("segments", SEGMENTS),
+        ("placement", PLACEMENT),
+        ("placement by node", PLACEMENT_BY_NODE),
+    ];
+
+    fn names(pairs: &[(String, String)]) -> Vec<String> {
+        pairs.iter().map(|(n, _)| n.clone()).collect()
+    }
+
+    /// A master with one target and one node row, so every name of both groups appears.
+    fn master() -> MasterSnapshot {
+        let mut master = MasterSnapshot {
+            policy: "best_fit",
+            ..Default::default()
+        };
+        master.targets.push(TargetRow {
+            id: crate::placement::TargetId(3),
+            spec: crate::segment::TargetSpec {
+                name: "file:/data/segment-0".into(),
+                uuid: 7,
+                kind: crate::segment::TargetKind::File,
+                host: 0,
+                locality: Some(1),
+                base: 0,
+                size: 1 << 30,
+                granule: 4096,
+            },
+            capacity: 1 << 30,
+            used: 4096,
+            largest_free: (1 << 30) - 4096,
+            objects: 1,
+            draining: false,
+        });
+        let local = master.stats.by_node.entry((true, Some(1))).or_default();
+        local.capacity_bytes = 1 << 30;
+        local.allocated_bytes = 4096;
+        let remote = master.stats.by_node.entry((false, None)).or_default();
+        remote.capacity_bytes = 1 << 20;
+        master
+    }
+
+    #[test]
+    fn every_general_stat_is_mapped_or_skipped() {
+        let stat = names(&general_pairs(&GeneralFigures::default()));
+        let missing: Vec<_> = stat
+            .iter()
+            .filter(|n| lookup(GENERAL, n).is_none())
+            .collect();
+        assert!(
+            missing.is_empty(),
+            "STAT figures with no row in metrics::GENERAL: {missing:?}"
+        );
+    }
+
+    #[test]
+    fn every_io_segments_and_placement_stat_is_mapped() {
+        let io = crate::server::wire::IoSnapshot::default().pairs(0);
+        for (name, _) in &io {
+            let field = name.strip_prefix("shard0_").unwrap();
+            assert!(lookup(IO, field).is_some(), "io {field} has no row");
+        }
+        assert_eq!(io.len(), IO.len(), "io rows for names STAT no longer gives");
+        let master = master();
+        let segs = segments(&master);
+        for (name, _) in &segs {
+            let field = name.strip_prefix("target_3_").unwrap();
+            assert!(lookup(SEGMENTS, field).is_some(), "segments {field}");
+        }
+        assert_eq!(segs.len(), SEGMENTS.len());
+        let placement = placement(&master);
+        let mut by_node = 0;
+        for (name, _) in &placement {
+            if let Some((_, _, field)) = by_node_name(name) {
+                by_node += 1;
+                assert!(lookup(PLACEMENT_BY_NODE, field).is_some(), "{name}");
+            } else {
+                assert!(lookup(PLACEMENT, name).is_some(), "placement {name}");
+            }
+        }
+        assert_eq!(by_node, 4);
+        assert_eq!(placement.len() - by_node, PLACEMENT.len());
+        let exposition = Exposition::build(&Scrape {
+            general: general_pairs(&GeneralFigures::default()),
+            io: vec![io
+                .iter()
+                .map(|(n, v)| (n.strip_prefix("shard0_").unwrap().to_string(), v.clone()))
+                .collect()],
+            segments: segs,
+            placement,
+            latency: LatencySnapshot::default(),
+        });
+        assert!(exposition.unmapped.is_empty(), "{:?}", exposition.unmapped);
+    }
+
+    #[test]
+    fn names_follow_the_conventions() {
+        let mut families: BTreeMap<String, Metric> = BTreeMap::new();
+        for (table, rows) in TABLES {
+            for (stat, export) in rows {
+                let metric = match export {
+                    Export::Sample { metric, .. }
+                    | Export::InfoLabel { metric, .. }
+                    | Export::Flag { metric, .. } => *metric,
+                    Export::RowLabel(_) => continue,
+                    Export::Skip(why) => {
+                        assert!(!why.is_empty(), "{table} {stat}: a skip says why");
+                        continue;
+                    }
+                };
+                let name = metric.name;
+                assert!(
+                    name.bytes()
+                        .all(|b| b.is_ascii_lowercase() || b.is_ascii_digit() || b == b'_'),
+                    "{name}"
+                );
+                for suffix in ["_total", "_bytes", "_seconds", "_info", "_count", "_sum"] {
+                    assert!(!name.ends_with(suffix), "{name}: the encoder adds {suffix}");
+                }
+                assert!(
+                    metric.help.ends_with('.') && metric.help.len() > 10,
+                    "{name}: help is a sentence"
+                );
+                if let Some(other) = families.insert(metric.family_name(), metric) {
+                    assert_eq!(other, metric, "{table} {stat}: one family, two definitions");
+                }
+                match metric.kind {
+                    Kind::Counter => assert!(metric.sample_name().ends_with("_total")),
+                    Kind::Info => assert!(metric.sample_name().ends_with("_info")),
+                    _ => {}
+                }
+            }
+        }
+        // A counter's family name is its samples' name without `_total`: no gauge may take it.
+        let samples: Vec<String> = families.values().map(|m| m.sample_name()).collect();
+        let mut unique = samples.clone();
+        unique.sort();
+        unique.dedup();
+        assert_eq!(
+            unique.len(),
+            samples.len(),
+            "two families share a sample name"
+        );
+        assert_eq!(
+            REQUEST_DURATION.family_name(),
+            "headroom_request_duration_seconds"
+        );
+    }
+
+    #[test]
+    fn both_formats_encode_counters_gauges_infos_and_histograms() {
+        let mut general = general_pairs(&GeneralFigures {
+            version: "1.6.0-headroom-0.1.0".into(),
+            lock_hold_ns: [1024, 32768, 1 << 20],
+            ..Default::default()
+        });
+        for (name, value) in general.iter_mut() {
+            if name == "get_hits" {
+                *value = "7".into();
+            }
+        }
+        let latency = {
+            let h = crate::server::latency::LatencyHistograms::new();
+            h.record(CommandKind::Get, 1_500, 3);
+            h.record(CommandKind::Get, 20_000_000_000, 1);
+            h.snapshot()
+        };
+        let scrape = Scrape {
+            general,
+            segments: segments(&master()),
+            placement: placement(&master()),
+            latency,
+            ..Default::default()
+        };
+        let text = Exposition::build(&scrape)
+            .render(Format::Prometheus)
+            .unwrap();
+        for line in [
+            "# TYPE headroom_command_results_total counter",
+            "headroom_command_results_total{command=\"get\",result=\"hit\"} 7",
+            "headroom_build_info{version=\"1.6.0-headroom-0.1.0\"} 1",
+            "headroom_partition_lock_hold_p99_seconds 0.000032768",
+            "headroom_request_duration_seconds_bucket{command=\"get\",le=\"2e-06\"} 3",
+            "headroom_request_duration_seconds_bucket{command=\"get\",le=\"+Inf\"} 4",
+            "headroom_request_duration_seconds_count{command=\"get\"} 4",
+            "headroom_target_capacity_bytes{target=\"3\",kind=\"file\",host=\"0\",node=\"1\"} 1073741824",
+            "headroom_target_draining{target=\"3\",kind=\"file\",host=\"0\",node=\"1\"} 0",
+            "headroom_node_segment_capacity_bytes{host=\"remote\",node=\"unknown\"} 1048576",
+            "headroom_placement_policy_info{policy=\"best_fit\"} 1",
+        ] {
+            assert!(text.lines().any(|l| l == line), "{line}\nnot in\n{text}");
+        }
+        assert!(!text.contains("# EOF"));
+        let open = Exposition::build(&scrape)
+            .render(Format::OpenMetrics)
+            .unwrap();
+        assert!(open.ends_with("# EOF\n"));
+        assert!(open.contains("# TYPE headroom_command_results counter\n"));
+        assert!(open.contains("# UNIT headroom_read_bytes bytes\n"));
+    }
+
+    #[test]
+    fn health_is_ok_only_while_serving() {
+        assert_eq!(state_of(false, false), Some("starting"));
+        assert_eq!(state_of(true, false), None);
+        assert_eq!(state_of(true, true), Some("stopping"));
+        assert_eq!(state_of(false, true), Some("stopping"));
+    }
+
+    #[test]
+    fn accept_headers_choose_the_format() {
+        let f = |a: Option<&str>| Format::from_accept(a);
+        assert_eq!(f(None), Format::Prometheus);
+        assert_eq!(f(Some("*/*")), Format::Prometheus);
+        assert_eq!(f(Some("text/plain;version=0.0.4")), Format::Prometheus);
+        // What Prometheus sends.
+        assert_eq!(
+            f(Some("application/openmetrics-text;version=1.0.0,application/openmetrics-text;version=0.0.1;q=0.75,text/plain;version=0.0.4;q=0.5,*/*;q=0.1")),
+            Format::OpenMetrics
+        );
+        assert_eq!(
+            f(Some("application/openmetrics-text; q=0, text/plain")),
+            Format::Prometheus
+        );
+    }
+
+    #[test]
+    fn request_heads_parse_or_are_refused() {
+        let complete =
+            parse_head(b"GET /metrics?x=1 HTTP/1.1\r\nHost: a\r\nAccept: text/plain\r\n\r\n");
+        assert_eq!(
+            complete,
+            Parsed::Complete(RequestHead {
+                method: "GET".into(),
+                path: "/metrics?x=1".into(),
+                accept: Some("text/plain".into()),
+            })
+        );
+        assert_eq!(
+            parse_head(b"GET /metrics HTTP/1.1\r\nHost:"),
+            Parsed::Partial
+        );
+        assert_eq!(parse_head(b"\x00\x01garbage\r\n\r\n"), Parsed::Refuse(400));
+        assert_eq!(
+            parse_head(b"GET / HTTP/1.1\r\nBad Header\r\n\r\n"),
+            Parsed::Refuse(400)
+        );
+        let mut long = b"GET / HTTP/1.1\r\nX: ".to_vec();
+        long.resize(HEAD_MAX_BYTES, b'a');
+        assert_eq!(parse_head(&long), Parsed::Refuse(431));
+        let mut many = b"GET / HTTP/1.1\r\n".to_vec();
+        for i in 0..100 {
+            many.extend_from_slice(format!("X{i}: y\r\n").as_bytes());
+        }
+        many.extend_from_slice(b"\r\n");
+        assert_eq!(parse_head(&many), Parsed::Refuse(431));
+    }
+}
