@@ -264,6 +264,9 @@ pub(crate) fn general_pairs(f: &GeneralFigures) -> Vec<(String, String)> {
         ("large_bytes", store.large_bytes.to_string()),
         ("large_heads_dropped", store.large_heads_dropped.to_string()),
         ("too_large", store.too_large.to_string()),
+        // memcached's names for the same two counts.
+        ("store_too_large", store.too_large.to_string()),
+        ("store_no_memory", store.out_of_memory.to_string()),
         ("large_values_refused", store.large_refusals.to_string()),
         ("out_of_memory", store.out_of_memory.to_string()),
         ("compactions", f.compactions.to_string()),
@@ -338,7 +341,8 @@ fn settings(ctx: &ShardCtx) -> Vec<(String, String)> {
                 .map_or("NULL".to_string(), |p| p.display().to_string()),
         ),
         ("data_dir", s.data_dir.display().to_string()),
-        ("binding_protocol", "binary".to_string()),
+        // One port serves all three protocols, decided by each connection's first byte.
+        ("binding_protocol", "auto-negotiate".to_string()),
         ("numa", format!("{:?}", a.numa)),
         (
             "cpus",
