@@ -200,19 +200,22 @@ impl LatencyHistograms {
     /// arrival to their reply being handed to the kernel. No lock, no allocation: a bucket
     /// lookup (a binary search over 22 bounds) and two `Cell` updates.
     ///
-    /// How the connection loop calls it (`conn.rs`), once per reply batch:
+    /// How the connection loop (`conn.rs`, `serve_frames`) calls it, once per pass:
     ///
-    /// - *arrival*: take `let arrived = Instant::now()` when a read completes (the bytes of
-    ///   every request decoded from that buffer have then arrived); requests left incomplete
-    ///   in the buffer keep the arrival of the read that completes them;
-    /// - while processing, count the requests of the batch per kind ([`BatchCounts::add`] with
-    ///   [`CommandKind::of_opcode`] or [`CommandKind::of_text`]);
-    /// - *hand-off*: right where the batch's replies are submitted to the kernel (before
-    ///   `write_out`, `wire.write_queued` or a lent or streamed value's send is awaited), call
-    ///   `ctx.latency.record_batch(&counts, arrived.elapsed().as_nanos() as u64)`, or
-    ///   `ctx.latency.record(kind, elapsed_ns, count)` per kind, then clear the counts.
+    /// - *arrival*: the `Instant` taken when a read completes (where `info.last_command` is set
+    ///   after `wire.read`): every request decoded from the buffer after that read has arrived
+    ///   by then (one left incomplete arrives with the read that completes it);
+    /// - *counting*: as `conn.process` runs each request, add its kind to a [`BatchCounts`]
+    ///   kept in the connection (`counts.add(CommandKind::of_opcode(opcode))` for a binary
+    ///   frame, `CommandKind::of_text(&command)` or `of_text_store(&store)` for text and meta);
+    /// - *hand-off*: where the pass's last replies are submitted, that is just before the final
+    ///   `write_out(.., written, end)` or where they become `pending` (sent with the next
+    ///   receive, submitted right after), call
+    ///   `ctx.latency.record_batch(&counts.take(), arrived.elapsed().as_nanos() as u64)`.
+    ///   Requests behind a streamed or lent value thus include its send; quiet requests that
+    ///   send nothing count with the pass they were in.
     ///
-    /// Quiet requests that send nothing count at the hand-off of the batch they were part of.
+    /// `record(kind, elapsed_ns, count)` is the same for one kind at a time.
     #[inline]
     pub fn record(&self, kind: CommandKind, elapsed_ns: u64, count: u64) {
         if count == 0 {

@@ -1091,16 +1091,18 @@ struct Family {
 #[derive(Clone, Debug, Default)]
 pub struct Exposition {
     families: Vec<Family>,
-    /// Names STAT gave that no table has (a new figure nobody mapped): logged, never exposed.
+    /// STAT figures that could not be exposed (a name no table has, a value that is not a
+    /// number): logged, never exposed. Always empty unless a STAT group changed unmapped.
     pub unmapped: Vec<String>,
 }
 
 impl Exposition {
     fn family(&mut self, metric: Metric) -> &mut Family {
+        // One family per exposed name: name and unit (the kind only adds a suffix).
         let at = match self
             .families
             .iter()
-            .position(|f| f.metric.family_name() == metric.family_name())
+            .position(|f| f.metric.name == metric.name && f.metric.unit == metric.unit)
         {
             Some(at) => at,
             None => {
@@ -1132,7 +1134,7 @@ impl Exposition {
                 scale,
             } => {
                 let Some(value) = parse_value(value, scale) else {
-                    self.unmapped.push(format!("{value:?} is not a number"));
+                    self.unmapped.push(format!("{:?} (not a number)", value));
                     return;
                 };
                 let mut all = labels.to_vec();
@@ -1632,7 +1634,7 @@ async fn respond(source: &Source, request: &RequestHead) -> Response {
             };
             let exposition = Exposition::build(&scrape);
             for name in &exposition.unmapped {
-                tracing::warn!(stat = %name, "metrics: a STAT figure no metric maps (a bug)");
+                tracing::warn!(stat = %name, "metrics: a STAT figure cannot be exposed (a bug)");
             }
             let format = Format::from_accept(request.accept.as_deref());
             match exposition.render(format) {
