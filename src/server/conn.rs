@@ -21,6 +21,7 @@ use crate::proto::{decode_streaming, Decoded, FrameError, Request, ResponseWrite
 use super::deferred::Held;
 use super::execute::{execute_keyed, Deferred};
 use super::large::{self, LargeReply, LargeSet};
+use super::latency::{BatchCounts, CommandKind};
 use super::shard::ShardCtx;
 use super::stats::{write_stats, ConnInfo};
 use super::unix_now;
@@ -66,6 +67,8 @@ pub(super) struct Conn {
     pub(super) authenticated: bool,
     /// Unknown until the first byte arrives.
     protocol: Option<Protocol>,
+    /// Requests run since the last replies were handed to the kernel, by kind (latency).
+    pub(super) batch: BatchCounts,
 }
 
 /// The body of the refusal ADMIN gets on a data connection.
@@ -256,6 +259,7 @@ impl Conn {
                     }
                 };
             ctx.counters.borrow_mut().commands += 1;
+            self.batch.add(CommandKind::of_opcode(opcode));
             if !self.authenticated && !allowed_before_auth(&request) {
                 // Refused without running; a streamed value that follows is skipped.
                 if let Request::LargeStore { value_len, .. } = request {
@@ -545,7 +549,10 @@ async fn serve_frames(
         held_bytes: 0,
         authenticated: ctx.shared.credentials.is_none(),
         protocol: None,
+        batch: BatchCounts::default(),
     };
+    // When the bytes of the requests being run arrived (the read that brought them).
+    let mut arrived;
     // On the ring path the last replies of a pass go out with the next receive: both queued,
     // one submission for the pair (and for every other connection's of the same pass).
     let mut pending: Option<Vec<u8>> = None;
@@ -588,7 +595,8 @@ async fn serve_frames(
             }
         };
         info.state.set("conn_parse_cmd");
-        info.last_command.set(std::time::Instant::now());
+        arrived = std::time::Instant::now();
+        info.last_command.set(arrived);
         match read {
             Io::Done(n) => {
                 conn.filled += n;
@@ -640,6 +648,12 @@ async fn serve_frames(
                 write_out(ctx, stream, wire, idle, &mut conn.out, written, end).await
             {
                 return ended;
+            }
+            // Every reply of the pass is with the kernel (or queued with the next receive,
+            // submitted right after): the pass's requests took this long.
+            if !conn.batch.is_empty() {
+                let elapsed_ns = arrived.elapsed().as_nanos() as u64;
+                ctx.latency.record_batch(&conn.batch.take(), elapsed_ns);
             }
             conn.out.clear();
             let after = match after {

@@ -21,6 +21,7 @@ use crate::store::{
 use super::conn::{hold, After, Conn, OUTPUT_CAP_BYTES};
 use super::execute::{deliver_large, lend, lends, Deferred};
 use super::large::{LargeReply, LargeSet};
+use super::latency::CommandKind;
 use super::shard::ShardCtx;
 use super::stats::group_pairs;
 use super::unix_now;
@@ -665,6 +666,7 @@ impl Conn {
                     skip,
                 } => {
                     ctx.counters.borrow_mut().commands += 1;
+                    self.batch.add(CommandKind::Set);
                     if self.authenticated {
                         let (_, mut store) = ctx.shared.partitions.lock_key(&key);
                         store.refuse_too_large(&key, drop_existing);
@@ -678,6 +680,7 @@ impl Conn {
                 }
                 TextDecoded::LargeStore { store, consumed } => {
                     ctx.counters.borrow_mut().commands += 1;
+                    self.batch.add(CommandKind::of_text_store(&store));
                     self.consumed += consumed;
                     if !self.authenticated {
                         // Refused without running; the value and its `\r\n` are skipped.
@@ -691,6 +694,7 @@ impl Conn {
                 TextDecoded::Command { command, consumed } => (command, consumed),
             };
             ctx.counters.borrow_mut().commands += 1;
+            self.batch.add(CommandKind::of_text(&command));
             if !self.authenticated {
                 match authenticate(ctx, &command) {
                     Auth::Accepted => {
