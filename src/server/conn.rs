@@ -69,6 +69,8 @@ pub(super) struct Conn {
     protocol: Option<Protocol>,
     /// Requests run since the last replies were handed to the kernel, by kind (latency).
     pub(super) batch: BatchCounts,
+    /// The client's address, for log lines.
+    pub(super) peer: String,
 }
 
 /// The body of the refusal ADMIN gets on a data connection.
@@ -105,6 +107,33 @@ fn allowed_before_auth(request: &Request) -> bool {
         request,
         Request::Version | Request::Quit { .. } | Request::SaslListMechs | Request::SaslAuth { .. }
     )
+}
+
+/// Logs a protocol error a peer caused: one line per second per shard at most, so a flood
+/// cannot fill the disk (the STAT counters count every one).
+pub(super) fn log_peer_error(ctx: &ShardCtx, peer: &str, what: &str, closed: bool) {
+    if let Some(held_back) = ctx.peer_error_log.allow(unix_now()) {
+        tracing::info!(
+            shard = ctx.id,
+            peer,
+            held_back,
+            closed,
+            "protocol error from a client: {what} (one line per second per shard at most)"
+        );
+    }
+}
+
+/// Counts a connection closed for idling past `--idle-timeout`, with a debug line (at most one
+/// per second per shard).
+pub(super) fn idle_closed(ctx: &ShardCtx) {
+    ctx.counters.borrow_mut().idle_closed += 1;
+    if let Some(held_back) = ctx.idle_log.allow(unix_now()) {
+        tracing::debug!(
+            shard = ctx.id,
+            held_back,
+            "connection closed: idle past --idle-timeout"
+        );
+    }
 }
 
 fn count(ctx: &ShardCtx, error: FrameError) {
@@ -229,6 +258,7 @@ impl Conn {
                     }
                     Decoded::Close { error } => {
                         count(ctx, error);
+                        log_peer_error(ctx, &self.peer, &format!("binary frame: {error:?}"), true);
                         return After::Close;
                     }
                     Decoded::Reject {
@@ -240,6 +270,8 @@ impl Conn {
                         error,
                     } => {
                         count(ctx, error);
+                        let what = format!("binary frame: {error:?} (opcode {opcode:#04x})");
+                        log_peer_error(ctx, &self.peer, &what, close);
                         ResponseWriter::new(&mut self.out).error(opcode, opaque, status);
                         self.skip_stream(skip);
                         if close {
@@ -522,7 +554,7 @@ async fn write_out(
             Ok(())
         }
         Io::TimedOut => {
-            ctx.counters.borrow_mut().idle_closed += 1;
+            idle_closed(ctx);
             Err(Ended::Cut)
         }
         Io::Closed | Io::Stopped => Err(Ended::Cut),
@@ -550,6 +582,7 @@ async fn serve_frames(
         authenticated: ctx.shared.credentials.is_none(),
         protocol: None,
         batch: BatchCounts::default(),
+        peer: info.peer.clone(),
     };
     // When the bytes of the requests being run arrived (the read that brought them).
     let mut arrived;
@@ -582,7 +615,7 @@ async fn serve_frames(
                 match written {
                     Io::Done(_) => ctx.counters.borrow_mut().bytes_written += len as u64,
                     Io::TimedOut => {
-                        ctx.counters.borrow_mut().idle_closed += 1;
+                        idle_closed(ctx);
                         return Ended::Cut;
                     }
                     Io::Closed | Io::Stopped => return Ended::Cut,
@@ -603,7 +636,7 @@ async fn serve_frames(
                 ctx.counters.borrow_mut().bytes_read += n as u64;
             }
             Io::TimedOut => {
-                ctx.counters.borrow_mut().idle_closed += 1;
+                idle_closed(ctx);
                 return Ended::Cut;
             }
             Io::Closed | Io::Stopped => return Ended::Cut,
@@ -716,7 +749,7 @@ async fn send_lent(
             Ok(())
         }
         Io::TimedOut => {
-            ctx.counters.borrow_mut().idle_closed += 1;
+            idle_closed(ctx);
             Err(std::io::ErrorKind::TimedOut.into())
         }
         Io::Closed | Io::Stopped => Err(std::io::ErrorKind::UnexpectedEof.into()),

@@ -341,7 +341,7 @@ where
     match with_limits(ctx, idle, io).await {
         Io::Done(n) => Ok(n),
         Io::TimedOut => {
-            ctx.counters.borrow_mut().idle_closed += 1;
+            super::conn::idle_closed(ctx);
             Err(io::ErrorKind::TimedOut.into())
         }
         Io::Closed => Err(io::ErrorKind::UnexpectedEof.into()),

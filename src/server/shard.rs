@@ -168,6 +168,11 @@ pub struct ShardCtx {
     pub counters: RefCell<ConnCounters>,
     /// Limits the log lines failed authentications provoke.
     pub auth_log: super::log_limit::LogLimiter,
+    /// Lines for refused connections and for protocol errors from peers (each at most one
+    /// per second per shard, saying how many were held back).
+    pub refusal_log: super::log_limit::LogLimiter,
+    pub peer_error_log: super::log_limit::LogLimiter,
+    pub idle_log: super::log_limit::LogLimiter,
     /// This shard's client connections, by socket, for STAT `conns`.
     pub conns: RefCell<HashMap<i32, Rc<super::stats::ConnInfo>>>,
     pub stop: LocalEvent,
@@ -248,6 +253,9 @@ impl ShardCtx {
             shared,
             counters: RefCell::new(ConnCounters::default()),
             auth_log: Default::default(),
+            refusal_log: Default::default(),
+            peer_error_log: Default::default(),
+            idle_log: Default::default(),
             conns: RefCell::new(HashMap::new()),
             stop: LocalEvent::new(),
             live_connections: Cell::new(0),
@@ -423,10 +431,16 @@ pub async fn accept_loop(ctx: Rc<ShardCtx>, listener: TcpListener) {
         if open > shared.settings.max_connections {
             shared.curr_connections.fetch_sub(1, Ordering::AcqRel);
             shared.rejected_connections.fetch_add(1, Ordering::Relaxed);
-            tracing::debug!(
-                shard = ctx.id,
-                "connection refused: --max-connections reached"
-            );
+            if let Some(held_back) = ctx.refusal_log.allow(super::unix_now()) {
+                let peer = stream.peer_addr().map_or("?".into(), |a| a.to_string());
+                tracing::warn!(
+                    shard = ctx.id,
+                    %peer,
+                    max_connections = shared.settings.max_connections,
+                    held_back,
+                    "connection refused: --max-connections reached (one line per second per shard at most; STAT rejected_connections counts every refusal)"
+                );
+            }
             drop(stream);
             continue;
         }

@@ -18,7 +18,7 @@ use crate::store::{
     RELATIVE_EXPIRY_MAX_SECONDS,
 };
 
-use super::conn::{hold, After, Conn, OUTPUT_CAP_BYTES};
+use super::conn::{hold, log_peer_error, After, Conn, OUTPUT_CAP_BYTES};
 use super::execute::{deliver_large, lend, lends, Deferred};
 use super::large::{LargeReply, LargeSet};
 use super::latency::CommandKind;
@@ -652,6 +652,12 @@ impl Conn {
                 }
                 TextDecoded::Error { reply, skip, close } => {
                     ctx.counters.borrow_mut().text_errors += 1;
+                    let what = match reply.trim_ascii_end() {
+                        b"" if close => "a line over 2048 bytes".to_string(),
+                        b"" => "an error silenced by noreply".to_string(),
+                        line => String::from_utf8_lossy(line).into_owned(),
+                    };
+                    log_peer_error(ctx, &self.peer, &what, close);
                     self.out.extend_from_slice(&reply);
                     self.skip_stream(skip);
                     if close {
