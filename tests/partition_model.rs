@@ -495,3 +495,69 @@ fn run(seed: u64, steps: usize) {
 fn partitions_and_core_batches_hold_every_invariant_under_seeded_interleavings() {
     for_each_seed("partition_model", 48, |seed| run(seed, 3000));
 }
+
+/// Split mode with a small-object reservation of one block under ten fixed-head blocks (the
+/// three-node plan of `tests/numa_vm.rs`'s promotion test): the server's default asked for two
+/// partitions (ten fixed-head blocks, four each), but every item's record is a small object and
+/// a block in use belongs to one partition, so the second partition refused every store.
+/// `Partitions::new` keeps no more partitions than the scarcest reservation has blocks, and 48
+/// heads of exactly `ram_head` fit in 4 MiB + 8 MiB without an eviction.
+#[test]
+fn one_small_block_means_one_partition() {
+    use headroom::server::partition::{default_count, default_count_for, max_count};
+    const MIB: u64 = 1 << 20;
+    let distances = vec![vec![10, 21, 31], vec![21, 10, 21], vec![31, 21, 10]];
+    let topo = Topology::synthetic(&[1, 1, 1], distances, 2 * MIB).unwrap();
+    let config = ArenaConfig {
+        numa: NumaMode::Explicit(0),
+        memory_bytes: 4 * MIB,
+        sub_memory_bytes: 8 * MIB,
+        small_memory_bytes: Some(2 * MIB),
+        small_sub_memory_bytes: 0,
+        block_bytes: 2 * MIB,
+        ram_head_bytes: 256 << 10,
+        small_min_alloc_bytes: 16,
+        io_chunk_bytes: 64 << 10,
+        stream_bytes: 0,
+        perverse: false,
+    };
+    let plan = MemoryPlan::new(&config, &topo);
+    assert_eq!(default_count_for(1, &plan), 1);
+    assert_eq!(max_count(&plan), 1);
+    let arena = Arena::map(plan, &UnlockedMapper, 1).expect("map");
+    // What a caller counting only the fixed-head blocks asks for.
+    let asked = default_count(1, 10);
+    assert_eq!(asked, 2);
+    let partitions = Partitions::new(&arena, KeyHasher::with_seed(7), asked, |index| {
+        StoreConfig {
+            max_item_bytes: 1 << 20,
+            partition: index,
+            promotion_half_life_seconds: 10,
+        }
+    });
+    assert_eq!(partitions.len(), 1);
+    install_core_batch();
+    let value = |i: u64| -> Vec<u8> {
+        let mut rng = Rng::new(i);
+        (0..256 << 10).map(|_| rng.below(256) as u8).collect()
+    };
+    for i in 0..48u64 {
+        let key = format!("head{i:02}").into_bytes();
+        let (_, mut store) = partitions.lock_key(&key);
+        let outcome = store.store(StoreMode::Set, &key, &value(i), 0, 0, 0, NOW);
+        assert!(
+            matches!(outcome, StoreOutcome::Stored { .. }),
+            "head{i:02}: {outcome:?}"
+        );
+        store.check_invariants();
+    }
+    for i in 0..48u64 {
+        let key = format!("head{i:02}").into_bytes();
+        let (_, mut store) = partitions.lock_key(&key);
+        match store.lookup(&key, None, NOW, false) {
+            Lookup::Small(hit) => assert!(hit.value == value(i), "head{i:02} changed"),
+            _ => panic!("head{i:02} is missing"),
+        }
+    }
+    headroom::arena::batch::retire_core_batch(arena.pool());
+}

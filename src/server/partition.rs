@@ -13,27 +13,58 @@ use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex, MutexGuard};
 use std::time::Instant;
 
-use crate::arena::Arena;
+use crate::arena::{Arena, MemoryPlan};
 use crate::store::{KeyHasher, Store, StoreConfig, PARTITIONS_MAX};
 
 /// Partitions per serving core by default, when the arena has blocks enough for them.
 pub const PARTITIONS_PER_CORE: usize = 16;
-/// Fixed-head blocks each partition should be able to hold by default (a partition keeps at
-/// least one partly used block per class it stores in).
+/// Blocks of each reservation a partition stores in that it should be able to hold by default
+/// (a partition keeps at least one partly used block per class it stores in).
 const BLOCKS_PER_PARTITION_MIN: u64 = 4;
 /// One hold in this many is timed.
 const HOLD_SAMPLE_EVERY: u32 = 64;
 /// Buckets of the hold-time histogram: bucket `i` counts holds of [2^i, 2^(i+1)) ns.
 pub const HOLD_BUCKETS: usize = 40;
 
-/// How many partitions a server with `cores` serving cores and `fixed_blocks` blocks for fixed
-/// heads gets by default: `PARTITIONS_PER_CORE` per core, fewer when memory is too small for
-/// each to hold a few blocks, at least one.
-pub fn default_count(cores: usize, fixed_blocks: u64) -> usize {
-    let by_memory = (fixed_blocks / BLOCKS_PER_PARTITION_MIN).max(1) as usize;
+/// How many partitions a server with `cores` serving cores gets by default when the scarcest
+/// reservation its partitions store in has `blocks` blocks (see [`default_count_for`], which
+/// finds that reservation in a plan): `PARTITIONS_PER_CORE` per core, fewer when memory is too
+/// small for each to hold a few blocks, at least one.
+pub fn default_count(cores: usize, blocks: u64) -> usize {
+    let by_memory = (blocks / BLOCKS_PER_PARTITION_MIN).max(1) as usize;
     (cores * PARTITIONS_PER_CORE)
         .min(by_memory)
         .clamp(1, PARTITIONS_MAX)
+}
+
+/// The default partition count over `plan`: [`default_count`] of the scarcest reservation a
+/// partition stores in. A block in use belongs to one partition, and every item has a record
+/// in the small-object class, so in split mode (`--small-memory`) the small reservation bounds
+/// the count as much as the fixed-head one does.
+pub fn default_count_for(cores: usize, plan: &MemoryPlan) -> usize {
+    default_count(cores, scarcest_blocks(plan))
+}
+
+/// The most partitions `plan` can hold: each must be able to take a block of every
+/// reservation it stores in, so no more than the scarcest of them has blocks. A partition
+/// beyond that could never hold a block of it and would refuse every store (in split mode,
+/// every item's record is a small object: with one `--small-memory` block, a second partition
+/// answers "out of memory" to every SET while the first holds that block).
+pub fn max_count(plan: &MemoryPlan) -> usize {
+    usize::try_from(scarcest_blocks(plan))
+        .unwrap_or(usize::MAX)
+        .clamp(1, PARTITIONS_MAX)
+}
+
+/// Blocks of the smallest reservation partitions allocate from: fixed heads' and small
+/// objects' (one reservation in shared mode, two in split mode; streaming pools are per shard).
+fn scarcest_blocks(plan: &MemoryPlan) -> u64 {
+    let blocks = |kind| {
+        plan.reservation_regions(kind)
+            .map(|region| u64::from(region.blocks))
+            .sum::<u64>()
+    };
+    blocks(plan.config.head_reservation()).min(blocks(plan.config.small_reservation()))
 }
 
 /// One partition: its store, and what its lock saw.
@@ -91,7 +122,9 @@ thread_local! {
 }
 
 impl Partitions {
-    /// `count` empty stores over `arena`, keys spread by `hasher`.
+    /// `count` empty stores over `arena`, keys spread by `hasher`; at most [`max_count`] of
+    /// them (a larger count is lowered, with a warning: the partitions beyond it could never
+    /// store anything).
     pub fn new(
         arena: &Arc<Arena>,
         hasher: KeyHasher,
@@ -99,6 +132,16 @@ impl Partitions {
         config: impl Fn(usize) -> StoreConfig,
     ) -> Partitions {
         assert!((1..=PARTITIONS_MAX).contains(&count), "{count} partitions");
+        let most = max_count(arena.plan());
+        if count > most {
+            tracing::warn!(
+                requested = count,
+                partitions = most,
+                "more partitions than the scarcest reservation they store in has blocks: \
+                 the rest could never hold one (a block in use belongs to one partition)"
+            );
+        }
+        let count = count.min(most);
         let parts = (0..count)
             .map(|index| Partition {
                 store: Mutex::new(Store::new(
@@ -215,6 +258,47 @@ mod tests {
         assert_eq!(default_count(2, 2048), 32, "16 per core");
         assert_eq!(default_count(1, 2), 1, "at least one");
         assert_eq!(default_count(64, 1 << 30), 1024);
+    }
+
+    /// The plan of `tests/numa_vm.rs`'s promotion test on three nodes: heads 4 MiB on node 0
+    /// and 8 MiB on each other node (10 blocks), small objects (split mode) `small_memory`.
+    fn vm_plan(small_memory: Option<u64>) -> MemoryPlan {
+        use crate::arena::{ArenaConfig, NumaMode};
+        const MIB: u64 = 1 << 20;
+        let distances = vec![vec![10, 21, 31], vec![21, 10, 21], vec![31, 21, 10]];
+        let topology =
+            crate::topology::Topology::synthetic(&[1, 1, 1], distances, 2 * MIB).unwrap();
+        let config = ArenaConfig {
+            numa: NumaMode::Explicit(0),
+            memory_bytes: 4 * MIB,
+            sub_memory_bytes: 8 * MIB,
+            small_memory_bytes: small_memory,
+            small_sub_memory_bytes: 0,
+            block_bytes: 2 * MIB,
+            ram_head_bytes: 256 << 10,
+            small_min_alloc_bytes: 16,
+            io_chunk_bytes: 64 << 10,
+            stream_bytes: 2 * MIB,
+            perverse: false,
+        };
+        MemoryPlan::new(&config, &topology)
+    }
+
+    #[test]
+    fn the_scarcest_reservation_bounds_the_count() {
+        // Split mode: the one small block, not the ten fixed-head blocks, decides.
+        let plan = vm_plan(Some(2 << 20));
+        assert_eq!(default_count_for(1, &plan), 1);
+        assert_eq!(max_count(&plan), 1);
+        // Small objects plentiful: the fixed-head blocks decide.
+        let plan = vm_plan(Some(64 << 20));
+        assert_eq!(default_count_for(1, &plan), 2);
+        assert_eq!(default_count_for(4, &plan), 2);
+        assert_eq!(max_count(&plan), 10);
+        // Shared mode: one reservation holds both classes.
+        let plan = vm_plan(None);
+        assert_eq!(default_count_for(1, &plan), 2);
+        assert_eq!(max_count(&plan), 10);
     }
 
     #[test]
