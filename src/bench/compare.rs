@@ -151,15 +151,40 @@ pub fn hypervisor_note() -> Option<String> {
     })
 }
 
+/// `args` with their `--data-dir` (given as one word or two) suffixed by `suffix`, or with
+/// `--data-dir data{suffix}` added when they have none.
+fn with_own_data_dir(args: &[String], suffix: &str) -> Vec<String> {
+    let mut out = args.to_vec();
+    let mut found = false;
+    let mut i = 0;
+    while i < out.len() {
+        if out[i] == "--data-dir" && i + 1 < out.len() {
+            out[i + 1].push_str(suffix);
+            found = true;
+            i += 1;
+        } else if let Some(dir) = out[i].strip_prefix("--data-dir=") {
+            out[i] = format!("--data-dir={dir}{suffix}");
+            found = true;
+        }
+        i += 1;
+    }
+    if !found {
+        out.extend(["--data-dir".to_string(), format!("data{suffix}")]);
+    }
+    out
+}
+
 /// The `--perverse` A/B: Headroom with `args`, then with `args --perverse`, same serving
 /// CPUs. On a machine where `--perverse` cannot run, the server's own reason comes back.
+/// Both servers run at once, and a server locks its data directory, so B gets its own: A's
+/// `--data-dir` with `-perverse` appended (`data-perverse` when `args` name none).
 pub fn ab(
     headroom: &Path,
     args: &[String],
     cfg: &LoadConfig,
     rounds: usize,
 ) -> Result<Comparison, String> {
-    let mut perverse = args.to_vec();
+    let mut perverse = with_own_data_dir(args, "-perverse");
     perverse.push("--perverse".into());
     let dry = Command::new(headroom)
         .args(&perverse)
@@ -193,4 +218,26 @@ pub fn ab(
         notes,
         true,
     )
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn the_perverse_side_gets_its_own_data_dir() {
+        let words = |s: &str| s.split_whitespace().map(String::from).collect::<Vec<_>>();
+        assert_eq!(
+            with_own_data_dir(&words("--memory 8M --data-dir /tmp/data --threads 1"), "-p"),
+            words("--memory 8M --data-dir /tmp/data-p --threads 1")
+        );
+        assert_eq!(
+            with_own_data_dir(&words("--data-dir=/tmp/data"), "-p"),
+            words("--data-dir=/tmp/data-p")
+        );
+        assert_eq!(
+            with_own_data_dir(&words("--memory 8M"), "-p"),
+            words("--memory 8M --data-dir data-p")
+        );
+    }
 }
