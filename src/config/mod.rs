@@ -231,7 +231,8 @@ pub struct Cli {
     pub threads: Option<usize>,
 
     /// Partitions of the key space (each a store behind a short lock; any core serves any
-    /// partition) [default: 16 per serving CPU, fewer when --memory holds under 4 blocks each].
+    /// partition) [default: 16 per serving CPU, fewer when the fixed-head or the small-object
+    /// reservation holds under 4 blocks each; never more than the scarcer holds blocks].
     #[arg(long, value_name = "N")]
     pub partitions: Option<usize>,
 

@@ -327,16 +327,9 @@ pub fn start(settings: Settings, topology: &Topology) -> Result<Running, ServerE
         .map(|_| crate::ring::Doorbell::new())
         .collect::<Result<Vec<_>, _>>()
         .map_err(|err| ServerError::Executor(format!("eventfd: {err}")))?;
-    let fixed_blocks = arena
-        .plan()
-        .regions
-        .iter()
-        .filter(|r| r.reservation == settings.arena.head_reservation())
-        .map(|r| r.blocks as u64)
-        .sum();
     let count = settings
         .partitions
-        .unwrap_or_else(|| partition::default_count(shards, fixed_blocks));
+        .unwrap_or_else(|| partition::default_count_for(shards, arena.plan()));
     let partitions = partition::Partitions::new(
         &arena,
         KeyHasher::with_seed(random_seed()),
@@ -347,7 +340,11 @@ pub fn start(settings: Settings, topology: &Topology) -> Result<Running, ServerE
             promotion_half_life_seconds: settings.promotion_half_life_seconds,
         },
     );
-    tracing::info!(partitions = count, shards, "key space partitioned");
+    tracing::info!(
+        partitions = partitions.len(),
+        shards,
+        "key space partitioned"
+    );
     let shared = Arc::new(Shared {
         partitions,
         restore_done: std::sync::Barrier::new(shards),
