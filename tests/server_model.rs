@@ -26,11 +26,14 @@ const EXISTS: u16 = 2;
 const NOT_STORED: u16 = 5;
 const NON_NUMERIC: u16 = 6;
 
+/// memcached's reading of a counter: leading digits, then the end or a space (a counter
+/// shortened in place is padded with spaces, and an APPEND may follow them).
 fn counter(value: &[u8]) -> Option<u64> {
-    if value.is_empty() || value.len() > 20 || !value.iter().all(u8::is_ascii_digit) {
+    let digits = value.iter().take_while(|b| b.is_ascii_digit()).count();
+    if digits == 0 || digits > 20 || value.get(digits).is_some_and(|&b| b != b' ') {
         return None;
     }
-    std::str::from_utf8(value).ok()?.parse().ok()
+    std::str::from_utf8(&value[..digits]).ok()?.parse().ok()
 }
 
 /// Picks a CAS to send: none, the right one, or a wrong one.
@@ -206,10 +209,15 @@ fn step(rng: &mut Rng, c: &mut Client, model: &mut Model, step: usize) {
                             current.saturating_sub(delta)
                         };
                         assert_eq!((r.status, r.counter()), (OK, next), "{}", ctx(&r));
+                        // memcached rewrites a shorter number in place, padded with spaces.
+                        let mut value = next.to_string().into_bytes();
+                        if value.len() < item.value.len() {
+                            value.resize(item.value.len(), b' ');
+                        }
                         model.items.insert(
                             key.clone(),
                             Item {
-                                value: next.to_string().into_bytes(),
+                                value,
                                 flags: item.flags,
                                 cas: r.cas,
                             },

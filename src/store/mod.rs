@@ -169,17 +169,32 @@ pub fn is_expired(expiry: u32, now: u32) -> bool {
     expiry != 0 && expiry <= now
 }
 
-/// The most digits a u64 has in decimal.
-const ARITH_MAX_DIGITS: usize = 20;
-
-/// A counter's value as memcached reads it (`strtoull`): digits, with whitespace around them
-/// (a counter an INCR/DECR shortened in place is padded with spaces).
+/// A counter's value as memcached reads it (`safe_strtoull` on the item's bytes, which end in
+/// `\r\n` there): blanks, an optional sign, decimal digits, then the end or a blank; anything
+/// after that blank is ignored (`84 abc` reads as 84: an INCR/DECR that shortened a counter in
+/// place padded it with spaces, and an APPEND may follow). Overflow, no digits, or a minus sign
+/// on a number too big for a signed one, is not a number.
 fn parse_counter(value: &[u8]) -> Option<u64> {
-    let value = value.trim_ascii();
-    if value.is_empty() || value.len() > ARITH_MAX_DIGITS || !value.iter().all(u8::is_ascii_digit) {
+    let blank = |b: &u8| b.is_ascii_whitespace() || *b == 0x0b;
+    let start = value.iter().position(|b| !blank(b))?;
+    let mut rest = &value[start..];
+    let negative = rest.first() == Some(&b'-');
+    if matches!(rest.first(), Some(b'-' | b'+')) {
+        rest = &rest[1..];
+    }
+    let digits = rest.iter().take_while(|b| b.is_ascii_digit()).count();
+    if digits == 0 || rest.get(digits).is_some_and(|b| !blank(b)) {
         return None;
     }
-    std::str::from_utf8(value).ok()?.parse().ok()
+    let mut n: u64 = 0;
+    for &d in &rest[..digits] {
+        n = n.checked_mul(10)?.checked_add(u64::from(d - b'0'))?;
+    }
+    let n = if negative { n.wrapping_neg() } else { n };
+    if negative && (n as i64) < 0 {
+        return None;
+    }
+    Some(n)
 }
 
 /// Where a new value will live.
@@ -1185,5 +1200,26 @@ impl Store {
             ValueAt::Fixed { .. } => Some(HeadClass::Fixed),
             ValueAt::Large => None,
         }
+    }
+}
+
+#[cfg(test)]
+mod counter_tests {
+    use super::parse_counter;
+
+    #[test]
+    fn counters_read_as_memcached_reads_them() {
+        assert_eq!(parse_counter(b"84"), Some(84));
+        assert_eq!(parse_counter(b"84   "), Some(84));
+        assert_eq!(parse_counter(b"84 abc"), Some(84));
+        assert_eq!(parse_counter(b" +7"), Some(7));
+        assert_eq!(parse_counter(b"-0"), Some(0));
+        assert_eq!(parse_counter(b"18446744073709551615"), Some(u64::MAX));
+        assert_eq!(parse_counter(b"18446744073709551616"), None);
+        assert_eq!(parse_counter(b"-5"), None);
+        assert_eq!(parse_counter(b"84abc"), None);
+        assert_eq!(parse_counter(b""), None);
+        assert_eq!(parse_counter(b"abc"), None);
+        assert_eq!(parse_counter(b"   "), None);
     }
 }
