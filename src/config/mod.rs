@@ -125,7 +125,7 @@ Exit status: 0 ok, 1 runtime failure, 2 invalid configuration.";
 /// Command-line flags. Every setting is optional here so the file can supply it.
 #[derive(Parser, Debug, Default, Clone)]
 #[command(name = "headroom", version = VERSION, about = "A thread-per-core io_uring cache server \
-    for objects of any size, speaking the memcached binary protocol", after_help = AFTER_HELP)]
+    for objects of any size, speaking memcached's text, meta and binary protocols", after_help = AFTER_HELP)]
 pub struct Cli {
     /// Read settings from this TOML file (keys are the flag names without `--`).
     #[arg(long, value_name = "FILE")]
