@@ -58,34 +58,41 @@ fn random_stream(rng: &mut Rng) -> Vec<u8> {
     stream
 }
 
-#[test]
-fn garbage_connections_never_hurt_the_server_or_other_clients() {
+const CANARY_VALUE: &[u8] = b"the canary's value";
+
+/// Starts a server holding a canary, sends 150 seeded `garbage` streams on connections of
+/// their own, and checks the canary after each; returns the server and the canary's client.
+fn garbage_never_hurts_the_canary(
+    seeds_name: &str,
+    garbage: fn(&mut Rng) -> Vec<u8>,
+) -> (Server, common::server::Client) {
     let server = Server::start(&["--threads", "2", "--max-item-size", "4K"]);
     let mut canary = server.client();
-    let value = b"the canary's value".to_vec();
-    assert_eq!(
-        canary
-            .call(&frame(0x01, &set_extras(5, 0), b"canary", &value, 0, 0))
-            .status,
-        0
-    );
-    for_each_seed("server_fuzz", 150, |seed| {
+    let set = frame(0x01, &set_extras(5, 0), b"canary", CANARY_VALUE, 0, 0);
+    assert_eq!(canary.call(&set).status, 0);
+    for_each_seed(seeds_name, 150, |seed| {
         let mut rng = Rng::new(seed);
         let mut stream = std::net::TcpStream::connect(server.addr).unwrap();
         stream
             .set_read_timeout(Some(Duration::from_millis(50)))
             .unwrap();
-        let _ = stream.write_all(&random_stream(&mut rng));
+        let _ = stream.write_all(&garbage(&mut rng));
         let mut sink = [0u8; 65536];
         let _ = stream.read(&mut sink);
         drop(stream);
         let r = canary.get(b"canary");
         assert_eq!(
             (r.status, r.value.as_slice()),
-            (0, value.as_slice()),
+            (0, CANARY_VALUE),
             "seed {seed}"
         );
     });
+    (server, canary)
+}
+
+#[test]
+fn garbage_connections_never_hurt_the_server_or_other_clients() {
+    let (server, mut canary) = garbage_never_hurts_the_canary("server_fuzz", random_stream);
     let stats = canary.stats("");
     assert!(stats
         .iter()
@@ -188,32 +195,8 @@ fn random_text_stream(rng: &mut Rng) -> Vec<u8> {
 
 #[test]
 fn text_garbage_never_hurts_the_server_or_other_clients() {
-    let server = Server::start(&["--threads", "2", "--max-item-size", "4K"]);
-    let mut canary = server.client();
-    let value = b"the canary's value".to_vec();
-    assert_eq!(
-        canary
-            .call(&frame(0x01, &set_extras(5, 0), b"canary", &value, 0, 0))
-            .status,
-        0
-    );
-    for_each_seed("server_fuzz_text", 150, |seed| {
-        let mut rng = Rng::new(seed);
-        let mut stream = std::net::TcpStream::connect(server.addr).unwrap();
-        stream
-            .set_read_timeout(Some(Duration::from_millis(50)))
-            .unwrap();
-        let _ = stream.write_all(&random_text_stream(&mut rng));
-        let mut sink = [0u8; 65536];
-        let _ = stream.read(&mut sink);
-        drop(stream);
-        let r = canary.get(b"canary");
-        assert_eq!(
-            (r.status, r.value.as_slice()),
-            (0, value.as_slice()),
-            "seed {seed}"
-        );
-    });
+    let (server, mut canary) =
+        garbage_never_hurts_the_canary("server_fuzz_text", random_text_stream);
     // The same server still answers text correctly.
     let mut text = std::net::TcpStream::connect(server.addr).unwrap();
     text.set_read_timeout(Some(Duration::from_secs(5))).unwrap();
