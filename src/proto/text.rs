@@ -365,8 +365,8 @@ fn ends_cleanly(text: &[u8], end: usize) -> bool {
     end == text.len() || c_isspace(text[end])
 }
 
-/// memcached's `safe_strtoull`.
-pub(super) fn safe_strtoull(text: &[u8]) -> Option<u64> {
+/// memcached's `safe_strtoull` (also how the store reads a counter for INCR/DECR).
+pub fn safe_strtoull(text: &[u8]) -> Option<u64> {
     let (magnitude, negative, end) = c_strtou(text)?;
     if !ends_cleanly(text, end) {
         return None;

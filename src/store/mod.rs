@@ -169,32 +169,12 @@ pub fn is_expired(expiry: u32, now: u32) -> bool {
     expiry != 0 && expiry <= now
 }
 
-/// A counter's value as memcached reads it (`safe_strtoull` on the item's bytes, which end in
-/// `\r\n` there): blanks, an optional sign, decimal digits, then the end or a blank; anything
-/// after that blank is ignored (`84 abc` reads as 84: an INCR/DECR that shortened a counter in
-/// place padded it with spaces, and an APPEND may follow). Overflow, no digits, or a minus sign
-/// on a number too big for a signed one, is not a number.
+/// A counter's value as memcached reads it: `safe_strtoull` over the item's bytes (which end in
+/// `\r\n` there, so the number may end the value): blanks, a sign, digits, then the end or a
+/// blank, anything after that ignored (`84 abc` is 84: an INCR/DECR that shortened a counter in
+/// place padded it with spaces, and an APPEND may follow).
 fn parse_counter(value: &[u8]) -> Option<u64> {
-    let blank = |b: &u8| b.is_ascii_whitespace() || *b == 0x0b;
-    let start = value.iter().position(|b| !blank(b))?;
-    let mut rest = &value[start..];
-    let negative = rest.first() == Some(&b'-');
-    if matches!(rest.first(), Some(b'-' | b'+')) {
-        rest = &rest[1..];
-    }
-    let digits = rest.iter().take_while(|b| b.is_ascii_digit()).count();
-    if digits == 0 || rest.get(digits).is_some_and(|b| !blank(b)) {
-        return None;
-    }
-    let mut n: u64 = 0;
-    for &d in &rest[..digits] {
-        n = n.checked_mul(10)?.checked_add(u64::from(d - b'0'))?;
-    }
-    let n = if negative { n.wrapping_neg() } else { n };
-    if negative && (n as i64) < 0 {
-        return None;
-    }
-    Some(n)
+    crate::proto::text::safe_strtoull(value)
 }
 
 /// Where a new value will live.
