@@ -1,5 +1,6 @@
 //! The metrics endpoint (`--metrics-listen`) through the real binary: `/metrics` after binary
-//! traffic, parsed by a real Prometheus parser (the Python `prometheus_client` package, both its
+//! traffic and while two clients load the server (the GET histogram then counts every GET sent),
+//! parsed by a real Prometheus parser (the Python `prometheus_client` package, both its
 //! Prometheus text and its strict OpenMetrics parser), every counter and gauge equal to what
 //! STAT says, the naming conventions, the latency histograms' shape, `promtool check metrics`
 //! where promtool is installed, `/health`, and bad HTTP answered with a status, not a crash.
@@ -569,4 +570,59 @@ fn the_endpoint_is_off_by_default_and_refuses_a_taken_address() {
         "{stderr}"
     );
     let _ = Kind::Counter; // the table's types are public for tests like this one
+}
+
+/// The value of the sample named `name` with exactly `labels` (0 when absent).
+fn sample_value(all: &[Sample], name: &str, labels: &[(&str, &str)]) -> f64 {
+    find(all, name, labels).map_or(0.0, |s| s.value)
+}
+
+#[test]
+fn scrapes_under_load_parse_and_count_every_request() {
+    let server = Server::start(&["--threads", "2", "--metrics-listen", "127.0.0.1:0"]);
+    let addr = metrics_addr(&server);
+    // Two clients hammer the server while the endpoint is scraped, each scrape parsed by the
+    // real parser; the GET histogram never goes backwards, and once the load stops it has
+    // counted exactly the GETs sent.
+    let stop = std::sync::Arc::new(std::sync::atomic::AtomicBool::new(false));
+    let loaders: Vec<_> = (0..2)
+        .map(|t| {
+            let mut c = server.client();
+            let stop = std::sync::Arc::clone(&stop);
+            std::thread::spawn(move || {
+                let key = format!("load:{t}");
+                assert_eq!(c.set(key.as_bytes(), b"v", 0, 0).status, 0);
+                let mut gets = 0u64;
+                while !stop.load(std::sync::atomic::Ordering::Relaxed) {
+                    assert_eq!(c.get(key.as_bytes()).status, 0);
+                    gets += 1;
+                }
+                gets
+            })
+        })
+        .collect();
+    let get_count = |all: &[Sample]| {
+        sample_value(
+            all,
+            "headroom_request_duration_seconds_count",
+            &[("command", "get")],
+        )
+    };
+    let mut last = 0.0;
+    for _ in 0..5 {
+        std::thread::sleep(Duration::from_millis(200));
+        let (status, head, text) = get(addr, "/metrics", None);
+        assert_eq!(status, 200, "{head}");
+        let all = samples(&parse(&text, "prometheus"));
+        let now = get_count(&all);
+        assert!(now >= last, "the GET histogram went back: {last} -> {now}");
+        last = now;
+    }
+    assert!(last > 0.0, "no GET was counted during the load");
+    stop.store(true, std::sync::atomic::Ordering::Relaxed);
+    let sent: u64 = loaders.into_iter().map(|l| l.join().unwrap()).sum();
+    let (_, _, text) = get(addr, "/metrics", None);
+    let all = samples(&parse(&text, "prometheus"));
+    assert_eq!(get_count(&all), sent as f64);
+    assert_eq!(server.stop().code(), Some(0));
 }
