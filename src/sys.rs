@@ -348,6 +348,27 @@ pub fn tcp_abort(fd: std::os::fd::RawFd) -> io::Result<()> {
     }
 }
 
+/// Asks the kernel to timestamp what `fd` receives and hand the time to `recvmsg` as an
+/// `SCM_TIMESTAMPNS` control message (`CLOCK_REALTIME`).
+pub fn enable_receive_timestamps(fd: std::os::fd::RawFd) -> io::Result<()> {
+    let on: libc::c_int = 1;
+    // SAFETY: the option value is a c_int of the stated size, alive for the call.
+    let rc = unsafe {
+        libc::setsockopt(
+            fd,
+            libc::SOL_SOCKET,
+            libc::SO_TIMESTAMPNS,
+            (&on as *const libc::c_int).cast(),
+            std::mem::size_of::<libc::c_int>() as libc::socklen_t,
+        )
+    };
+    if rc == 0 {
+        Ok(())
+    } else {
+        Err(io::Error::last_os_error())
+    }
+}
+
 /// A heap buffer aligned for O_DIRECT (the kernel wants the memory aligned, not only the
 /// file offset), zero-filled, sent to the blocking pool and back.
 pub struct AlignedBuf {

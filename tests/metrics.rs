@@ -626,3 +626,45 @@ fn scrapes_under_load_parse_and_count_every_request() {
     assert_eq!(get_count(&all), sent as f64);
     assert_eq!(server.stop().code(), Some(0));
 }
+
+#[test]
+fn a_requests_latency_starts_when_its_bytes_reach_the_socket() {
+    let server = Server::start(&["--threads", "1", "--metrics-listen", "127.0.0.1:0"]);
+    let addr = metrics_addr(&server);
+    let mut c = server.client();
+    assert_eq!(c.set(b"k", b"v", 0, 0).status, 0);
+    let on_ring = c
+        .stats("io")
+        .iter()
+        .any(|(name, value)| name == "shard0_path" && value.starts_with("ring"));
+    // The whole process is stopped while the GET's bytes reach its socket (loopback delivers
+    // them in this thread's send), then let go: the shard reaps the receive only then.
+    let pid = nix::unistd::Pid::from_raw(server.pid() as i32);
+    nix::sys::signal::kill(pid, nix::sys::signal::Signal::SIGSTOP).unwrap();
+    c.send(&frame(headroom::proto::opcode::GET, &[], b"k", b"", 0, 0));
+    std::thread::sleep(Duration::from_millis(300));
+    nix::sys::signal::kill(pid, nix::sys::signal::Signal::SIGCONT).unwrap();
+    assert_eq!(c.recv().expect("the GET's reply").status, 0);
+    let (_, _, text) = get(addr, "/metrics", None);
+    let all = samples(&parse(&text, "prometheus"));
+    let bucket = |le: &str| {
+        sample_value(
+            &all,
+            "headroom_request_duration_seconds_bucket",
+            &[("command", "get"), ("le", le)],
+        )
+    };
+    let (within_200ms, all_gets) = (bucket("0.2"), bucket("+Inf"));
+    assert_eq!(all_gets, 1.0, "{text}");
+    if on_ring {
+        // The kernel's receive timestamp starts the clock: the 300 ms stop is in it.
+        assert_eq!(
+            within_200ms, 0.0,
+            "the stop is missing from the GET's latency"
+        );
+    } else {
+        eprintln!("plain path: latency starts at the read's completion, the stop is not in it");
+        assert_eq!(within_200ms, 1.0);
+    }
+    assert_eq!(server.stop().code(), Some(0));
+}

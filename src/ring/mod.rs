@@ -189,6 +189,74 @@ pub enum Buf {
     Chunk(PoolChunk),
     /// A reply's header and the lent value after it, sent as one `SENDMSG`.
     Pair(Box<Pair>),
+    /// A receive's buffer behind a `RECVMSG` that brings the kernel's receive timestamp.
+    Stamped(Box<Stamped>),
+}
+
+/// A receive's buffer with the message header, iovec and control space of a `RECVMSG` that
+/// brings back the kernel's receive timestamp (`SO_TIMESTAMPNS` on the socket). A connection
+/// keeps one and reuses it, so a receive allocates nothing; its buffer is moved in for the
+/// receive and out after it.
+pub struct Stamped {
+    pub buf: Vec<u8>,
+    iov: libc::iovec,
+    msg: libc::msghdr,
+    /// Room for one `SCM_TIMESTAMPNS` control message (`u64`s for its alignment).
+    control: [u64; 8],
+}
+
+impl Stamped {
+    pub fn new() -> Box<Stamped> {
+        Box::new(Stamped {
+            buf: Vec::new(),
+            iov: libc::iovec {
+                iov_base: std::ptr::null_mut(),
+                iov_len: 0,
+            },
+            // SAFETY: a zeroed msghdr is a valid empty one.
+            msg: unsafe { std::mem::zeroed() },
+            control: [0; 8],
+        })
+    }
+
+    /// Points the message at `buf[at..]` and the control space (the kernel rewrites the
+    /// control length at every receive).
+    fn aim(&mut self, at: usize) {
+        // SAFETY (of the pointer arithmetic): the caller checked `at < len`.
+        self.iov = libc::iovec {
+            iov_base: self.buf.as_mut_ptr().wrapping_add(at) as *mut _,
+            iov_len: self.buf.len() - at,
+        };
+        // SAFETY: a zeroed msghdr is a valid empty one.
+        self.msg = unsafe { std::mem::zeroed() };
+        self.msg.msg_iov = &mut self.iov;
+        self.msg.msg_iovlen = 1;
+        self.msg.msg_control = self.control.as_mut_ptr() as *mut _;
+        self.msg.msg_controllen = std::mem::size_of_val(&self.control);
+    }
+
+    /// When the kernel received the last bytes of the completed receive (`CLOCK_REALTIME`,
+    /// nanoseconds since the epoch), if its control messages carried the timestamp.
+    pub fn received_ns(&self) -> Option<u64> {
+        if self.msg.msg_controllen == 0 {
+            return None;
+        }
+        // SAFETY: the message header and its control space are ours, and the kernel set
+        // `msg_controllen` to what it wrote there; the CMSG macros stay within that length.
+        unsafe {
+            let mut c = libc::CMSG_FIRSTHDR(&self.msg);
+            while !c.is_null() {
+                if (*c).cmsg_level == libc::SOL_SOCKET && (*c).cmsg_type == libc::SCM_TIMESTAMPNS {
+                    let ts = std::ptr::read_unaligned(libc::CMSG_DATA(c) as *const libc::timespec);
+                    return u64::try_from(ts.tv_sec)
+                        .ok()
+                        .map(|s| s * 1_000_000_000 + ts.tv_nsec as u64);
+                }
+                c = libc::CMSG_NXTHDR(&self.msg, c);
+            }
+        }
+        None
+    }
 }
 
 /// A header and lent bytes behind one `SENDMSG`: the message header and its two iovecs live
@@ -229,6 +297,7 @@ impl Buf {
             Buf::Lent(l) => l.ptr,
             Buf::Chunk(c) => c.as_ptr(),
             Buf::Pair(p) => p.head.as_ptr(),
+            Buf::Stamped(r) => r.buf.as_ptr(),
         }
     }
 
@@ -238,6 +307,7 @@ impl Buf {
             Buf::Lent(l) => l.len,
             Buf::Chunk(c) => c.len(),
             Buf::Pair(p) => p.head.len() + p.tail.len,
+            Buf::Stamped(r) => r.buf.len(),
         }
     }
 
@@ -252,6 +322,7 @@ impl Buf {
                 Rc::new(Lent::from_chunk(c, 0, len))
             }
             Buf::Pair(p) => p.tail,
+            Buf::Stamped(r) => Rc::new(Lent::owned(r.buf)),
         }
     }
 }
@@ -670,6 +741,31 @@ impl Ring {
             .await;
         match back {
             Some(Buf::Owned(v)) => (result, v),
+            _ => unreachable!("a receive hands its buffer back"),
+        }
+    }
+
+    /// Receives into `stamped.buf[at..]` with `RECVMSG`, queued like [`Ring::recv`], bringing
+    /// back the kernel's receive timestamp where the socket has `SO_TIMESTAMPNS` on (see
+    /// [`Stamped::received_ns`]). If this future is dropped first, the box stays with the ring
+    /// until the kernel is done and is then freed.
+    pub async fn recv_stamped(
+        self: &Rc<Self>,
+        fd: RawFd,
+        mut stamped: Box<Stamped>,
+        at: usize,
+    ) -> (io::Result<usize>, Box<Stamped>) {
+        assert!(at < stamped.buf.len(), "a receive needs room");
+        stamped.aim(at);
+        let msg: *mut libc::msghdr = &mut stamped.msg;
+        let (result, back) = self
+            .submit(OpKind::Recv, fd, Buf::Stamped(stamped), None, |_| {
+                // The message lives in the box the slot owns until completion.
+                opcode::RecvMsg::new(types::Fd(fd), msg).build()
+            })
+            .await;
+        match back {
+            Some(Buf::Stamped(r)) => (result, r),
             _ => unreachable!("a receive hands its buffer back"),
         }
     }

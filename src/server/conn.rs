@@ -628,8 +628,8 @@ async fn serve_frames(
             }
         };
         info.state.set("conn_parse_cmd");
-        arrived = std::time::Instant::now();
-        info.last_command.set(arrived);
+        arrived = wire.arrived();
+        info.last_command.set(std::time::Instant::now());
         match read {
             Io::Done(n) => {
                 conn.filled += n;

@@ -1,7 +1,8 @@
 //! Server-side request latency: one histogram per command kind, per shard.
 //!
-//! A request's latency runs from its arrival (the moment the read that brought its last byte
-//! completed) to the moment its reply is handed to the kernel (the send is submitted). Each
+//! A request's latency runs from its arrival (the kernel's receive timestamp of the read that
+//! brought its last byte, on the ring path; that read's completion on the plain path: see
+//! `Wire::arrived`) to the moment its reply is handed to the kernel (the send is submitted). Each
 //! shard records into its own [`LatencyHistograms`] (in `ShardCtx`): plain `Cell`s, no lock, no
 //! atomic, no allocation. STAT's per-shard gathering (`ShardRequest::Stats`) carries a
 //! [`LatencySnapshot`] of it; the metrics endpoint merges the shards' snapshots and exposes them

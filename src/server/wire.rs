@@ -7,18 +7,19 @@
 //! writes them. A connection uses one path for its whole life, so ring writes and glommio
 //! writes are never in flight together on one socket; reads are always glommio's.
 
-use std::cell::RefCell;
+use std::cell::{Cell, RefCell};
 use std::io;
 use std::os::fd::{AsRawFd, RawFd};
 use std::rc::Rc;
 use std::sync::atomic::Ordering;
+use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
 
 use futures_lite::AsyncWriteExt;
 use glommio::net::TcpStream;
 
 use crate::arena::BlockId;
 use crate::ring::buffers::FIXED_BUFFER_MAX_BYTES;
-use crate::ring::{Buf, FixedBuffers, Lent, Ring, StreamPool, ZcReport};
+use crate::ring::{Buf, FixedBuffers, Lent, Ring, Stamped, StreamPool, ZcReport};
 
 use super::shard::ShardCtx;
 use super::Shared;
@@ -202,15 +203,42 @@ pub struct Wire {
     fd: RawFd,
     /// What this connection's zero-copy notifications said.
     zc: Rc<ZcReport>,
+    /// Ring path: the receive's message header and control space, reused (none while a
+    /// receive holds it), and whether the socket timestamps what it receives.
+    stamped: RefCell<Option<Box<Stamped>>>,
+    stamps: bool,
+    /// When the bytes of the last completed read reached the socket (see [`Wire::arrived`]).
+    arrived: Cell<Option<Instant>>,
 }
+
+/// A receive timestamp further back than this is taken for a clock step, not a wait.
+const STAMP_AGE_MAX: Duration = Duration::from_secs(10);
 
 impl Wire {
     pub fn new(ctx: &ShardCtx, stream: &TcpStream) -> Wire {
+        let fd = stream.as_raw_fd();
+        let ring = ctx.io.ring.clone();
+        // The kernel's receive time starts a request's latency where the bytes arrived,
+        // before this shard woke up to reap them (docs/server.md, "Latency").
+        let stamps = ring.is_some()
+            && crate::sys::enable_receive_timestamps(fd)
+                .inspect_err(|err| tracing::debug!(%err, "no receive timestamps"))
+                .is_ok();
         Wire {
-            ring: ctx.io.ring.clone(),
-            fd: stream.as_raw_fd(),
+            ring,
+            fd,
             zc: Rc::new(ZcReport::default()),
+            stamped: RefCell::new(None),
+            stamps,
+            arrived: Cell::new(None),
         }
+    }
+
+    /// When the bytes of the last completed read arrived: the kernel's receive timestamp
+    /// where the socket has one (ring path), else the read's completion. A request's latency
+    /// runs from here.
+    pub fn arrived(&self) -> Instant {
+        self.arrived.get().unwrap_or_else(Instant::now)
     }
 
     /// Whether this connection's bytes go through the ring.
@@ -227,7 +255,19 @@ impl Wire {
         buf: &mut Vec<u8>,
         at: usize,
     ) -> io::Result<usize> {
+        self.arrived.set(None);
         match &self.ring {
+            Some(ring) if self.stamps => {
+                let mut stamped = self.stamped.take().unwrap_or_else(Stamped::new);
+                stamped.buf = std::mem::take(buf);
+                let (result, mut back) = ring.recv_stamped(self.fd, stamped, at).await;
+                *buf = std::mem::take(&mut back.buf);
+                if let Some(received_ns) = back.received_ns() {
+                    self.arrived.set(Some(arrival(received_ns)));
+                }
+                self.stamped.replace(Some(back));
+                result
+            }
             Some(ring) => {
                 let (result, back) = ring.recv(self.fd, std::mem::take(buf), at).await;
                 *buf = back;
@@ -321,6 +361,21 @@ impl Wire {
         }
         ring.quiesce(self.fd).await;
     }
+}
+
+/// The monotonic instant of a receive timestamp (`CLOCK_REALTIME` nanoseconds): now, less
+/// how long ago the realtime clock says it was. A timestamp in the future or implausibly old
+/// (the realtime clock stepped) counts as now.
+fn arrival(received_ns: u64) -> Instant {
+    let now = Instant::now();
+    let real_now_ns = SystemTime::now()
+        .duration_since(UNIX_EPOCH)
+        .map_or(0, |d| d.as_nanos() as u64);
+    let waited = Duration::from_nanos(real_now_ns.saturating_sub(received_ns));
+    if waited > STAMP_AGE_MAX {
+        return now;
+    }
+    now.checked_sub(waited).unwrap_or(now)
 }
 
 /// How long a QUIT waits for its peer to take the replies before the connection is reset.
