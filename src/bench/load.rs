@@ -12,6 +12,7 @@ use serde::Serialize;
 
 use super::client::{Conn, ValueCheck, STATUS_NOT_FOUND, STATUS_OK};
 use super::process::pin_current_thread;
+use super::server_latency::{self, ServerLatency};
 use super::stats::{Latency, Summary};
 use super::workload::{key_name, KeyDist, KeySampler, Op, Ratio, ValueSize, Workload};
 
@@ -43,6 +44,9 @@ pub struct LoadConfig {
     /// A line on stderr every second.
     pub progress: bool,
     pub io_timeout: Duration,
+    /// Read the server's own latency histograms from this metrics endpoint before and after
+    /// the measured run.
+    pub server_metrics: Option<SocketAddr>,
 }
 
 impl Default for LoadConfig {
@@ -66,6 +70,7 @@ impl Default for LoadConfig {
             verify: true,
             progress: false,
             io_timeout: Duration::from_secs(30),
+            server_metrics: None,
         }
     }
 }
@@ -96,6 +101,8 @@ pub struct LoadReport {
     /// run, and the promotion exchanges it made (STAT `arena`, before and after).
     pub head_reads_local_share: Option<f64>,
     pub promotion_exchanges: Option<u64>,
+    /// The server's histograms over the run (`server_metrics`): GET and SET.
+    pub server_latency: Vec<ServerLatency>,
     #[serde(skip)]
     pub get_latency: Latency,
     #[serde(skip)]
@@ -225,6 +232,7 @@ pub fn run(
         })
     });
     std::thread::sleep(cfg.warmup);
+    let histograms_before = cfg.server_metrics.and_then(scrape_or_say);
     let cpu_before = server_cpu();
     let started = Instant::now();
     phase.store(PHASE_MEASURE, Ordering::SeqCst);
@@ -248,6 +256,8 @@ pub fn run(
     if let Some(p) = progress {
         let _ = p.join();
     }
+    // After every connection's last reply: the server has recorded all it will.
+    let histograms_after = cfg.server_metrics.and_then(scrape_or_say);
     let mut report = LoadReport::default();
     for r in results.lock().unwrap().iter() {
         report.merge(r);
@@ -257,11 +267,21 @@ pub fn run(
     report.get = report.get_latency.summary();
     report.set = report.set_latency.summary();
     report.error_replies.sort();
+    if let (Some(before), Some(after)) = (&histograms_before, &histograms_after) {
+        report.server_latency = server_latency::between(before, after, &["get", "set"]);
+    }
     report.server_cpu_per_second = match (cpu_before, cpu_after) {
         (Some(a), Some(b)) => Some((b - a) / seconds),
         _ => None,
     };
     Ok(report)
+}
+
+/// The server's histograms, or `None` with the reason on stderr (the load goes on).
+fn scrape_or_say(addr: SocketAddr) -> Option<server_latency::Histograms> {
+    server_latency::scrape(addr)
+        .inspect_err(|e| eprintln!("server latency not read: {e}"))
+        .ok()
 }
 
 fn check(cfg: &LoadConfig) -> Result<(), String> {

@@ -16,6 +16,7 @@ pub mod replay;
 pub mod report;
 pub mod rl;
 pub mod rng;
+pub mod server_latency;
 pub mod stats;
 pub mod svg;
 pub mod trace;

@@ -104,6 +104,30 @@ pub fn print_load(title: &str, r: &LoadReport) {
     if let Some(cpu) = r.server_cpu_per_second {
         println!("server CPU: {cpu:.2} s per s");
     }
+    if !r.server_latency.is_empty() {
+        println!(
+            "\nThe server's own histograms over the run (arrival at its socket to the reply handed \
+             to its kernel; quantiles interpolated in 1-2-5 buckets, as Prometheus's \
+             histogram_quantile), and what the client saw beyond them (the network, both \
+             kernels, the client):\n"
+        );
+        println!("| op | server count | server p50 µs | p90 µs | p99 µs | mean µs | client - server p50 µs | mean µs |");
+        println!("| --- | --- | --- | --- | --- | --- | --- | --- |");
+        for s in &r.server_latency {
+            let client = if s.command == "set" { &r.set } else { &r.get };
+            println!(
+                "| {} | {} | {:.1} | {:.1} | {:.1} | {:.1} | {:.1} | {:.1} |",
+                s.command.to_uppercase(),
+                s.count,
+                s.p50_us,
+                s.p90_us,
+                s.p99_us,
+                s.mean_us,
+                client.p50_us as f64 - s.p50_us,
+                client.mean_us - s.mean_us
+            );
+        }
+    }
 }
 
 pub fn print_comparison(c: &Comparison) {

@@ -183,6 +183,10 @@ struct LoadArgs {
     /// No progress lines.
     #[arg(long)]
     quiet: bool,
+    /// A Headroom metrics endpoint (`--metrics-listen`): print the server's own latency
+    /// histograms over the run beside the client's figures.
+    #[arg(long, value_name = "ADDR")]
+    server_metrics: Option<SocketAddr>,
 }
 
 impl LoadArgs {
@@ -227,6 +231,7 @@ impl LoadArgs {
             verify: !self.no_verify,
             progress: !self.quiet,
             io_timeout: Duration::from_secs(60),
+            server_metrics: self.server_metrics,
         })
     }
 
