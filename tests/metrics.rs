@@ -637,34 +637,51 @@ fn a_requests_latency_starts_when_its_bytes_reach_the_socket() {
         .stats("io")
         .iter()
         .any(|(name, value)| name == "shard0_path" && value.starts_with("ring"));
-    // The whole process is stopped while the GET's bytes reach its socket (loopback delivers
-    // them in this thread's send), then let go: the shard reaps the receive only then.
     let pid = nix::unistd::Pid::from_raw(server.pid() as i32);
-    nix::sys::signal::kill(pid, nix::sys::signal::Signal::SIGSTOP).unwrap();
-    c.send(&frame(headroom::proto::opcode::GET, &[], b"k", b"", 0, 0));
-    std::thread::sleep(Duration::from_millis(300));
-    nix::sys::signal::kill(pid, nix::sys::signal::Signal::SIGCONT).unwrap();
-    assert_eq!(c.recv().expect("the GET's reply").status, 0);
-    let (_, _, text) = get(addr, "/metrics", None);
-    let all = samples(&parse(&text, "prometheus"));
-    let bucket = |le: &str| {
-        sample_value(
-            &all,
-            "headroom_request_duration_seconds_bucket",
-            &[("command", "get"), ("le", le)],
-        )
+    let gets_over = |le: &str| {
+        let (_, _, text) = get(addr, "/metrics", None);
+        let all = samples(&parse(&text, "prometheus"));
+        let bucket = |le: &str| {
+            sample_value(
+                &all,
+                "headroom_request_duration_seconds_bucket",
+                &[("command", "get"), ("le", le)],
+            )
+        };
+        (bucket("+Inf") - bucket(le), bucket("+Inf"))
     };
-    let (within_200ms, all_gets) = (bucket("0.2"), bucket("+Inf"));
-    assert_eq!(all_gets, 1.0, "{text}");
+    // The kernel turns receive timestamps on for the whole host a moment after the first
+    // socket asks (a deferred static-key switch), and packets received before that carry
+    // none (the read's completion is used then): so the experiment is repeated a few times,
+    // waiting longer each time. Without timestamps every attempt fails.
+    let mut attempts = Vec::new();
+    for attempt in 1..=5u64 {
+        std::thread::sleep(Duration::from_millis(100 * attempt));
+        // The whole process is stopped while the GET's bytes reach its socket (loopback
+        // delivers them in this thread's send), then let go: the shard reaps the receive only
+        // then.
+        nix::sys::signal::kill(pid, nix::sys::signal::Signal::SIGSTOP).unwrap();
+        c.send(&frame(headroom::proto::opcode::GET, &[], b"k", b"", 0, 0));
+        std::thread::sleep(Duration::from_millis(300));
+        nix::sys::signal::kill(pid, nix::sys::signal::Signal::SIGCONT).unwrap();
+        assert_eq!(c.recv().expect("the GET's reply").status, 0);
+        let (over_200ms, all_gets) = gets_over("0.2");
+        assert_eq!(all_gets, attempt as f64);
+        attempts.push(over_200ms);
+        if !on_ring || over_200ms > 0.0 {
+            break;
+        }
+    }
+    let over_200ms = *attempts.last().unwrap();
     if on_ring {
         // The kernel's receive timestamp starts the clock: the 300 ms stop is in it.
-        assert_eq!(
-            within_200ms, 0.0,
-            "the stop is missing from the GET's latency"
+        assert!(
+            over_200ms >= 1.0,
+            "the stop is missing from the GET's latency in every attempt"
         );
     } else {
         eprintln!("plain path: latency starts at the read's completion, the stop is not in it");
-        assert_eq!(within_200ms, 1.0);
+        assert_eq!(over_200ms, 0.0);
     }
     assert_eq!(server.stop().code(), Some(0));
 }
