@@ -219,10 +219,10 @@ pub(crate) fn light() {
 #[inline]
 #[allow(dead_code)]
 pub(crate) fn heavy() {
-    use self::Strategy::*;
-    match *STRATEGY {
-        Membarrier => syscall::barrier(),
-        Mprotect => mprotect::barrier(),
-        Fallback => atomic::fence(atomic::Ordering::SeqCst),
-    }
+    // Headroom patch (PATCHES.md, 1): a `SeqCst` fence here and one in
+    // `SleepNotifier::notify` (the only other side of this barrier) order the sleeper's
+    // "I sleep" store before its last look at the channels, and a producer's push before its
+    // look at that flag, without the process-wide membarrier (a system call and an IPI to
+    // every CPU running this process) before every sleep.
+    atomic::fence(atomic::Ordering::SeqCst)
 }

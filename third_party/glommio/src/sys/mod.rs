@@ -306,6 +306,10 @@ impl SleepNotifier {
     }
 
     pub(crate) fn notify(&self, force: bool) {
+        // Headroom patch (PATCHES.md, 1): pairs with the fence in `membarrier::heavy`: the
+        // item pushed (or waker queued) before this call is visible to a sleeper that set
+        // `should_notify` before its last look, or this load sees that flag.
+        std::sync::atomic::fence(Ordering::SeqCst);
         if self
             .should_notify
             .compare_exchange(true, false, Ordering::Relaxed, Ordering::Relaxed)

@@ -1215,6 +1215,15 @@ impl UringCommon for SleepableRing {
     }
 }
 
+/// Headroom patch (PATCHES.md, 2): whether the timer in `cell` is armed and has not
+/// completed yet.
+fn pending(cell: &Cell<Option<Source>>) -> bool {
+    let source = cell.take();
+    let pending = source.as_ref().is_some_and(|s| s.result().is_none());
+    cell.set(source);
+    pending
+}
+
 pub(crate) struct Reactor {
     // FIXME: it is starting to feel we should clean this up to a Inner pattern
     main_ring: RefCell<SleepableRing>,
@@ -1222,6 +1231,9 @@ pub(crate) struct Reactor {
     poll_ring: RefCell<PollRing>,
 
     latency_preemption_timeout_src: Cell<Option<Source>>,
+    // Headroom patch (PATCHES.md, 2): when the latency ring's timer is a preempt timer, when
+    // it fires; `None` for a user timer or none.
+    latency_preemption_deadline: Cell<Option<Instant>>,
     throughput_preemption_timeout_src: Cell<Option<Source>>,
 
     link_fd: RawFd,
@@ -1353,6 +1365,7 @@ impl Reactor {
             latency_ring: RefCell::new(latency_ring),
             poll_ring: RefCell::new(poll_ring),
             latency_preemption_timeout_src: Cell::new(None),
+            latency_preemption_deadline: Cell::new(None),
             throughput_preemption_timeout_src: Cell::new(None),
             blocking_thread,
             link_fd,
@@ -1814,22 +1827,37 @@ impl Reactor {
         // consume all events from the rings
         consume_rings!(into &mut woke; lat_ring, poll_ring, main_ring);
 
-        // Cancel the old timer regardless of whether we can sleep:
-        // if we won't sleep, we will register the new timer with its new
-        // value.
+        // Headroom patch (PATCHES.md, 2): upstream cancels and re-arms both preemption
+        // timers on every pass, a cancel and a new timeout on two rings, which costs
+        // io_uring_enter calls on every pass. A preempt timer still pending that fires no
+        // later than a fresh one would is kept instead (a task queue's slice then counts from
+        // when the timer was armed), and the throughput timer is re-armed once it has fired.
         //
-        // But if we will sleep, there might be a timer registered that needs
-        // to be removed otherwise we'll wake up when it expires.
-        drop(self.latency_preemption_timeout_src.take());
+        // Going to sleep (no preempt timer wanted), the pending timer is cancelled as
+        // upstream does, otherwise we'd wake up when it expires.
+        let keep_latency_timer = match (preempt_timer(), self.latency_preemption_deadline.get())
+        {
+            (Some(slice), Some(deadline)) => {
+                pending(&self.latency_preemption_timeout_src)
+                    && deadline <= Instant::now() + slice
+            }
+            _ => false,
+        };
+        if !keep_latency_timer {
+            drop(self.latency_preemption_timeout_src.take());
+            self.latency_preemption_deadline.set(None);
+        }
 
         // Schedule the throughput-based timeout immediately: it won't matter if we end
         // up sleeping.
-        self.throughput_preemption_timeout_src.replace(Some(
-            main_ring.prepare_throughput_preemption_timer(
-                self.ring_depth() as u32,
-                self.eventfd_src.raw(),
-            ),
-        ));
+        if !pending(&self.throughput_preemption_timeout_src) {
+            self.throughput_preemption_timeout_src.replace(Some(
+                main_ring.prepare_throughput_preemption_timer(
+                    self.ring_depth() as u32,
+                    self.eventfd_src.raw(),
+                ),
+            ));
+        }
 
         // This will only dispatch if we run out of sqes. Which means until
         // flush_rings! nothing is really send to the kernel...
@@ -1851,6 +1879,7 @@ impl Reactor {
             // We are about to go to sleep. It's ok to sleep, but if there
             // is a timer set, we need to make sure we wake up to handle it.
             if let Some(dur) = user_timer {
+                self.latency_preemption_deadline.set(None);
                 self.latency_preemption_timeout_src
                     .set(Some(lat_ring.prepare_latency_preemption_timer(dur)));
                 assert!(flush_rings!(lat_ring)? > 0);
@@ -1879,7 +1908,9 @@ impl Reactor {
             }
         }
 
-        if let Some(preempt) = preempt_timer() {
+        if let Some(preempt) = preempt_timer().filter(|_| !keep_latency_timer) {
+            self.latency_preemption_deadline
+                .set(Some(Instant::now() + preempt));
             self.latency_preemption_timeout_src
                 .set(Some(lat_ring.prepare_latency_preemption_timer(preempt)));
             flush_rings!(lat_ring, main_ring)?;
