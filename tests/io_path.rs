@@ -224,3 +224,24 @@ fn a_connection_stops_zero_copy_once_the_kernel_says_it_copies() {
     assert!(d.get(b"v0").value == values[0]);
     assert_eq!(io_sum(&mut c, "ops_send_zc"), zc_before + 1);
 }
+
+#[test]
+fn idle_connections_beyond_the_rings_operation_bound_never_stall_a_shard() {
+    // One shard; each idle connection keeps a receive in flight on its ring. With receives
+    // counted against the ring's 256-operation bound, the 256th idle connection left the
+    // shard unable to send a single reply (memcached's t/maxconns.t found it).
+    let server = Server::start(&["--threads", "1", "--max-connections", "1024"]);
+    let idle: Vec<Client> = (0..600).map(|_| server.client()).collect();
+    // Every idle connection is accepted and has its receive posted: each answers once.
+    let mut idle = idle;
+    for (i, c) in idle.iter_mut().enumerate().step_by(50) {
+        assert_eq!(c.set(format!("idle{i}").as_bytes(), b"v", 0, 0).status, 0);
+    }
+    let mut fresh = server.client();
+    exercise(&mut fresh);
+    for (i, c) in idle.iter_mut().enumerate().rev().step_by(37) {
+        assert_eq!(c.get(b"k3").status, 0, "idle connection {i}");
+    }
+    drop(idle);
+    assert_eq!(server.stop().code(), Some(0));
+}

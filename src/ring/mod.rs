@@ -9,10 +9,14 @@
 //!   reaped right after it. Completions that come later (a receive's data) signal the eventfd,
 //!   which a driver task reads through glommio's own ring (so glommio sleeps until then), and
 //!   the driver reaps.
-//! - **Bounded**: at most [`RING_IN_FLIGHT_MAX`] operations are in flight (a zero-copy send
-//!   counts until its notification); a submission beyond that waits for room. The completion
-//!   queue has room for every completion those can post (two for a zero-copy send, plus a
-//!   cancellation each), and an overflow is still detected and flushed, never waited on.
+//! - **Bounded**: at most [`RING_IN_FLIGHT_MAX`] operations other than receives are in flight
+//!   (a zero-copy send counts until its notification); a submission beyond that waits for
+//!   room. Receives are not bounded: each connection has at most one, and an idle connection
+//!   holds it for as long as it is idle, so counting them let 256 idle connections take every
+//!   slot and stall the shard. The completion queue has room for every completion the bounded
+//!   operations can post (two for a zero-copy send, plus a cancellation each) and two for each
+//!   of `--max-connections` receives (up to the kernel's limit), and an overflow is still
+//!   detected and flushed (`IORING_FEAT_NODROP`), never waited on.
 //! - **Memory safety**: every operation owns the memory it uses ([`Buf`]) until its *last*
 //!   completion: dropping the future that waits for it (a timeout, a closing connection)
 //!   cancels the operation but keeps the memory alive until the kernel is done with it.
@@ -43,6 +47,9 @@ pub use pool::{PoolChunk, StreamPool};
 
 /// Most operations one shard's ring has in flight.
 pub const RING_IN_FLIGHT_MAX: usize = 256;
+
+/// The kernel's largest completion queue (`IORING_MAX_CQ_ENTRIES`).
+const CQ_ENTRIES_MAX: usize = 65_536;
 /// `IORING_SEND_ZC_REPORT_USAGE`: the notification says whether the kernel copied anyway.
 const SEND_ZC_REPORT_USAGE: u16 = 1 << 3;
 /// `IORING_NOTIF_USAGE_ZC_COPIED`, in a notification's result.
@@ -381,6 +388,8 @@ pub struct Ring {
     free: RefCell<Vec<usize>>,
     /// Submissions waiting for room.
     room_waiters: RefCell<VecDeque<Waker>>,
+    /// Operations in flight other than receives (what [`RING_IN_FLIGHT_MAX`] bounds).
+    bounded_in_flight: Cell<usize>,
     /// Operations in flight per descriptor, and who waits for one to reach zero.
     fd_ops: RefCell<HashMap<RawFd, usize>>,
     fd_waiters: RefCell<Vec<(RawFd, Waker)>>,
@@ -402,14 +411,17 @@ impl Ring {
     pub fn new(
         buffers: FixedBuffers,
         huge_page_ranges: Vec<(usize, usize)>,
+        receives_max: usize,
     ) -> Result<Rc<Ring>, String> {
         let entries = RING_IN_FLIGHT_MAX as u32;
+        let cq_entries =
+            (RING_IN_FLIGHT_MAX * 4 + receives_max.saturating_mul(2)).min(CQ_ENTRIES_MAX) as u32;
         // Completions run only when this thread asks for them (DEFER_TASKRUN, one issuer):
         // a receive then completes when the shard reaps, not inside the softirq that brought
         // its data (where it would fight the sender for the socket's lock). Older kernels get
         // the default.
         let deferred = IoUring::builder()
-            .setup_cqsize(entries * 4)
+            .setup_cqsize(cq_entries)
             .setup_single_issuer()
             .setup_defer_taskrun()
             .setup_taskrun_flag()
@@ -418,7 +430,7 @@ impl Ring {
             Ok(uring) => (uring, true),
             Err(_) => (
                 IoUring::builder()
-                    .setup_cqsize(entries * 4)
+                    .setup_cqsize(cq_entries)
                     .build(entries)
                     .map_err(|err| format!("io_uring_setup: {err}"))?,
                 false,
@@ -462,6 +474,7 @@ impl Ring {
             slots: RefCell::new(Vec::new()),
             free: RefCell::new(Vec::new()),
             room_waiters: RefCell::new(VecDeque::new()),
+            bounded_in_flight: Cell::new(0),
             fd_ops: RefCell::new(HashMap::new()),
             fd_waiters: RefCell::new(Vec::new()),
             stats: RefCell::new(RingStats::default()),
@@ -837,7 +850,10 @@ impl Ring {
         report: Option<Rc<ZcReport>>,
         entry: impl FnOnce(&Buf) -> squeue::Entry,
     ) -> (io::Result<usize>, Option<Buf>) {
-        self.room().await;
+        if kind != OpKind::Recv {
+            self.room().await;
+            self.bounded_in_flight.set(self.bounded_in_flight.get() + 1);
+        }
         let (index, generation) = {
             let mut slots = self.slots.borrow_mut();
             let index = self.free.borrow_mut().pop().unwrap_or_else(|| {
@@ -944,11 +960,12 @@ impl Ring {
         self.reap();
     }
 
-    /// Waits until fewer than [`RING_IN_FLIGHT_MAX`] operations are in flight.
+    /// Waits until fewer than [`RING_IN_FLIGHT_MAX`] operations other than receives are in
+    /// flight.
     async fn room(&self) {
         let mut waited = false;
         std::future::poll_fn(|cx| {
-            if (self.stats.borrow().in_flight as usize) < RING_IN_FLIGHT_MAX {
+            if self.bounded_in_flight.get() < RING_IN_FLIGHT_MAX {
                 return Poll::Ready(());
             }
             if !waited {
@@ -1060,6 +1077,9 @@ impl Ring {
         let buf = slot.buf.take();
         slot.report = None;
         stats.in_flight -= 1;
+        if slot.kind != OpKind::Recv {
+            self.bounded_in_flight.set(self.bounded_in_flight.get() - 1);
+        }
         let fd = slot.fd;
         let mut fd_ops = self.fd_ops.borrow_mut();
         let left = fd_ops.get_mut(&fd).expect("counted at submission");

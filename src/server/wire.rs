@@ -119,8 +119,9 @@ impl ShardIo {
                     .max(settings.arena.block_bytes as usize)
                     .min(FIXED_BUFFER_MAX_BYTES),
             )
-            .and_then(|buffers| Ring::new(buffers, arena.huge_page_ranges()))
-            {
+            .and_then(|buffers| {
+                Ring::new(buffers, arena.huge_page_ranges(), settings.max_connections)
+            }) {
                 Ok(ring) => {
                     let path = format!(
                         "ring ({} bytes of arena in {} fixed buffers)",
