@@ -238,6 +238,10 @@ pub(crate) fn general_pairs(f: &GeneralFigures) -> Vec<(String, String)> {
         ),
         ("get_hits", store.get_hits.to_string()),
         ("get_misses", store.get_misses.to_string()),
+        ("get_expired", store.get_expired.to_string()),
+        // memcached finds flushed items lazily and counts the lookups that do; a FLUSH here
+        // frees every item it covers when it takes effect, so no lookup ever finds one.
+        ("get_flushed", "0".to_string()),
         ("delete_misses", store.delete_misses.to_string()),
         ("delete_hits", store.delete_hits.to_string()),
         ("incr_misses", store.incr_misses.to_string()),
@@ -252,6 +256,12 @@ pub(crate) fn general_pairs(f: &GeneralFigures) -> Vec<(String, String)> {
         ("bytes_read", conn.bytes_read.to_string()),
         ("bytes_written", conn.bytes_written.to_string()),
         ("limit_maxbytes", f.cache_bytes.to_string()),
+        // memcached stops listening at its connection limit (and counts it); Headroom never
+        // does: connections beyond --max-connections are closed on accept
+        // (rejected_connections).
+        ("accepting_conns", "1".to_string()),
+        ("listen_disabled_num", "0".to_string()),
+        ("time_in_listen_disabled_us", "0".to_string()),
         ("threads", f.shards.to_string()),
         ("bytes", store.bytes.to_string()),
         ("curr_items", store.curr_items.to_string()),
@@ -259,6 +269,7 @@ pub(crate) fn general_pairs(f: &GeneralFigures) -> Vec<(String, String)> {
         ("evictions", store.evictions.to_string()),
         ("reclaimed", store.expired_reclaimed.to_string()),
         ("expired_reclaimed", store.expired_reclaimed.to_string()),
+        ("lrutail_reflocked", store.lrutail_reflocked.to_string()),
         ("index_bytes", store.index_bytes.to_string()),
         ("large_items", store.large_items.to_string()),
         ("large_bytes", store.large_bytes.to_string()),
@@ -321,6 +332,13 @@ fn settings(ctx: &ShardCtx) -> Vec<(String, String)> {
             s.promotion_half_life_seconds.to_string(),
         ),
         ("evictions", "on".to_string()),
+        // `shutdown` is refused ("ERROR: shutdown not enabled"), as memcached without -A.
+        ("shutdown_command", "no".to_string()),
+        // `stats cachedump` answers.
+        ("dump_enabled", "yes".to_string()),
+        // No UDP and no TLS listener.
+        ("udpport", "0".to_string()),
+        ("ssl_enabled", "no".to_string()),
         ("cas_enabled", "yes".to_string()),
         ("flush_enabled", "yes".to_string()),
         // memcached's unix-socket data port; Headroom serves data on TCP only.

@@ -324,6 +324,7 @@ impl Store {
         self.settle_clock(now);
         let loc = self.keys.find(&self.arena, key)?;
         if is_expired(item::meta(self.arena.bytes(loc)).expiry, now) {
+            self.keys.stats.get_expired += 1;
             self.keys.stats.expired_reclaimed += 1;
             let class = keys::class_of(self.arena.bytes(loc)).0;
             self.keys.stats.class_mut(class).reclaimed += 1;
