@@ -91,6 +91,8 @@ pub fn answer(ctx: &ShardCtx, query: StatQuery) -> StatAnswer {
             StatAnswer::Done
         }
         StatQuery::Conns => {
+            let started = ctx.shared.started;
+            let now = Instant::now();
             let mut rows: Vec<ConnRow> = ctx
                 .conns
                 .borrow()
@@ -100,13 +102,21 @@ pub fn answer(ctx: &ShardCtx, query: StatQuery) -> StatAnswer {
                     peer: c.peer.clone(),
                     local: c.local.clone(),
                     state: c.state.get(),
-                    idle_seconds: c.last_command.get().elapsed().as_secs(),
+                    idle_seconds: clock_seconds_between(started, c.last_command.get(), now),
                 })
                 .collect();
             rows.sort_by_key(|r| r.fd);
             StatAnswer::Conns(rows)
         }
     }
+}
+
+/// Seconds from `then` to `now` on a clock that ticks once a second from `started`
+/// (memcached's `current_time`, which `secs_since_last_cmd` is read on): a command read in the
+/// second before this one is 1 second old however little of a second has passed.
+fn clock_seconds_between(started: Instant, then: Instant, now: Instant) -> u64 {
+    let tick = |at: Instant| at.saturating_duration_since(started).as_secs();
+    tick(now).saturating_sub(tick(then))
 }
 
 /// Runs `query` on every shard, this one included.
@@ -681,4 +691,23 @@ pub async fn write_stats(ctx: &ShardCtx, group: &[u8], opcode: u8, opaque: u32, 
         );
     }
     w.reply(opcode, opaque, Status::Ok, 0, &[], &[], &[]);
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use std::time::Duration;
+
+    #[test]
+    fn connection_idle_seconds_tick_with_the_clock() {
+        let started = Instant::now();
+        let at = |ms| started + Duration::from_millis(ms);
+        // Across a tick: 1 second old after 200 ms, as memcached's clock has it.
+        assert_eq!(clock_seconds_between(started, at(900), at(1_100)), 1);
+        // Within a second: 0, however long.
+        assert_eq!(clock_seconds_between(started, at(1_000), at(1_999)), 0);
+        assert_eq!(clock_seconds_between(started, at(500), at(3_499)), 3);
+        // A command read after `now` was taken (another shard's connection).
+        assert_eq!(clock_seconds_between(started, at(2_000), at(1_000)), 0);
+    }
 }
