@@ -1,7 +1,7 @@
 //! STAT against memcached's meaning, through the real server with two shards: counters summed
 //! once across shards (`cmd_flush` per FLUSH, `large_*`), `total_items` per successful store,
-//! and memcached's groups `settings`, `items`, `slabs`, `sizes`, `conns`, `reset` and
-//! `detail on|off|dump`.
+//! memcached's general names with what is true of Headroom, and memcached's groups `settings`,
+//! `items`, `slabs`, `sizes`, `conns`, `reset` and `detail on|off|dump`.
 
 mod common;
 
@@ -152,4 +152,44 @@ fn conns_reset_and_detail() {
         assert_eq!(r.status, 1, "{group}");
     }
     assert_eq!(c.get(b"kept").value, b"v");
+}
+
+#[test]
+fn memcached_general_and_settings_names() {
+    let server = Server::start(&["--threads", "2"]);
+    let mut c = server.client();
+    let general = stat_map(&mut c, "");
+    for (name, value) in [
+        ("get_expired", "0"),
+        ("get_flushed", "0"),
+        ("accepting_conns", "1"),
+        ("listen_disabled_num", "0"),
+        ("time_in_listen_disabled_us", "0"),
+        ("lrutail_reflocked", "0"),
+    ] {
+        assert_eq!(general.get(name).map(String::as_str), Some(value), "{name}");
+    }
+
+    // A lookup that finds its item expired counts (a Unix time in the past expires at once).
+    for key in keys("gone", 4) {
+        assert_eq!(c.set(&key, b"v", 0, 1_000_000_000).status, 0);
+        assert_eq!(c.get(&key).status, 1, "expired");
+    }
+    assert_eq!(c.get(b"never-set").status, 1);
+    assert_eq!(c.stat("", "get_expired"), 4);
+    assert_eq!(c.stat("", "get_misses"), 5);
+    // A FLUSH frees what it covers: no lookup finds a flushed item.
+    assert_eq!(c.set(b"flushed", b"v", 0, 0).status, 0);
+    assert_eq!(c.call(&frame(FLUSH, &[], b"", &[], 0, 0)).status, 0);
+    assert_eq!(c.get(b"flushed").status, 1);
+    assert_eq!(c.stat("", "get_flushed"), 0);
+    assert_eq!(c.stat("", "get_expired"), 4);
+    assert!(c.stats("reset").is_empty());
+    assert_eq!(c.stat("", "get_expired"), 0);
+
+    let settings = stat_map(&mut c, "settings");
+    assert_eq!(settings["shutdown_command"], "no");
+    assert_eq!(settings["dump_enabled"], "yes");
+    assert_eq!(settings["udpport"], "0");
+    assert_eq!(settings["ssl_enabled"], "no");
 }

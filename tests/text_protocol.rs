@@ -687,6 +687,14 @@ fn cases() -> Vec<Case> {
             "stats detail",
             &["stats detail\r\nstats detail bogus\r\nstats detail on\r\nstats detail off\r\n"],
         ),
+        // Malformed cachedumps, and a class that holds nothing (memcached has no class 63 at
+        // its default growth factor; Headroom's are 1 to 3).
+        case(
+            "stats cachedump refusals and an empty class",
+            &["stats cachedump\r\nstats cachedump 1\r\nstats cachedump x 1\r\n\
+               stats cachedump 1 -1\r\nstats cachedump 64 1\r\nstats cachedump 4294967296 0\r\n\
+               stats cachedump 63 1\r\nstats cachedump 63 0 extra\r\n"],
+        ),
     ]
 }
 
@@ -971,6 +979,43 @@ fn stats_groups_answer_over_text() {
         call(&mut stream, b"get statkey\r\n"),
         b"VALUE statkey 0 1\r\nx\r\nEND\r\n"
     );
+}
+
+/// `stats cachedump <class> <limit>` lists the items of one of `stats items`' classes (memcached
+/// walks only its cold LRU, so the listing itself cannot be compared).
+#[test]
+fn cachedump_lists_the_items_of_a_class() {
+    let server = Server::start(&["--threads", "2"]);
+    let mut stream = connect(server.addr);
+    assert_eq!(
+        call(
+            &mut stream,
+            b"set dump-a 0 0 3\r\nabc\r\nset dump-b 0 2000000000 1\r\nx\r\n\
+              set dump-gone 0 -1 1\r\nx\r\n"
+        ),
+        b"STORED\r\nSTORED\r\nSTORED\r\n"
+    );
+    let reply = call(&mut stream, b"stats cachedump 1 0\r\n");
+    let text = String::from_utf8(reply).unwrap();
+    let mut lines: Vec<&str> = text.split_terminator("\r\n").collect();
+    assert_eq!(lines.pop(), Some("END"), "{text:?}");
+    lines.sort_unstable();
+    // Value bytes and the expiry as a Unix time (0: never); the expired item is left out.
+    assert_eq!(
+        lines,
+        ["ITEM dump-a [3 b; 0 s]", "ITEM dump-b [1 b; 2000000000 s]"]
+    );
+    // A limit; another class; a class Headroom does not have.
+    let one = call(&mut stream, b"stats cachedump 1 1\r\n");
+    assert!(one.starts_with(b"ITEM dump-") && one.ends_with(b"]\r\nEND\r\n"));
+    assert_eq!(
+        one.iter().filter(|&&b| b == b'\n').count(),
+        2,
+        "{}",
+        show(&one)
+    );
+    assert_eq!(call(&mut stream, b"stats cachedump 2 0\r\n"), b"END\r\n");
+    assert_eq!(call(&mut stream, b"stats cachedump 9 0\r\n"), b"END\r\n");
 }
 
 /// Writes `bytes` on another thread (a large request must not wait for its reader).

@@ -82,6 +82,8 @@ pub mod errors {
     pub const DELETE_USAGE: &[u8] =
         b"CLIENT_ERROR bad command line format.  Usage: delete <key> [noreply]\r\n";
     pub const STATS_DETAIL_USAGE: &[u8] = b"CLIENT_ERROR usage: stats detail on|off|dump\r\n";
+    pub const BAD_COMMAND_LINE: &[u8] = b"CLIENT_ERROR bad command line\r\n";
+    pub const ILLEGAL_SLAB_ID: &[u8] = b"CLIENT_ERROR Illegal slab id\r\n";
     pub const SHUTDOWN_DISABLED: &[u8] = b"ERROR: shutdown not enabled\r\n";
     pub const MULTIGET_OUT_OF_MEMORY: &[u8] = b"SERVER_ERROR out of memory reading request\r\n";
     /// What the server answers when an INCR/DECR target is not a number (not a decoder error).
@@ -827,8 +829,33 @@ fn stats<'a>(text: &'a [u8], tokens: &Tokens<'a>, line_len: usize) -> TextDecode
     {
         return error(errors::STATS_DETAIL_USAGE, line_len);
     }
+    if t.get(1) == Some(&&b"cachedump"[..]) {
+        if tokens.ntokens() < 5 {
+            return error(errors::BAD_COMMAND_LINE, line_len);
+        }
+        match (safe_strtoul(t[2]), safe_strtoul(t[3])) {
+            (Some(class), Some(_)) if class < CACHEDUMP_CLASSES => {}
+            (Some(_), Some(_)) => return error(errors::ILLEGAL_SLAB_ID, line_len),
+            _ => return error(errors::BAD_FORMAT, line_len),
+        }
+    }
     let args = Words::new(after_words(text, 1));
     command(TextCommand::Stats { args }, line_len)
+}
+
+/// memcached refuses a `stats cachedump` class id from this on (its slab class limit).
+const CACHEDUMP_CLASSES: u32 = 64;
+
+/// The class and limit of a `stats cachedump <class> <limit>` the decoder let through (it
+/// refused the malformed ones); `None` for any other `stats` line.
+pub fn cachedump_args(args: &Words<'_>) -> Option<(u32, u32)> {
+    let mut words = args.iter();
+    if words.next()? != b"cachedump" {
+        return None;
+    }
+    let class = safe_strtoul(words.next()?)?;
+    let limit = safe_strtoul(words.next()?)?;
+    Some((class, limit))
 }
 
 fn meta_command<'a>(

@@ -295,6 +295,18 @@ pub const GENERAL: &[(&str, Export)] = &[
         labelled(COMMAND_RESULTS, &[("command", "get"), ("result", "miss")]),
     ),
     (
+        "get_expired",
+        sample(counter(
+            "get_expired",
+            N,
+            "Lookups that found their item expired (memcached's get_expired).",
+        )),
+    ),
+    (
+        "get_flushed",
+        skip("always 0: a FLUSH frees the items it covers, so no lookup finds one"),
+    ),
+    (
         "delete_misses",
         labelled(
             COMMAND_RESULTS,
@@ -362,6 +374,18 @@ pub const GENERAL: &[(&str, Export)] = &[
         )),
     ),
     (
+        "accepting_conns",
+        skip("always 1: Headroom never stops listening"),
+    ),
+    (
+        "listen_disabled_num",
+        skip("always 0: Headroom never stops listening"),
+    ),
+    (
+        "time_in_listen_disabled_us",
+        skip("always 0: Headroom never stops listening"),
+    ),
+    (
         "threads",
         sample(gauge("shards", N, "Serving shards, one thread each.")),
     ),
@@ -403,6 +427,15 @@ pub const GENERAL: &[(&str, Export)] = &[
             "items_reclaimed",
             N,
             "Expired items whose memory was reclaimed, by the sweep or on lookup.",
+        )),
+    ),
+    (
+        "lrutail_reflocked",
+        sample(counter(
+            "eviction_pinned_skips",
+            N,
+            "Records the CLOCK hand passed over because a send in flight pinned them \
+             (memcached's lrutail_reflocked).",
         )),
     ),
     (

@@ -91,6 +91,8 @@ pub fn answer(ctx: &ShardCtx, query: StatQuery) -> StatAnswer {
             StatAnswer::Done
         }
         StatQuery::Conns => {
+            let started = ctx.shared.started;
+            let now = Instant::now();
             let mut rows: Vec<ConnRow> = ctx
                 .conns
                 .borrow()
@@ -100,13 +102,21 @@ pub fn answer(ctx: &ShardCtx, query: StatQuery) -> StatAnswer {
                     peer: c.peer.clone(),
                     local: c.local.clone(),
                     state: c.state.get(),
-                    idle_seconds: c.last_command.get().elapsed().as_secs(),
+                    idle_seconds: clock_seconds_between(started, c.last_command.get(), now),
                 })
                 .collect();
             rows.sort_by_key(|r| r.fd);
             StatAnswer::Conns(rows)
         }
     }
+}
+
+/// Seconds from `then` to `now` on a clock that ticks once a second from `started`
+/// (memcached's `current_time`, which `secs_since_last_cmd` is read on): a command read in the
+/// second before this one is 1 second old however little of a second has passed.
+fn clock_seconds_between(started: Instant, then: Instant, now: Instant) -> u64 {
+    let tick = |at: Instant| at.saturating_duration_since(started).as_secs();
+    tick(now).saturating_sub(tick(then))
 }
 
 /// Runs `query` on every shard, this one included.
@@ -238,6 +248,10 @@ pub(crate) fn general_pairs(f: &GeneralFigures) -> Vec<(String, String)> {
         ),
         ("get_hits", store.get_hits.to_string()),
         ("get_misses", store.get_misses.to_string()),
+        ("get_expired", store.get_expired.to_string()),
+        // memcached finds flushed items lazily and counts the lookups that do; a FLUSH here
+        // frees every item it covers when it takes effect, so no lookup ever finds one.
+        ("get_flushed", "0".to_string()),
         ("delete_misses", store.delete_misses.to_string()),
         ("delete_hits", store.delete_hits.to_string()),
         ("incr_misses", store.incr_misses.to_string()),
@@ -252,6 +266,12 @@ pub(crate) fn general_pairs(f: &GeneralFigures) -> Vec<(String, String)> {
         ("bytes_read", conn.bytes_read.to_string()),
         ("bytes_written", conn.bytes_written.to_string()),
         ("limit_maxbytes", f.cache_bytes.to_string()),
+        // memcached stops listening at its connection limit (and counts it); Headroom never
+        // does: connections beyond --max-connections are closed on accept
+        // (rejected_connections).
+        ("accepting_conns", "1".to_string()),
+        ("listen_disabled_num", "0".to_string()),
+        ("time_in_listen_disabled_us", "0".to_string()),
         ("threads", f.shards.to_string()),
         ("bytes", store.bytes.to_string()),
         ("curr_items", store.curr_items.to_string()),
@@ -259,6 +279,7 @@ pub(crate) fn general_pairs(f: &GeneralFigures) -> Vec<(String, String)> {
         ("evictions", store.evictions.to_string()),
         ("reclaimed", store.expired_reclaimed.to_string()),
         ("expired_reclaimed", store.expired_reclaimed.to_string()),
+        ("lrutail_reflocked", store.lrutail_reflocked.to_string()),
         ("index_bytes", store.index_bytes.to_string()),
         ("large_items", store.large_items.to_string()),
         ("large_bytes", store.large_bytes.to_string()),
@@ -321,6 +342,13 @@ fn settings(ctx: &ShardCtx) -> Vec<(String, String)> {
             s.promotion_half_life_seconds.to_string(),
         ),
         ("evictions", "on".to_string()),
+        // `shutdown` is refused ("ERROR: shutdown not enabled"), as memcached without -A.
+        ("shutdown_command", "no".to_string()),
+        // `stats cachedump` answers.
+        ("dump_enabled", "yes".to_string()),
+        // No UDP and no TLS listener.
+        ("udpport", "0".to_string()),
+        ("ssl_enabled", "no".to_string()),
         ("cas_enabled", "yes".to_string()),
         ("flush_enabled", "yes".to_string()),
         // memcached's unix-socket data port; Headroom serves data on TCP only.
@@ -663,4 +691,23 @@ pub async fn write_stats(ctx: &ShardCtx, group: &[u8], opcode: u8, opaque: u32, 
         );
     }
     w.reply(opcode, opaque, Status::Ok, 0, &[], &[], &[]);
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use std::time::Duration;
+
+    #[test]
+    fn connection_idle_seconds_tick_with_the_clock() {
+        let started = Instant::now();
+        let at = |ms| started + Duration::from_millis(ms);
+        // Across a tick: 1 second old after 200 ms, as memcached's clock has it.
+        assert_eq!(clock_seconds_between(started, at(900), at(1_100)), 1);
+        // Within a second: 0, however long.
+        assert_eq!(clock_seconds_between(started, at(1_000), at(1_999)), 0);
+        assert_eq!(clock_seconds_between(started, at(500), at(3_499)), 3);
+        // A command read after `now` was taken (another shard's connection).
+        assert_eq!(clock_seconds_between(started, at(2_000), at(1_000)), 0);
+    }
 }

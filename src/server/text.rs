@@ -571,6 +571,10 @@ async fn write_stats(ctx: &ShardCtx, args: &text::Words<'_>, out: &mut Vec<u8>) 
         }
         group.extend_from_slice(word);
     }
+    if let Some((class, limit)) = text::cachedump_args(args) {
+        write_cachedump(ctx, class, limit, out);
+        return;
+    }
     let Some(pairs) = group_pairs(ctx, &group).await else {
         out.extend_from_slice(errors::ERROR);
         return;
@@ -591,6 +595,47 @@ async fn write_stats(ctx: &ShardCtx, args: &text::Words<'_>, out: &mut Vec<u8>) 
             out.extend_from_slice(text::END);
         }
     }
+}
+
+/// The most bytes a `stats cachedump` reply holds, `END` included (memcached's cap).
+const CACHEDUMP_MAX_BYTES: usize = 2 << 20;
+
+/// `stats cachedump <class> <limit>`: up to `limit` (0: no limit) items of the item class
+/// (`stats items` numbers them: 1 small, 2 fixed, 3 large; any other class holds none), one
+/// `ITEM <key> [<value bytes> b; <expiry> s]` line each (the expiry a Unix time, 0 never), then
+/// `END`, within memcached's 2 MiB. Partitions are walked one at a time under their locks.
+fn write_cachedump(ctx: &ShardCtx, class: u32, limit: u32, out: &mut Vec<u8>) {
+    let start = out.len();
+    let class = class
+        .checked_sub(1)
+        .and_then(|i| crate::store::ItemClass::ALL.get(i as usize).copied());
+    if let Some(class) = class {
+        let now = unix_now();
+        let partitions = &ctx.shared.partitions;
+        let mut shown = 0u32;
+        let mut full = false;
+        for index in 0..partitions.len() {
+            if full || (limit != 0 && shown >= limit) {
+                break;
+            }
+            partitions
+                .lock(index)
+                .dump_class(class, now, |key, len, expiry| {
+                    let mut line = Vec::with_capacity(key.len() + 40);
+                    line.extend_from_slice(b"ITEM ");
+                    line.extend_from_slice(key);
+                    line.extend_from_slice(format!(" [{len} b; {expiry} s]\r\n").as_bytes());
+                    if out.len() - start + line.len() + text::END.len() > CACHEDUMP_MAX_BYTES {
+                        full = true;
+                        return false;
+                    }
+                    out.extend_from_slice(&line);
+                    shown += 1;
+                    limit == 0 || shown < limit
+                });
+        }
+    }
+    out.extend_from_slice(text::END);
 }
 
 /// What a text connection may do before it authenticates (with `--sasl-password-file`),

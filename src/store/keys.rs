@@ -364,6 +364,7 @@ impl AdmissionHost for Keys {
                 return false;
             };
             if arena.is_pinned(loc) {
+                self.stats.lrutail_reflocked += 1;
                 continue;
             }
             let record = arena.bytes(loc);
@@ -372,7 +373,10 @@ impl AdmissionHost for Keys {
                 continue; // not (or no longer) an indexed record
             }
             match item::value_at(record) {
-                ValueAt::Fixed { slot, .. } if arena.is_pinned(slot) => continue,
+                ValueAt::Fixed { slot, .. } if arena.is_pinned(slot) => {
+                    self.stats.lrutail_reflocked += 1;
+                    continue;
+                }
                 // A large object is never evicted to make RAM room: its record is tiny and its
                 // data (rollout data, say) may not be read yet. Its head copy, a latency device,
                 // is: the value then streams whole from its segment.
@@ -391,7 +395,12 @@ impl AdmissionHost for Keys {
                             item::set_referenced(arena.bytes_mut(loc), false);
                             continue;
                         }
-                        _ => continue,
+                        // Unreferenced, so its head is pinned.
+                        Some(_) => {
+                            self.stats.lrutail_reflocked += 1;
+                            continue;
+                        }
+                        None => continue,
                     }
                 }
                 _ => {}

@@ -243,6 +243,33 @@ impl Store {
         buckets
     }
 
+    /// STAT `cachedump`: calls `f` with the key, value length and expiry (a Unix time, 0
+    /// never) of every live item of `class` whose key prints on a line (memcached leaves
+    /// binary keys out too), until `f` answers false. Walks the whole index.
+    pub fn dump_class(
+        &self,
+        class: ItemClass,
+        now: u32,
+        mut f: impl FnMut(&[u8], u64, u32) -> bool,
+    ) {
+        let mut more = true;
+        self.keys.for_each(|loc| {
+            if !more {
+                return;
+            }
+            let record = self.arena.bytes(loc);
+            let (item_class, len) = keys::class_of(record);
+            let key = item::key(record);
+            let expiry = item::meta(record).expiry;
+            if item_class == class
+                && !is_expired(expiry, now)
+                && key.iter().all(|b| b.is_ascii_graphic() || *b >= 0x80)
+            {
+                more = f(key, len, expiry);
+            }
+        });
+    }
+
     pub fn arena(&self) -> &ShardArena {
         &self.arena
     }
@@ -297,6 +324,7 @@ impl Store {
         self.settle_clock(now);
         let loc = self.keys.find(&self.arena, key)?;
         if is_expired(item::meta(self.arena.bytes(loc)).expiry, now) {
+            self.keys.stats.get_expired += 1;
             self.keys.stats.expired_reclaimed += 1;
             let class = keys::class_of(self.arena.bytes(loc)).0;
             self.keys.stats.class_mut(class).reclaimed += 1;

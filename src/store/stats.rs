@@ -73,6 +73,13 @@ pub struct StoreStats {
     pub cas_badval: u64,
     pub evictions: u64,
     pub expired_reclaimed: u64,
+    /// Lookups that found their key's item expired (and dropped it), memcached's
+    /// `get_expired`.
+    pub get_expired: u64,
+    /// Records the CLOCK hand passed over because they (or their value's slot) were pinned
+    /// for a send in flight: memcached's `lrutail_reflocked` (items at the LRU tail it could
+    /// not evict because a reader held them).
+    pub lrutail_reflocked: u64,
     pub too_large: u64,
     pub large_refusals: u64,
     pub out_of_memory: u64,
@@ -113,6 +120,8 @@ impl StoreStats {
             cas_badval,
             evictions,
             expired_reclaimed,
+            get_expired,
+            lrutail_reflocked,
             too_large,
             large_refusals,
             out_of_memory,
@@ -176,6 +185,8 @@ mod tests {
             cas_badval,
             evictions,
             expired_reclaimed,
+            get_expired,
+            lrutail_reflocked,
             too_large,
             large_refusals,
             out_of_memory,
