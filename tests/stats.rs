@@ -6,6 +6,8 @@
 mod common;
 
 use common::pattern;
+use std::io::{Read, Write};
+
 use common::server::{frame, Client, Server};
 
 const STAT: u8 = 0x10;
@@ -152,6 +154,27 @@ fn conns_reset_and_detail() {
         assert_eq!(r.status, 1, "{group}");
     }
     assert_eq!(c.get(b"kept").value, b"v");
+    // A connection whose command is in and whose value is still coming reads `conn_nread`,
+    // as memcached's does (t/stats-conns.t); on its own value it answers as usual.
+    let mut midway = std::net::TcpStream::connect(server.addr).unwrap();
+    midway.write_all(b"set midway 0 0 10\r\n0123").unwrap();
+    let nread = |c: &mut Client| {
+        c.stats("conns")
+            .iter()
+            .any(|(n, v)| n.ends_with(":state") && v == "conn_nread")
+    };
+    let deadline = std::time::Instant::now() + std::time::Duration::from_secs(10);
+    while !nread(&mut c) {
+        assert!(
+            std::time::Instant::now() < deadline,
+            "no connection in conn_nread"
+        );
+        std::thread::sleep(std::time::Duration::from_millis(20));
+    }
+    midway.write_all(b"456789\r\n").unwrap();
+    let mut stored = [0u8; 8];
+    midway.read_exact(&mut stored).unwrap();
+    assert_eq!(&stored, b"STORED\r\n");
 }
 
 #[test]

@@ -420,6 +420,26 @@ impl Conn {
         }
     }
 
+    /// What STAT `conns` shows while the connection waits for bytes, as memcached names it:
+    /// discarding the rest of a refused request (`conn_swallow`), in the middle of a request
+    /// whose command is in (its value still coming: `conn_nread`), or between requests
+    /// (`conn_waiting`).
+    fn waiting_state(&self) -> &'static str {
+        let buffered = &self.buf[self.consumed..self.filled];
+        let command_in = match self.protocol {
+            Some(Protocol::Binary) => buffered.len() >= crate::proto::HEADER_BYTES,
+            Some(Protocol::Text) => buffered.contains(&b'\n'),
+            None => false,
+        };
+        if self.skip > 0 {
+            "conn_swallow"
+        } else if command_in {
+            "conn_nread"
+        } else {
+            "conn_waiting"
+        }
+    }
+
     /// Makes the buffer able to hold a frame of `needed` bytes from `consumed`.
     pub(super) fn make_room(&mut self, needed: usize) {
         if self.consumed > 0 {
@@ -592,7 +612,7 @@ async fn serve_frames(
     // The other reply buffer: one is in flight while the next pass fills the other.
     let mut spare: Vec<u8> = Vec::new();
     loop {
-        info.state.set("conn_waiting");
+        info.state.set(conn.waiting_state());
         let read = match pending.take() {
             Some(bytes) => {
                 let len = bytes.len();
