@@ -5,23 +5,24 @@
 //! pauses of 0 to 200 µs on each side, so the receiver is caught at every point between
 //! deciding to sleep and sleeping, and the whole exchange must finish well inside its limit.
 
+mod common;
+
 use std::time::{Duration, Instant};
 
+use common::Rng;
 use glommio::channels::shared_channel;
 use glommio::LocalExecutorBuilder;
 
-/// A small xorshift: the pauses are reproducible from the printed seed.
+/// The pauses one side takes, reproducible from the seed.
 fn pauses(seed: u64, n: usize) -> Vec<Duration> {
-    let mut x = seed | 1;
+    let mut rng = Rng::new(seed);
     (0..n)
         .map(|_| {
-            x ^= x << 13;
-            x ^= x >> 7;
-            x ^= x << 17;
             // One exchange in four without a pause (back to back), the others 1-200 µs.
-            match x % 4 {
-                0 => Duration::ZERO,
-                _ => Duration::from_micros(1 + x % 200),
+            if rng.chance(25) {
+                Duration::ZERO
+            } else {
+                Duration::from_micros(rng.between(1, 200))
             }
         })
         .collect()
@@ -42,16 +43,10 @@ fn spin_or_sleep(pause: Duration) {
 
 #[test]
 fn no_wakeup_is_lost_between_sleeping_executors() {
-    let seed = std::env::var("HEADROOM_WAKEUP_SEED")
-        .ok()
-        .and_then(|s| s.parse().ok())
-        .unwrap_or_else(|| {
-            std::time::SystemTime::now()
-                .duration_since(std::time::UNIX_EPOCH)
-                .unwrap()
-                .as_nanos() as u64
-        });
-    eprintln!("seed {seed} (HEADROOM_WAKEUP_SEED={seed} repeats it)");
+    common::for_each_seed("executor_wakeups", 1, exchange);
+}
+
+fn exchange(seed: u64) {
     const ROUNDS: usize = 20_000;
     let (to_b, from_a) = shared_channel::new_bounded::<u64>(1);
     let (to_a, from_b) = shared_channel::new_bounded::<u64>(1);

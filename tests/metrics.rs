@@ -75,12 +75,10 @@ struct Sample {
     value: f64,
 }
 
-/// Parses an exposition with the Python `prometheus_client` parser (`format`: `prometheus`
-/// or `openmetrics`); panics with the parser's complaint when it rejects the text.
-fn parse(text: &str, format: &str) -> Vec<Family> {
-    let python = common::python_with("prometheus_client");
-    let mut child = std::process::Command::new(python)
-        .args(["-c", PARSE, format])
+/// Runs `program` with `args`, `input` on its stdin; its output once it exits.
+fn run_with_input(program: &std::path::Path, args: &[&str], input: &str) -> std::process::Output {
+    let mut child = std::process::Command::new(program)
+        .args(args)
         .stdin(std::process::Stdio::piped())
         .stdout(std::process::Stdio::piped())
         .stderr(std::process::Stdio::piped())
@@ -90,9 +88,16 @@ fn parse(text: &str, format: &str) -> Vec<Family> {
         .stdin
         .take()
         .unwrap()
-        .write_all(text.as_bytes())
+        .write_all(input.as_bytes())
         .unwrap();
-    let out = child.wait_with_output().unwrap();
+    child.wait_with_output().unwrap()
+}
+
+/// Parses an exposition with the Python `prometheus_client` parser (`format`: `prometheus`
+/// or `openmetrics`); panics with the parser's complaint when it rejects the text.
+fn parse(text: &str, format: &str) -> Vec<Family> {
+    let python = common::python_with("prometheus_client");
+    let out = run_with_input(&python, &["-c", PARSE, format], text);
     assert!(
         out.status.success(),
         "the {format} parser rejects /metrics: {}",
@@ -432,20 +437,7 @@ fn metrics_equal_stat_and_parse_as_prometheus_and_openmetrics() {
     // promtool's lint, where promtool is installed.
     match promtool() {
         Some(promtool) => {
-            let mut child = std::process::Command::new(&promtool)
-                .args(["check", "metrics"])
-                .stdin(std::process::Stdio::piped())
-                .stdout(std::process::Stdio::piped())
-                .stderr(std::process::Stdio::piped())
-                .spawn()
-                .unwrap();
-            child
-                .stdin
-                .take()
-                .unwrap()
-                .write_all(text.as_bytes())
-                .unwrap();
-            let out = child.wait_with_output().unwrap();
+            let out = run_with_input(&promtool, &["check", "metrics"], &text);
             assert!(
                 out.status.success(),
                 "promtool check metrics: {}{}",
