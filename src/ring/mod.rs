@@ -2,13 +2,14 @@
 //! schedules, but it cannot register our memory or send zero-copy. This ring holds the arena as
 //! fixed buffers and runs the data path's socket sends and segment reads and writes.
 //!
-//! - **Driving**: entries are queued, not submitted one by one: the first entry of a pass
-//!   schedules a flush task behind every task already runnable, so all the entries of one
-//!   executor pass (every connection's replies and next receives) go to the kernel in one
-//!   `io_uring_enter`, with the ring's eventfd notifications off for its duration, and are
-//!   reaped right after it. Completions that come later (a receive's data) signal the eventfd,
-//!   which a driver task reads through glommio's own ring (so glommio sleeps until then), and
-//!   the driver reaps.
+//! - **Driving**: the ring is the shard executor's park hook (`glommio::park_hook`, a patch
+//!   of ours: `third_party/glommio/PATCHES.md`). Entries are queued, not submitted one by one:
+//!   at the start of every executor pass the executor calls [`Ring::poll`], which submits
+//!   everything the last pass queued (every connection's replies and next receives) in one
+//!   `io_uring_enter` and reaps. When the executor has nothing to run it sleeps *in this ring*
+//!   ([`Ring::park`]): one `io_uring_enter` submits what is queued and waits for a completion
+//!   here or on glommio's own rings (a poll on each of their descriptors), so a receive's data
+//!   wakes the shard directly, with no eventfd and no second ring in between.
 //! - **Bounded**: at most [`RING_IN_FLIGHT_MAX`] operations other than receives are in flight
 //!   (a zero-copy send counts until its notification); a submission beyond that waits for
 //!   room. Receives are not bounded: each connection has at most one, and an idle connection
@@ -34,11 +35,12 @@ use std::cell::{Cell, RefCell};
 use std::collections::{HashMap, VecDeque};
 use std::future::Future;
 use std::io;
-use std::os::fd::{AsRawFd, FromRawFd, OwnedFd, RawFd};
+use std::os::fd::RawFd;
 use std::pin::Pin;
 use std::rc::Rc;
 use std::task::{Context, Poll, Waker};
 
+use glommio::park_hook::ParkHook;
 use io_uring::{cqueue, opcode, squeue, types, IoUring};
 
 pub use buffers::FixedBuffers;
@@ -58,6 +60,11 @@ const NOTIF_USAGE_ZC_COPIED: u32 = 1 << 31;
 const ENTER_GETEVENTS: u32 = 1;
 /// The user data of cancellation requests: their completions are only counted.
 const CANCEL_USER_DATA: u64 = u64::MAX;
+/// The user data of the polls on the executor's own rings while it parks here: this value
+/// minus the ring's index in the park's `wake_fds`.
+const WAKE_POLL_USER_DATA: u64 = u64::MAX - 1;
+/// Most executor rings a park watches (glommio passes its main and latency rings).
+const WAKE_FDS_MAX: usize = 8;
 
 /// What an operation does, for the counters.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -116,7 +123,7 @@ pub struct RingStats {
     /// flushed).
     pub cq_overflows: u64,
     pub cancels: u64,
-    /// Eventfd wake-ups of the driver.
+    /// Times the executor slept in this ring (and woke).
     pub wakeups: u64,
     /// `io_uring_enter` calls that submitted queued entries, and the entries they carried.
     pub submits: u64,
@@ -380,7 +387,6 @@ fn user_data(index: usize, generation: u32) -> u64 {
 /// One shard's ring.
 pub struct Ring {
     uring: RefCell<IoUring>,
-    eventfd: OwnedFd,
     buffers: FixedBuffers,
     /// Registered memory on huge pages (hugetlb or transparent): never sent zero-copy.
     huge_page_ranges: Vec<(usize, usize)>,
@@ -395,11 +401,14 @@ pub struct Ring {
     fd_waiters: RefCell<Vec<(RawFd, Waker)>>,
     stats: RefCell<RingStats>,
     stopping: Cell<bool>,
-    /// Entries queued since the last submission, and whether a flush task is on its way.
+    /// Entries queued since the last submission.
     queued: Cell<u32>,
-    flush_scheduled: Cell<bool>,
-    /// The flusher task, while it waits for a flush to be asked.
-    flusher: RefCell<Option<Waker>>,
+    /// Which of a park's `wake_fds` have a poll armed here (bit i for index i).
+    wake_polls_armed: Cell<u8>,
+    /// A wake poll failed (said once in the log).
+    wake_poll_failed: Cell<bool>,
+    /// Completions taken by the last reap (kept to reuse its allocation).
+    reaped: RefCell<Vec<(u64, i32, u32)>>,
     /// Completions wait for this thread to enter with GETEVENTS (`IORING_SETUP_DEFER_TASKRUN`).
     defer_taskrun: bool,
 }
@@ -436,17 +445,6 @@ impl Ring {
                 false,
             ),
         };
-        // SAFETY: a plain eventfd syscall; the descriptor is owned right away.
-        let raw = unsafe { libc::eventfd(0, libc::EFD_CLOEXEC) };
-        if raw < 0 {
-            return Err(format!("eventfd: {}", io::Error::last_os_error()));
-        }
-        // SAFETY: `raw` is a fresh descriptor nobody else owns.
-        let eventfd = unsafe { OwnedFd::from_raw_fd(raw) };
-        uring
-            .submitter()
-            .register_eventfd(eventfd.as_raw_fd())
-            .map_err(|err| format!("registering the eventfd: {err}"))?;
         if !buffers.is_empty() {
             let iovecs: Vec<libc::iovec> = buffers
                 .pieces()
@@ -468,7 +466,6 @@ impl Ring {
         }
         Ok(Rc::new(Ring {
             uring: RefCell::new(uring),
-            eventfd,
             buffers,
             huge_page_ranges,
             slots: RefCell::new(Vec::new()),
@@ -480,8 +477,9 @@ impl Ring {
             stats: RefCell::new(RingStats::default()),
             stopping: Cell::new(false),
             queued: Cell::new(0),
-            flush_scheduled: Cell::new(false),
-            flusher: RefCell::new(None),
+            wake_polls_armed: Cell::new(0),
+            wake_poll_failed: Cell::new(false),
+            reaped: RefCell::new(Vec::new()),
             defer_taskrun,
         }))
     }
@@ -494,66 +492,17 @@ impl Ring {
         self.stats.borrow().clone()
     }
 
-    /// Runs the completion driver and the flusher on the current glommio executor until
-    /// [`Ring::stop`].
-    pub fn spawn_driver(self: &Rc<Self>) -> glommio::task::JoinHandle<()> {
-        let flusher = Rc::clone(self);
-        glommio::spawn_local(async move {
-            loop {
-                std::future::poll_fn(|cx| {
-                    if flusher.flush_scheduled.get() || flusher.stopping.get() {
-                        Poll::Ready(())
-                    } else {
-                        *flusher.flusher.borrow_mut() = Some(cx.waker().clone());
-                        Poll::Pending
-                    }
-                })
-                .await;
-                flusher.flush();
-                if flusher.stopping.get() {
-                    break;
-                }
-            }
-        })
-        .detach();
-        let ring = Rc::clone(self);
-        glommio::spawn_local(async move {
-            // SAFETY: dup of our own eventfd; the duplicate is owned by the glommio file.
-            let dup = unsafe { libc::dup(ring.eventfd.as_raw_fd()) };
-            if dup < 0 {
-                tracing::error!(err = %io::Error::last_os_error(), "ring driver: dup of the eventfd failed");
-                return;
-            }
-            // SAFETY: `dup` is a fresh descriptor handed to the file, which closes it.
-            let file = unsafe { glommio::io::BufferedFile::from_raw_fd(dup) };
-            while !ring.stopping.get() {
-                if let Err(err) = file.read_at(0, 8).await {
-                    tracing::error!(%err, "ring driver: reading the eventfd failed");
-                    break;
-                }
-                ring.stats.borrow_mut().wakeups += 1;
-                ring.reap();
-            }
-            let _ = file.close().await;
-        })
-        .detach()
+    /// Makes this ring the current executor's park hook (it is polled every pass and slept
+    /// in) until [`Ring::stop`]. Called on the shard's own executor.
+    pub fn start(self: &Rc<Self>) {
+        let hook: Rc<dyn ParkHook> = Rc::clone(self) as Rc<dyn ParkHook>;
+        glommio::park_hook::set_park_hook(Some(hook));
     }
 
-    /// Stops the driver (after [`Ring::drain`]).
+    /// Gives the executor back its own sleep (after [`Ring::drain`]); on the shard's executor.
     pub fn stop(&self) {
         self.stopping.set(true);
-        if let Some(waker) = self.flusher.borrow_mut().take() {
-            waker.wake();
-        }
-        let one = 1u64;
-        // SAFETY: writes 8 bytes from a live u64 to our own eventfd.
-        unsafe {
-            libc::write(
-                self.eventfd.as_raw_fd(),
-                (&one as *const u64).cast(),
-                std::mem::size_of::<u64>(),
-            )
-        };
+        glommio::park_hook::set_park_hook(None);
     }
 
     /// Waits until no operation is in flight.
@@ -886,7 +835,6 @@ impl Ring {
             stats.in_flight_max = stats.in_flight_max.max(stats.in_flight);
         }
         self.queue(&sqe);
-        self.schedule_flush();
         Op {
             ring: Rc::clone(self),
             index,
@@ -917,9 +865,6 @@ impl Ring {
         if queued == 0 {
             return;
         }
-        // Completions the kernel posts inside this very call (a send that fits the socket
-        // buffer) are reaped right after it: they need no eventfd signal to wake the driver.
-        uring.completion().disable_eventfd();
         let submitted = if self.defer_taskrun {
             // The same call runs the completions waiting for us.
             // SAFETY: no signal mask or argument is passed.
@@ -931,7 +876,6 @@ impl Ring {
         } else {
             uring.submit()
         };
-        uring.completion().enable_eventfd();
         if let Err(err) = submitted {
             tracing::error!(%err, "io_uring submit failed");
         }
@@ -940,22 +884,8 @@ impl Ring {
         stats.entries_submitted += u64::from(queued);
     }
 
-    /// Makes sure the queued entries are submitted at the end of this executor pass: the
-    /// flusher task is woken, and a woken task runs behind every task already runnable, so
-    /// they all queue first. (A task spawned now would run at once: glommio runs a new task
-    /// eagerly.)
-    fn schedule_flush(&self) {
-        if self.flush_scheduled.replace(true) {
-            return;
-        }
-        if let Some(waker) = self.flusher.borrow_mut().take() {
-            waker.wake();
-        }
-    }
-
     /// Submits every queued entry now, and reaps.
     pub fn flush(&self) {
-        self.flush_scheduled.set(false);
         self.submit_queued(&mut self.uring.borrow_mut());
         self.reap();
     }
@@ -985,7 +915,7 @@ impl Ring {
     /// results and notifications, wakes waiters and frees finished slots. Returns how many it
     /// took.
     pub fn reap(&self) -> usize {
-        let mut completions = Vec::new();
+        let mut completions = self.reaped.take();
         {
             let mut uring = self.uring.borrow_mut();
             if self.defer_taskrun && uring.submission().taskrun() {
@@ -1010,6 +940,7 @@ impl Ring {
             );
         }
         if completions.is_empty() {
+            self.reaped.replace(completions);
             return 0;
         }
         let taken = completions.len();
@@ -1018,8 +949,12 @@ impl Ring {
         {
             let mut slots = self.slots.borrow_mut();
             let mut stats = self.stats.borrow_mut();
-            for (data, result, flags) in completions {
+            for (data, result, flags) in completions.drain(..) {
                 if data == CANCEL_USER_DATA {
+                    continue;
+                }
+                if let Some(i) = wake_poll_index(data) {
+                    self.wake_poll_done(i, result, flags);
                     continue;
                 }
                 let (index, generation) = ((data & 0xFFFF_FFFF) as usize, (data >> 32) as u32);
@@ -1060,6 +995,7 @@ impl Ring {
                 }
             }
         }
+        self.reaped.replace(completions);
         // Outside the borrows: a release may run an owner's code, a waker may poll at once.
         drop(release);
         for w in wake {
@@ -1100,12 +1036,91 @@ impl Ring {
         buf
     }
 
+    /// A poll on one of the executor's rings completed: with no more to come, it is armed
+    /// again at the next park.
+    fn wake_poll_done(&self, index: usize, result: i32, flags: u32) {
+        if !cqueue::more(flags) {
+            self.wake_polls_armed
+                .set(self.wake_polls_armed.get() & !(1 << index));
+        }
+        if result < 0 && !self.wake_poll_failed.replace(true) {
+            tracing::error!(
+                err = %io::Error::from_raw_os_error(-result),
+                "polling the executor's own ring failed; the shard may spin instead of sleeping"
+            );
+        }
+    }
+
+    /// Arms a multishot poll on each of `wake_fds` that has none. The kernel turns a poll on
+    /// a ring's descriptor into a one-shot (a ring waking a ring would otherwise loop), so in
+    /// practice each is armed again after it fires.
+    fn arm_wake_polls(&self, wake_fds: &[RawFd]) {
+        assert!(wake_fds.len() <= WAKE_FDS_MAX, "too many rings to watch");
+        for (index, &fd) in wake_fds.iter().enumerate() {
+            let bit = 1u8 << index;
+            if self.wake_polls_armed.get() & bit != 0 {
+                continue;
+            }
+            let poll = opcode::PollAdd::new(types::Fd(fd), libc::POLLIN as u32)
+                .multi(true)
+                .build()
+                .user_data(WAKE_POLL_USER_DATA - index as u64);
+            self.queue(&poll);
+            self.wake_polls_armed.set(self.wake_polls_armed.get() | bit);
+        }
+    }
+
     fn wake_room(&self) {
         let waiters: Vec<Waker> = self.room_waiters.borrow_mut().drain(..).collect();
         for w in waiters {
             w.wake();
         }
     }
+}
+
+/// The executor's side of the ring (see the module's "Driving").
+impl ParkHook for Ring {
+    fn poll(&self, submit: bool) -> usize {
+        if submit {
+            self.submit_queued(&mut self.uring.borrow_mut());
+        }
+        self.reap()
+    }
+
+    fn park(&self, wake_fds: &[RawFd]) -> usize {
+        self.arm_wake_polls(wake_fds);
+        {
+            let uring = self.uring.borrow_mut();
+            let queued = self.queued.replace(0);
+            // One call submits the last pass's entries and sleeps until a completion is
+            // posted or (DEFER_TASKRUN) is ready to run on this thread.
+            // SAFETY: no signal mask or argument is passed.
+            let entered = unsafe {
+                uring
+                    .submitter()
+                    .enter::<libc::sigset_t>(queued, 1, ENTER_GETEVENTS, None)
+            };
+            let mut stats = self.stats.borrow_mut();
+            stats.wakeups += 1;
+            if queued > 0 {
+                stats.submits += 1;
+                stats.entries_submitted += u64::from(queued);
+            }
+            match entered {
+                Ok(_) => {}
+                // A signal: the executor runs a pass and parks again.
+                Err(err) if err.raw_os_error() == Some(libc::EINTR) => {}
+                Err(err) => tracing::error!(%err, "io_uring_enter to park failed"),
+            }
+        }
+        self.reap()
+    }
+}
+
+/// Which of a park's `wake_fds` a completion's user data names, if it is a wake poll's.
+fn wake_poll_index(data: u64) -> Option<usize> {
+    let index = WAKE_POLL_USER_DATA.checked_sub(data)?;
+    (index < WAKE_FDS_MAX as u64).then_some(index as usize)
 }
 
 impl Drop for Ring {
@@ -1209,7 +1224,6 @@ impl Drop for Op {
                 .build()
                 .user_data(CANCEL_USER_DATA);
             self.ring.queue(&entry);
-            self.ring.schedule_flush();
             self.ring.stats.borrow_mut().cancels += 1;
         }
         // A result that already arrived (or arrives with this reap) frees the slot.

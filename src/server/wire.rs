@@ -139,7 +139,7 @@ impl ShardIo {
             }
         };
         if let Some(ring) = &ring {
-            ring.spawn_driver();
+            ring.start();
         }
         if shard == 0 {
             tracing::info!(path = %path, io_pool_bytes = settings.io_pool_bytes, "data path");
