@@ -357,6 +357,12 @@ struct Slot {
     buf: Option<Buf>,
     /// Where a zero-copy send's notification is reported.
     report: Option<Rc<ZcReport>>,
+    /// A receive linked behind a send ([`Ring::send_then_recv`]): that send's slot, its
+    /// generation and length. The send posts no completion when it succeeds; this receive's
+    /// completion says it did.
+    linked_send: Option<(usize, u32, i32)>,
+    /// A send that posts a completion only when it fails (linked ahead of a receive).
+    skips_success: bool,
 }
 
 impl Slot {
@@ -372,6 +378,8 @@ impl Slot {
             waker: None,
             buf: None,
             report: None,
+            linked_send: None,
+            skips_success: false,
         }
     }
 
@@ -411,6 +419,9 @@ pub struct Ring {
     reaped: RefCell<Vec<(u64, i32, u32)>>,
     /// Completions wait for this thread to enter with GETEVENTS (`IORING_SETUP_DEFER_TASKRUN`).
     defer_taskrun: bool,
+    /// The kernel can skip a successful operation's completion (`IOSQE_CQE_SKIP_SUCCESS`), so
+    /// a reply and the next receive can be linked ([`Ring::send_then_recv`]).
+    links_replies: bool,
 }
 
 impl Ring {
@@ -464,6 +475,7 @@ impl Ring {
                 )
             })?;
         }
+        let links_replies = uring.params().is_feature_skip_cqe_on_success();
         Ok(Rc::new(Ring {
             uring: RefCell::new(uring),
             buffers,
@@ -481,6 +493,7 @@ impl Ring {
             wake_poll_failed: Cell::new(false),
             reaped: RefCell::new(Vec::new()),
             defer_taskrun,
+            links_replies,
         }))
     }
 
@@ -693,18 +706,41 @@ impl Ring {
         buf: Vec<u8>,
         at: usize,
     ) -> (io::Result<usize>, Vec<u8>) {
-        assert!(at < buf.len(), "a receive needs room");
-        let room = (buf.len() - at) as u32;
+        let entry = recv_entry(fd, &buf, at);
         let (result, back) = self
-            .submit(OpKind::Recv, fd, Buf::Owned(buf), None, |b| {
-                // SAFETY (of the pointer arithmetic): `at < len` of the owned buffer.
-                opcode::Recv::new(types::Fd(fd), b.ptr().wrapping_add(at) as *mut u8, room).build()
-            })
+            .submit(OpKind::Recv, fd, Buf::Owned(buf), None, entry)
             .await;
-        match back {
-            Some(Buf::Owned(v)) => (result, v),
-            _ => unreachable!("a receive hands its buffer back"),
-        }
+        (result, owned_back(back))
+    }
+
+    /// [`Ring::send_then_recv`] with the receive of [`Ring::recv`].
+    pub async fn send_then_recv_plain(
+        self: &Rc<Self>,
+        fd: RawFd,
+        bytes: Vec<u8>,
+        buf: Vec<u8>,
+        at: usize,
+    ) -> (io::Result<Vec<u8>>, (io::Result<usize>, Vec<u8>)) {
+        let entry = recv_entry(fd, &buf, at);
+        let (sent, (result, back)) = self
+            .send_then_recv(fd, bytes, Buf::Owned(buf), entry)
+            .await;
+        (sent_back(sent), (result, owned_back(back)))
+    }
+
+    /// [`Ring::send_then_recv`] with the receive of [`Ring::recv_stamped`].
+    pub async fn send_then_recv_stamped(
+        self: &Rc<Self>,
+        fd: RawFd,
+        bytes: Vec<u8>,
+        mut stamped: Box<Stamped>,
+        at: usize,
+    ) -> (io::Result<Vec<u8>>, (io::Result<usize>, Box<Stamped>)) {
+        let entry = recv_stamped_entry(fd, &mut stamped, at);
+        let (sent, (result, back)) = self
+            .send_then_recv(fd, bytes, Buf::Stamped(stamped), entry)
+            .await;
+        (sent_back(sent), (result, stamped_back(back)))
     }
 
     /// Receives into `stamped.buf[at..]` with `RECVMSG`, queued like [`Ring::recv`], bringing
@@ -717,19 +753,11 @@ impl Ring {
         mut stamped: Box<Stamped>,
         at: usize,
     ) -> (io::Result<usize>, Box<Stamped>) {
-        assert!(at < stamped.buf.len(), "a receive needs room");
-        stamped.aim(at);
-        let msg: *mut libc::msghdr = &mut stamped.msg;
+        let entry = recv_stamped_entry(fd, &mut stamped, at);
         let (result, back) = self
-            .submit(OpKind::Recv, fd, Buf::Stamped(stamped), None, |_| {
-                // The message lives in the box the slot owns until completion.
-                opcode::RecvMsg::new(types::Fd(fd), msg).build()
-            })
+            .submit(OpKind::Recv, fd, Buf::Stamped(stamped), None, entry)
             .await;
-        match back {
-            Some(Buf::Stamped(r)) => (result, r),
-            _ => unreachable!("a receive hands its buffer back"),
-        }
+        (result, stamped_back(back))
     }
 
     /// Reads `len` bytes at `offset` of `fd` into `chunk` (`READ_FIXED`; O_DIRECT wants the
@@ -801,6 +829,89 @@ impl Ring {
     ) -> (io::Result<usize>, Option<Buf>) {
         if kind != OpKind::Recv {
             self.room().await;
+        }
+        let (index, generation) = self.take_slot(kind, fd, buf, report);
+        let sqe = {
+            let slots = self.slots.borrow();
+            entry(slots[index].buf.as_ref().expect("just stored"))
+                .user_data(user_data(index, generation))
+        };
+        self.queue(&sqe);
+        Op {
+            ring: Rc::clone(self),
+            index,
+            generation,
+            done: false,
+        }
+        .await
+    }
+
+    /// Whether replies can go out linked with the next receive ([`Ring::send_then_recv`]).
+    pub fn links_replies(&self) -> bool {
+        self.links_replies
+    }
+
+    /// Sends all of `bytes`, then receives into `recv` as [`Ring::recv`] or
+    /// [`Ring::recv_stamped`] would (`recv_entry` builds the receive): the two are linked, and
+    /// the send posts no completion when it succeeds, so a request/reply exchange costs one
+    /// completion and, when the shard sleeps between requests, one `io_uring_enter` (the one
+    /// that submits the pair and sleeps until the next request). The receive starts once
+    /// the reply is fully sent (`MSG_WAITALL`; a client that stops reading stalls its own
+    /// connection, as it would on memcached). Returns the send's result and buffer (on
+    /// success, all of it), then the receive's.
+    pub async fn send_then_recv(
+        self: &Rc<Self>,
+        fd: RawFd,
+        bytes: Vec<u8>,
+        recv: Buf,
+        recv_entry: impl FnOnce(&Buf) -> squeue::Entry,
+    ) -> ((io::Result<usize>, Option<Buf>), (io::Result<usize>, Option<Buf>)) {
+        assert!(self.links_replies, "the kernel cannot skip a send's completion");
+        let len = bytes.len();
+        assert!(len > 0 && len <= i32::MAX as usize, "a linked reply has bytes");
+        self.room().await;
+        let (send_index, send_generation) =
+            self.take_slot(OpKind::Send, fd, Buf::Owned(bytes), None);
+        let (recv_index, recv_generation) = self.take_slot(OpKind::Recv, fd, recv, None);
+        let (send, receive) = {
+            let mut slots = self.slots.borrow_mut();
+            slots[recv_index].linked_send = Some((send_index, send_generation, len as i32));
+            slots[send_index].skips_success = true;
+            let send_buf = slots[send_index].buf.as_ref().expect("just stored");
+            let send = opcode::Send::new(types::Fd(fd), send_buf.ptr(), len as u32)
+                .flags(libc::MSG_NOSIGNAL | libc::MSG_WAITALL)
+                .build()
+                .flags(squeue::Flags::IO_LINK | squeue::Flags::SKIP_SUCCESS)
+                .user_data(user_data(send_index, send_generation));
+            let receive = recv_entry(slots[recv_index].buf.as_ref().expect("just stored"))
+                .user_data(user_data(recv_index, recv_generation));
+            (send, receive)
+        };
+        self.queue_linked(&send, &receive);
+        let send = Op {
+            ring: Rc::clone(self),
+            index: send_index,
+            generation: send_generation,
+            done: false,
+        };
+        let receive = Op {
+            ring: Rc::clone(self),
+            index: recv_index,
+            generation: recv_generation,
+            done: false,
+        };
+        futures_lite::future::zip(send, receive).await
+    }
+
+    /// Takes a free slot for an operation on `buf` (counted in flight from here).
+    fn take_slot(
+        &self,
+        kind: OpKind,
+        fd: RawFd,
+        buf: Buf,
+        report: Option<Rc<ZcReport>>,
+    ) -> (usize, u32) {
+        if kind != OpKind::Recv {
             self.bounded_in_flight.set(self.bounded_in_flight.get() + 1);
         }
         let (index, generation) = {
@@ -821,27 +932,15 @@ impl Ring {
             slot.waker = None;
             slot.buf = Some(buf);
             slot.report = report;
+            slot.linked_send = None;
+            slot.skips_success = false;
             (index, slot.generation)
         };
-        let sqe = {
-            let slots = self.slots.borrow();
-            entry(slots[index].buf.as_ref().expect("just stored"))
-                .user_data(user_data(index, generation))
-        };
         *self.fd_ops.borrow_mut().entry(fd).or_default() += 1;
-        {
-            let mut stats = self.stats.borrow_mut();
-            stats.in_flight += 1;
-            stats.in_flight_max = stats.in_flight_max.max(stats.in_flight);
-        }
-        self.queue(&sqe);
-        Op {
-            ring: Rc::clone(self),
-            index,
-            generation,
-            done: false,
-        }
-        .await
+        let mut stats = self.stats.borrow_mut();
+        stats.in_flight += 1;
+        stats.in_flight_max = stats.in_flight_max.max(stats.in_flight);
+        (index, generation)
     }
 
     /// Queues one entry for the next submission (submitting at once only when the queue is
@@ -857,6 +956,26 @@ impl Ring {
                 break;
             }
             self.submit_queued(&mut uring);
+        }
+    }
+
+    /// Queues two linked entries in the same submission (a link cut at a submission's end
+    /// would let the second run before the first).
+    fn queue_linked(&self, first: &squeue::Entry, second: &squeue::Entry) {
+        {
+            let mut uring = self.uring.borrow_mut();
+            let free = {
+                let sq = uring.submission();
+                sq.capacity() - sq.len()
+            };
+            if free < 2 {
+                self.submit_queued(&mut uring);
+            }
+            // SAFETY: as in `queue`: every buffer the entries name is owned by its slot until
+            // the operation's last completion.
+            let pushed = unsafe { uring.submission().push_multiple(&[first.clone(), second.clone()]) };
+            assert!(pushed.is_ok(), "room for two entries after a submission");
+            self.queued.set(self.queued.get() + 2);
         }
     }
 
@@ -915,10 +1034,19 @@ impl Ring {
     /// results and notifications, wakes waiters and frees finished slots. Returns how many it
     /// took.
     pub fn reap(&self) -> usize {
+        self.reap_with(true)
+    }
+
+    /// [`Ring::reap`] without entering the kernel to run completions waiting for this thread.
+    fn reap_posted(&self) -> usize {
+        self.reap_with(false)
+    }
+
+    fn reap_with(&self, run_waiting: bool) -> usize {
         let mut completions = self.reaped.take();
         {
             let mut uring = self.uring.borrow_mut();
-            if self.defer_taskrun && uring.submission().taskrun() {
+            if run_waiting && self.defer_taskrun && uring.submission().taskrun() {
                 self.stats.borrow_mut().task_runs += 1;
                 // Completions are waiting to be run on this thread: one enter runs them.
                 // SAFETY: no signal mask or argument is passed.
@@ -974,22 +1102,29 @@ impl Ring {
                     }
                     slot.notification_due = false;
                 } else {
-                    slot.result = Some(result);
-                    slot.notification_due = cqueue::more(flags);
-                    let k = OpKind::ALL
-                        .iter()
-                        .position(|&k| k == slot.kind)
-                        .expect("a kind");
-                    stats.ops[k] += 1;
-                    if result >= 0 {
-                        stats.bytes[k] += result as u64;
+                    let linked_send = slot.linked_send.take();
+                    // A linked send completes only when it fails; a partial send is a failure
+                    // too (MSG_WAITALL), and the connection is cut either way.
+                    let result = if slot.skips_success && result >= 0 {
+                        -libc::EPIPE
                     } else {
-                        stats.errors += 1;
-                    }
-                    if let Some(w) = slot.waker.take() {
-                        wake.push(w);
+                        result
+                    };
+                    complete(slot, &mut stats, result, cqueue::more(flags), &mut wake);
+                    if let Some((send, generation, len)) = linked_send {
+                        // The receive ran (or failed after the send's own failure, which
+                        // completed first): the send is done, all of it.
+                        let linked = &mut slots[send];
+                        if linked.busy && linked.generation == generation && linked.result.is_none()
+                        {
+                            complete(linked, &mut stats, len, false, &mut wake);
+                            if linked.detached {
+                                release.extend(self.free_slot(&mut slots, &mut stats, send));
+                            }
+                        }
                     }
                 }
+                let slot = &slots[index];
                 if slot.finished() && slot.detached {
                     release.extend(self.free_slot(&mut slots, &mut stats, index));
                 }
@@ -1083,8 +1218,12 @@ impl ParkHook for Ring {
     fn poll(&self, submit: bool) -> usize {
         if submit {
             self.submit_queued(&mut self.uring.borrow_mut());
+            self.reap()
+        } else {
+            // The executor parks next if nothing is found: completions still to run on this
+            // thread are left to the park's own enter rather than costing one more here.
+            self.reap_posted()
         }
-        self.reap()
     }
 
     fn park(&self, wake_fds: &[RawFd]) -> usize {
@@ -1114,6 +1253,78 @@ impl ParkHook for Ring {
             }
         }
         self.reap()
+    }
+}
+
+/// A `RECV` into `buf[at..]` (the entry names the buffer the slot will own: moving a `Vec`
+/// does not move its bytes).
+fn recv_entry(fd: RawFd, buf: &[u8], at: usize) -> impl FnOnce(&Buf) -> squeue::Entry {
+    assert!(at < buf.len(), "a receive needs room");
+    let room = (buf.len() - at) as u32;
+    move |b: &Buf| {
+        // SAFETY (of the pointer arithmetic): `at < len` of the owned buffer.
+        opcode::Recv::new(types::Fd(fd), b.ptr().wrapping_add(at) as *mut u8, room).build()
+    }
+}
+
+/// A `RECVMSG` into `stamped.buf[at..]` with its control space (the message lives in the box
+/// the slot will own until completion).
+fn recv_stamped_entry(
+    fd: RawFd,
+    stamped: &mut Stamped,
+    at: usize,
+) -> impl FnOnce(&Buf) -> squeue::Entry {
+    assert!(at < stamped.buf.len(), "a receive needs room");
+    stamped.aim(at);
+    let msg: *mut libc::msghdr = &mut stamped.msg;
+    move |_: &Buf| opcode::RecvMsg::new(types::Fd(fd), msg).build()
+}
+
+fn owned_back(back: Option<Buf>) -> Vec<u8> {
+    match back {
+        Some(Buf::Owned(v)) => v,
+        _ => unreachable!("a receive hands its buffer back"),
+    }
+}
+
+fn stamped_back(back: Option<Buf>) -> Box<Stamped> {
+    match back {
+        Some(Buf::Stamped(r)) => r,
+        _ => unreachable!("a receive hands its buffer back"),
+    }
+}
+
+/// A linked send's outcome: the whole buffer back, or why not.
+fn sent_back((result, back): (io::Result<usize>, Option<Buf>)) -> io::Result<Vec<u8>> {
+    result?;
+    match back {
+        Some(Buf::Owned(v)) => Ok(v),
+        _ => unreachable!("a plain send hands its buffer back"),
+    }
+}
+
+/// Records an operation's result in its slot, counts it and takes its waiter to wake.
+fn complete(
+    slot: &mut Slot,
+    stats: &mut RingStats,
+    result: i32,
+    notification_due: bool,
+    wake: &mut Vec<Waker>,
+) {
+    slot.result = Some(result);
+    slot.notification_due = notification_due;
+    let k = OpKind::ALL
+        .iter()
+        .position(|&k| k == slot.kind)
+        .expect("a kind");
+    stats.ops[k] += 1;
+    if result >= 0 {
+        stats.bytes[k] += result as u64;
+    } else {
+        stats.errors += 1;
+    }
+    if let Some(w) = slot.waker.take() {
+        wake.push(w);
     }
 }
 
