@@ -2,8 +2,10 @@
 //! Used for shutdown, so idle connections stop waiting on their sockets at once.
 
 use std::cell::{Cell, RefCell};
+use std::collections::hash_map::Entry;
 use std::collections::HashMap;
 use std::future::Future;
+use std::hash::{BuildHasherDefault, Hasher};
 use std::pin::Pin;
 use std::rc::Rc;
 use std::task::{Context, Poll, Waker};
@@ -16,7 +18,27 @@ struct Inner {
     fired: Cell<bool>,
     next_id: Cell<u64>,
     /// Registered waiters; a waiter removes itself when dropped, so nothing accumulates.
-    waiters: RefCell<HashMap<u64, Waker>>,
+    waiters: RefCell<HashMap<u64, Waker, BuildHasherDefault<IdHasher>>>,
+}
+
+/// Hashes a waiter's id (unique, sequential) with one multiplication: every socket operation
+/// of a connection waits on the stop event, so SipHash was a visible cost per request.
+#[derive(Default)]
+struct IdHasher(u64);
+
+impl Hasher for IdHasher {
+    fn finish(&self) -> u64 {
+        self.0
+    }
+
+    fn write(&mut self, _: &[u8]) {
+        unreachable!("waiter ids hash as u64");
+    }
+
+    fn write_u64(&mut self, id: u64) {
+        // Fibonacci hashing: spreads sequential ids over the high bits hashbrown probes with.
+        self.0 = id.wrapping_mul(0x9E37_79B9_7F4A_7C15);
+    }
 }
 
 impl LocalEvent {
@@ -49,6 +71,7 @@ impl LocalEvent {
         Wait {
             event: self.clone(),
             id,
+            registered: false,
         }
     }
 
@@ -61,27 +84,38 @@ impl LocalEvent {
 pub struct Wait {
     event: LocalEvent,
     id: u64,
+    /// Whether a waker is registered (only then does dropping touch the map).
+    registered: bool,
 }
 
 impl Future for Wait {
     type Output = ();
 
     fn poll(self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<()> {
-        let inner = &self.event.0;
+        let this = self.get_mut();
+        let inner = &this.event.0;
         if inner.fired.get() {
             return Poll::Ready(());
         }
-        inner
-            .waiters
-            .borrow_mut()
-            .insert(self.id, cx.waker().clone());
+        match inner.waiters.borrow_mut().entry(this.id) {
+            Entry::Occupied(known) if known.get().will_wake(cx.waker()) => {}
+            Entry::Occupied(mut known) => {
+                known.insert(cx.waker().clone());
+            }
+            Entry::Vacant(new) => {
+                new.insert(cx.waker().clone());
+            }
+        }
+        this.registered = true;
         Poll::Pending
     }
 }
 
 impl Drop for Wait {
     fn drop(&mut self) {
-        self.event.0.waiters.borrow_mut().remove(&self.id);
+        if self.registered {
+            self.event.0.waiters.borrow_mut().remove(&self.id);
+        }
     }
 }
 
