@@ -722,9 +722,7 @@ impl Ring {
         at: usize,
     ) -> (io::Result<Vec<u8>>, (io::Result<usize>, Vec<u8>)) {
         let entry = recv_entry(fd, &buf, at);
-        let (sent, (result, back)) = self
-            .send_then_recv(fd, bytes, Buf::Owned(buf), entry)
-            .await;
+        let (sent, (result, back)) = self.send_then_recv(fd, bytes, Buf::Owned(buf), entry).await;
         (sent_back(sent), (result, owned_back(back)))
     }
 
@@ -865,10 +863,19 @@ impl Ring {
         bytes: Vec<u8>,
         recv: Buf,
         recv_entry: impl FnOnce(&Buf) -> squeue::Entry,
-    ) -> ((io::Result<usize>, Option<Buf>), (io::Result<usize>, Option<Buf>)) {
-        assert!(self.links_replies, "the kernel cannot skip a send's completion");
+    ) -> (
+        (io::Result<usize>, Option<Buf>),
+        (io::Result<usize>, Option<Buf>),
+    ) {
+        assert!(
+            self.links_replies,
+            "the kernel cannot skip a send's completion"
+        );
         let len = bytes.len();
-        assert!(len > 0 && len <= i32::MAX as usize, "a linked reply has bytes");
+        assert!(
+            len > 0 && len <= i32::MAX as usize,
+            "a linked reply has bytes"
+        );
         self.room().await;
         let (send_index, send_generation) =
             self.take_slot(OpKind::Send, fd, Buf::Owned(bytes), None);
@@ -973,7 +980,11 @@ impl Ring {
             }
             // SAFETY: as in `queue`: every buffer the entries name is owned by its slot until
             // the operation's last completion.
-            let pushed = unsafe { uring.submission().push_multiple(&[first.clone(), second.clone()]) };
+            let pushed = unsafe {
+                uring
+                    .submission()
+                    .push_multiple(&[first.clone(), second.clone()])
+            };
             assert!(pushed.is_ok(), "room for two entries after a submission");
             self.queued.set(self.queued.get() + 2);
         }

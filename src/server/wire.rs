@@ -294,7 +294,10 @@ impl Wire {
         buf: &mut Vec<u8>,
         at: usize,
     ) -> (io::Result<Vec<u8>>, io::Result<usize>) {
-        let ring = self.ring.as_ref().expect("linked replies are the ring path's");
+        let ring = self
+            .ring
+            .as_ref()
+            .expect("linked replies are the ring path's");
         self.arrived.set(None);
         if self.stamps {
             let mut stamped = self.stamped.take().unwrap_or_else(Stamped::new);
