@@ -216,3 +216,57 @@ fn memcached_general_and_settings_names() {
     assert_eq!(settings["udpport"], "0");
     assert_eq!(settings["ssl_enabled"], "no");
 }
+
+/// The kernel's SO_REUSEPORT hash puts connections on shards at random; the accept loops hand
+/// a connection to the shard serving the fewest, so a few clients still use every core. Each
+/// client is accepted (a round trip) before the next connects, as the hand-off assumes
+/// nothing about the hash. The connections go on working after the hand-off, and closing them
+/// brings the counts back down.
+#[test]
+fn connections_are_spread_evenly_over_shards() {
+    let server = Server::start(&["--threads", "2"]);
+    let per_shard = |c: &mut Client| {
+        let io = stat_map(c, "io");
+        let count =
+            |shard: usize| -> usize { io[&format!("shard{shard}_connections")].parse().unwrap() };
+        (count(0), count(1))
+    };
+    let mut clients: Vec<Client> = Vec::new();
+    for i in 0..8u32 {
+        let mut c = server.client();
+        let key = format!("spread{i}");
+        assert_eq!(c.set(key.as_bytes(), b"v", 0, 0).status, 0);
+        clients.push(c);
+        let (a, b) = per_shard(&mut clients[0]);
+        assert_eq!(
+            a + b,
+            clients.len(),
+            "every open connection is counted once"
+        );
+        assert!(
+            a.abs_diff(b) <= 1,
+            "after {} connections: {a} and {b}",
+            clients.len()
+        );
+    }
+    // Every connection, wherever it was handed, still serves every key.
+    for c in clients.iter_mut() {
+        for i in 0..8u32 {
+            let key = format!("spread{i}");
+            assert_eq!(c.get(key.as_bytes()).value, b"v".to_vec());
+        }
+    }
+    clients.truncate(1);
+    let deadline = std::time::Instant::now() + std::time::Duration::from_secs(10);
+    loop {
+        let (a, b) = per_shard(&mut clients[0]);
+        if a + b == 1 {
+            break;
+        }
+        assert!(
+            std::time::Instant::now() < deadline,
+            "closed connections still counted: {a}, {b}"
+        );
+        std::thread::sleep(std::time::Duration::from_millis(20));
+    }
+}

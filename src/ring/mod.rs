@@ -65,6 +65,11 @@ const CANCEL_USER_DATA: u64 = u64::MAX;
 const WAKE_POLL_USER_DATA: u64 = u64::MAX - 1;
 /// Most executor rings a park watches (glommio passes its main and latency rings).
 const WAKE_FDS_MAX: usize = 8;
+/// The longest a park sleeps: a safety net, so that a wake-up meant for glommio's rings that
+/// the polls on them did not pass on (one full-suite run showed a shard asleep with a glommio
+/// socket read ready, while the polls were multishot) costs at most this, never a hang. An
+/// idle shard wakes this often (a pass of a few microseconds).
+const PARK_TIMEOUT: std::time::Duration = std::time::Duration::from_millis(250);
 
 /// What an operation does, for the counters.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -564,8 +569,11 @@ impl Ring {
         .await
     }
 
-    /// Sends all of `bytes` (plain `SEND`), in as many operations as the socket needs.
-    /// Returns the buffer for reuse (it is lost if the send failed midway).
+    /// Sends all of `bytes` (plain `SEND`). Every send here asks for `MSG_WAITALL`: the kernel
+    /// finishes a send the socket cannot take at once by itself (one completion for a 256 KiB
+    /// value instead of one per socket-buffer's worth), and a result short of the length
+    /// means an error cut it (the loop then meets the error). Returns the buffer for reuse
+    /// (it is lost if the send failed midway).
     pub async fn send_all(self: &Rc<Self>, fd: RawFd, bytes: Vec<u8>) -> io::Result<Vec<u8>> {
         let total = bytes.len();
         let mut buf = Buf::Owned(bytes);
@@ -576,7 +584,7 @@ impl Ring {
                 .submit(OpKind::Send, fd, buf, None, |b| {
                     // SAFETY (of the pointer arithmetic): `at < len` of the owned buffer.
                     opcode::Send::new(types::Fd(fd), b.ptr().wrapping_add(at), (total - at) as u32)
-                        .flags(libc::MSG_NOSIGNAL)
+                        .flags(libc::MSG_NOSIGNAL | libc::MSG_WAITALL)
                         .build()
                 })
                 .await;
@@ -616,7 +624,7 @@ impl Ring {
                         ptr.wrapping_add(at),
                         (total - at) as u32,
                     )
-                    .flags(libc::MSG_NOSIGNAL)
+                    .flags(libc::MSG_NOSIGNAL | libc::MSG_WAITALL)
                     .zc_flags(SEND_ZC_REPORT_USAGE);
                     if let Some(index) = index {
                         op = op.buf_index(Some(index));
@@ -627,7 +635,7 @@ impl Ring {
             } else {
                 self.submit(OpKind::Send, fd, part, None, |_| {
                     opcode::Send::new(types::Fd(fd), ptr.wrapping_add(at), (total - at) as u32)
-                        .flags(libc::MSG_NOSIGNAL)
+                        .flags(libc::MSG_NOSIGNAL | libc::MSG_WAITALL)
                         .build()
                 })
                 .await
@@ -683,7 +691,7 @@ impl Ring {
                 .submit(OpKind::Send, fd, Buf::Pair(pair), None, |_| {
                     // The message lives in the boxed pair the slot owns until completion.
                     opcode::SendMsg::new(types::Fd(fd), msg)
-                        .flags(libc::MSG_NOSIGNAL as u32)
+                        .flags((libc::MSG_NOSIGNAL | libc::MSG_WAITALL) as u32)
                         .build()
                 })
                 .await;
@@ -1093,7 +1101,7 @@ impl Ring {
                     continue;
                 }
                 if let Some(i) = wake_poll_index(data) {
-                    self.wake_poll_done(i, result, flags);
+                    self.wake_poll_done(i, result);
                     continue;
                 }
                 let (index, generation) = ((data & 0xFFFF_FFFF) as usize, (data >> 32) as u32);
@@ -1182,13 +1190,11 @@ impl Ring {
         buf
     }
 
-    /// A poll on one of the executor's rings completed: with no more to come, it is armed
-    /// again at the next park.
-    fn wake_poll_done(&self, index: usize, result: i32, flags: u32) {
-        if !cqueue::more(flags) {
-            self.wake_polls_armed
-                .set(self.wake_polls_armed.get() & !(1 << index));
-        }
+    /// A poll on one of the executor's rings completed (it is one-shot): it is armed again at
+    /// the next park.
+    fn wake_poll_done(&self, index: usize, result: i32) {
+        self.wake_polls_armed
+            .set(self.wake_polls_armed.get() & !(1 << index));
         if result < 0 && !self.wake_poll_failed.replace(true) {
             tracing::error!(
                 err = %io::Error::from_raw_os_error(-result),
@@ -1197,9 +1203,9 @@ impl Ring {
         }
     }
 
-    /// Arms a multishot poll on each of `wake_fds` that has none. The kernel turns a poll on
-    /// a ring's descriptor into a one-shot (a ring waking a ring would otherwise loop), so in
-    /// practice each is armed again after it fires.
+    /// Arms a one-shot poll on each of `wake_fds` that has none. (Multishot would not save
+    /// anything: the kernel turns a poll woken by a ring into a one-shot, since a ring waking
+    /// a ring could loop, and a one-shot's completion says plainly that it is no longer armed.)
     fn arm_wake_polls(&self, wake_fds: &[RawFd]) {
         assert!(wake_fds.len() <= WAKE_FDS_MAX, "too many rings to watch");
         for (index, &fd) in wake_fds.iter().enumerate() {
@@ -1208,7 +1214,6 @@ impl Ring {
                 continue;
             }
             let poll = opcode::PollAdd::new(types::Fd(fd), libc::POLLIN as u32)
-                .multi(true)
                 .build()
                 .user_data(WAKE_POLL_USER_DATA - index as u64);
             self.queue(&poll);
@@ -1243,13 +1248,11 @@ impl ParkHook for Ring {
             let uring = self.uring.borrow_mut();
             let queued = self.queued.replace(0);
             // One call submits the last pass's entries and sleeps until a completion is
-            // posted or (DEFER_TASKRUN) is ready to run on this thread.
-            // SAFETY: no signal mask or argument is passed.
-            let entered = unsafe {
-                uring
-                    .submitter()
-                    .enter::<libc::sigset_t>(queued, 1, ENTER_GETEVENTS, None)
-            };
+            // posted or (DEFER_TASKRUN) is ready to run on this thread, or the timeout.
+            let timeout = types::Timespec::from(PARK_TIMEOUT);
+            let entered = uring
+                .submitter()
+                .submit_with_args(1, &types::SubmitArgs::new().timespec(&timeout));
             let mut stats = self.stats.borrow_mut();
             stats.wakeups += 1;
             if queued > 0 {
@@ -1258,8 +1261,8 @@ impl ParkHook for Ring {
             }
             match entered {
                 Ok(_) => {}
-                // A signal: the executor runs a pass and parks again.
-                Err(err) if err.raw_os_error() == Some(libc::EINTR) => {}
+                // A signal, or the safety timeout: the executor runs a pass and parks again.
+                Err(err) if matches!(err.raw_os_error(), Some(libc::EINTR | libc::ETIME)) => {}
                 Err(err) => tracing::error!(%err, "io_uring_enter to park failed"),
             }
         }

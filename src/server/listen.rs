@@ -123,6 +123,27 @@ pub fn into_glommio(listener: std::net::TcpListener) -> glommio::net::TcpListene
     unsafe { glommio::net::TcpListener::from_raw_fd(listener.into_raw_fd()) }
 }
 
+/// Takes an accepted connection out of its glommio stream, to hand to another shard: a
+/// duplicate of its descriptor (the stream closes the original).
+pub fn detach_stream(stream: glommio::net::TcpStream) -> std::io::Result<std::os::fd::OwnedFd> {
+    use std::os::fd::AsRawFd;
+    let duplicate = stream.as_raw_fd();
+    // SAFETY: duplicating a descriptor the stream keeps open for this call.
+    let fd = unsafe { libc::dup(duplicate) };
+    if fd < 0 {
+        return Err(std::io::Error::last_os_error());
+    }
+    // SAFETY: `fd` is a fresh descriptor nobody else owns.
+    Ok(unsafe { std::os::fd::FromRawFd::from_raw_fd(fd) })
+}
+
+/// Serves a connection handed over by [`detach_stream`] on this shard's glommio executor.
+pub fn adopt_stream(fd: std::os::fd::OwnedFd) -> glommio::net::TcpStream {
+    use std::os::fd::{FromRawFd, IntoRawFd};
+    // SAFETY: the descriptor is owned, and its ownership passes to the stream.
+    unsafe { glommio::net::TcpStream::from_raw_fd(fd.into_raw_fd()) }
+}
+
 fn bind_one(addr: SocketAddr) -> io::Result<std::net::TcpListener> {
     let domain = if addr.is_ipv6() {
         Domain::IPV6

@@ -781,6 +781,14 @@ pub const IO: &[(&str, Export)] = &[
         labelled(LENT_PLAIN_SENDS, &[("reason", "kernel_copies")]),
     ),
     (
+        "connections",
+        sample(gauge(
+            "shard_connections",
+            N,
+            "Client connections the shard serves now (accepted there or handed to it).",
+        )),
+    ),
+    (
         "in_flight",
         sample(gauge(
             "ring_in_flight_operations",
@@ -821,7 +829,7 @@ pub const IO: &[(&str, Export)] = &[
         sample(counter(
             "ring_wakeups",
             N,
-            "Eventfd wake-ups of the ring's driver.",
+            "Times the shard slept in its ring (and woke).",
         )),
     ),
     (

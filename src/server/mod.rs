@@ -117,6 +117,9 @@ pub struct Shared {
     /// SASL PLAIN credentials (authentication is required when present).
     pub(crate) credentials: Option<auth::Credentials>,
     pub curr_connections: AtomicUsize,
+    /// Connections each shard serves (a hand-off counts on the shard it goes to): the accept
+    /// loops even out what the kernel's SO_REUSEPORT hash spreads unevenly.
+    pub connections_by_shard: Box<[AtomicUsize]>,
     pub total_connections: AtomicU64,
     pub rejected_connections: AtomicU64,
     /// Shards whose own connections have all finished (shutdown barrier).
@@ -355,6 +358,7 @@ pub fn start(settings: Settings, topology: &Topology) -> Result<Running, ServerE
         doorbells,
         credentials,
         curr_connections: AtomicUsize::new(0),
+        connections_by_shard: (0..shards).map(|_| AtomicUsize::new(0)).collect(),
         total_connections: AtomicU64::new(0),
         rejected_connections: AtomicU64::new(0),
         drained: AtomicUsize::new(0),

@@ -11,13 +11,13 @@
 use std::cell::{Cell, RefCell};
 use std::collections::HashMap;
 use std::rc::Rc;
-use std::sync::atomic::Ordering;
+use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::Arc;
 use std::time::Duration;
 
 use glommio::channels::channel_mesh::{Receivers, Senders};
 use glommio::channels::local_channel::{self, LocalSender};
-use glommio::net::TcpListener;
+use glommio::net::{TcpListener, TcpStream};
 
 use crate::placement::{Placed, PlacementError, PlacementRequest, PlacementStats, TargetId};
 use crate::segment::{Extent, MountedTarget, SegmentSpec, TargetSpec, TargetStorage};
@@ -43,6 +43,8 @@ pub enum Message {
 pub enum ShardRequest {
     /// To a shard: its per-core figures (STAT).
     Stats,
+    /// To a shard: serve this accepted connection (its descriptor is the receiver's now).
+    Adopt(std::os::fd::OwnedFd),
     /// To a shard: a STAT group answered per core (connections).
     StatQuery(super::stats::StatQuery),
     /// To the placement master: extents for a large value of `key`.
@@ -92,6 +94,8 @@ impl ShardRequest {
 
 pub enum ShardReply {
     Done,
+    /// A handed-off connection is served by the shard that answers.
+    Adopted,
     Stats(Box<ShardSnapshot>),
     StatAnswer(super::stats::StatAnswer),
     Placed(Result<Placed, PlacementError>),
@@ -313,6 +317,7 @@ impl ShardCtx {
                 }
                 ShardReply::Done
             }
+            ShardRequest::Adopt(_) => unreachable!("the receiver adopts connections"),
             ShardRequest::Place { .. }
             | ShardRequest::Touch { .. }
             | ShardRequest::Free(_)
@@ -336,7 +341,9 @@ impl ShardCtx {
     pub fn snapshot(&self) -> ShardSnapshot {
         ShardSnapshot {
             conn: self.counters.borrow().clone(),
-            io: self.io.snapshot(),
+            io: self
+                .io
+                .snapshot(self.shared.connections_by_shard[self.id].load(Ordering::Acquire)),
             mesh: self.mesh_sent.get(),
             idle_blocks: crate::arena::batch::with_core_batch(|batch| batch.all_held().count())
                 .unwrap_or(0) as u64,
@@ -381,6 +388,14 @@ pub fn spawn_receivers(ctx: &Rc<ShardCtx>, mut receivers: Receivers<Message>) {
         glommio::spawn_local(async move {
             while let Some(message) = stream.recv().await {
                 match message {
+                    Message::Request {
+                        from,
+                        token,
+                        request: ShardRequest::Adopt(fd),
+                    } => {
+                        spawn_connection(&ctx, super::listen::adopt_stream(fd));
+                        send_reply(&ctx.mesh, from, token, ShardReply::Adopted)
+                    }
                     Message::Request {
                         from,
                         token,
@@ -445,20 +460,67 @@ pub async fn accept_loop(ctx: Rc<ShardCtx>, listener: TcpListener) {
             continue;
         }
         shared.total_connections.fetch_add(1, Ordering::Relaxed);
-        ctx.live_connections.set(ctx.live_connections.get() + 1);
-        let conn_ctx = Rc::clone(&ctx);
-        glommio::spawn_local(async move {
-            super::conn::serve(Rc::clone(&conn_ctx), stream).await;
-            conn_ctx
-                .live_connections
-                .set(conn_ctx.live_connections.get() - 1);
-            conn_ctx
-                .shared
-                .curr_connections
-                .fetch_sub(1, Ordering::AcqRel);
-        })
-        .detach();
+        match fewer_connections_than_mine(&shared.connections_by_shard, ctx.id) {
+            Some(to) => hand_off(&ctx, stream, to),
+            None => {
+                shared.connections_by_shard[ctx.id].fetch_add(1, Ordering::AcqRel);
+                spawn_connection(&ctx, stream);
+            }
+        }
     }
+}
+
+/// The shard a new connection should go to instead of `mine`: the one serving the fewest, if
+/// it serves fewer than `mine` does. The kernel's SO_REUSEPORT hash spreads connections at
+/// random, so with a few clients one shard could serve three and another one (memcached's
+/// dispatcher hands them round-robin); this keeps the counts within one of each other. A
+/// hand-off is one control-plane message per connection, never per request.
+fn fewer_connections_than_mine(by_shard: &[AtomicUsize], mine: usize) -> Option<usize> {
+    let count = |shard: usize| by_shard[shard].load(Ordering::Acquire);
+    let fewest = (0..by_shard.len()).min_by_key(|&shard| count(shard))?;
+    (count(fewest) < count(mine)).then_some(fewest)
+}
+
+/// Gives an accepted connection to shard `to` over the mesh. If `to` has stopped (shutdown),
+/// the message and the descriptor in it are dropped, which closes the connection.
+fn hand_off(ctx: &Rc<ShardCtx>, stream: TcpStream, to: usize) {
+    let by_shard = &ctx.shared.connections_by_shard;
+    let fd = match super::listen::detach_stream(stream) {
+        Ok(fd) => fd,
+        Err(err) => {
+            tracing::warn!(%err, "handing a connection to another shard failed; it is closed");
+            ctx.shared.curr_connections.fetch_sub(1, Ordering::AcqRel);
+            return;
+        }
+    };
+    // Counted on `to` at once, so the next accept (here or on another shard) sees it.
+    by_shard[to].fetch_add(1, Ordering::AcqRel);
+    let ctx = Rc::clone(ctx);
+    glommio::spawn_local(async move {
+        if let ShardReply::Adopted = ctx.call(to, ShardRequest::Adopt(fd)).await {
+            return;
+        }
+        let shared = &ctx.shared;
+        shared.connections_by_shard[to].fetch_sub(1, Ordering::AcqRel);
+        shared.curr_connections.fetch_sub(1, Ordering::AcqRel);
+    })
+    .detach();
+}
+
+/// Serves an admitted connection on this shard; counted in `connections_by_shard` already.
+fn spawn_connection(ctx: &Rc<ShardCtx>, stream: TcpStream) {
+    ctx.live_connections.set(ctx.live_connections.get() + 1);
+    let conn_ctx = Rc::clone(ctx);
+    glommio::spawn_local(async move {
+        super::conn::serve(Rc::clone(&conn_ctx), stream).await;
+        conn_ctx
+            .live_connections
+            .set(conn_ctx.live_connections.get() - 1);
+        let shared = &conn_ctx.shared;
+        shared.connections_by_shard[conn_ctx.id].fetch_sub(1, Ordering::AcqRel);
+        shared.curr_connections.fetch_sub(1, Ordering::AcqRel);
+    })
+    .detach();
 }
 
 /// Bounded background sweep of expired items in this shard's partitions, once a second.

@@ -43,6 +43,8 @@ pub struct IoSnapshot {
     pub counters: PathCounters,
     /// Streaming pool chunks: total, free now.
     pub pool_chunks: (usize, usize),
+    /// Client connections this shard serves now (accepted here or handed to it).
+    pub connections: usize,
 }
 
 impl IoSnapshot {
@@ -51,6 +53,7 @@ impl IoSnapshot {
         let mut out = Vec::new();
         let mut put = |name: &str, value: String| out.push((format!("shard{shard}_{name}"), value));
         put("path", self.path.clone());
+        put("connections", self.connections.to_string());
         put("pool_chunks", self.pool_chunks.0.to_string());
         put("pool_chunks_free", self.pool_chunks.1.to_string());
         put("heads_lent", self.counters.heads_lent.to_string());
@@ -169,8 +172,10 @@ impl ShardIo {
         self.ring.as_ref().map(|_| self.zero_copy_min_bytes)
     }
 
-    pub fn snapshot(&self) -> IoSnapshot {
+    /// This shard's figures; `connections` is how many client connections it serves now.
+    pub fn snapshot(&self, connections: usize) -> IoSnapshot {
         IoSnapshot {
+            connections,
             path: self.path.clone(),
             ring: self.ring.as_ref().map(|r| r.stats()),
             counters: self.counters.borrow().clone(),
