@@ -643,6 +643,10 @@ pub const GENERAL: &[(&str, Export)] = &[
         labelled(MESH_MESSAGES, &[("purpose", "control")]),
     ),
     (
+        "mesh_messages_connection",
+        labelled(MESH_MESSAGES, &[("purpose", "connection")]),
+    ),
+    (
         "core_batch_idle_blocks",
         sample(gauge(
             "core_batch_idle_blocks",

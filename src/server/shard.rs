@@ -150,6 +150,8 @@ pub struct MeshCounters {
     pub placement: u64,
     /// Administration and statistics.
     pub control: u64,
+    /// Accepted connections handed to another shard (one each, never per request).
+    pub connection: u64,
 }
 
 /// One shard's figures, for STAT.
@@ -286,6 +288,8 @@ impl ShardCtx {
         let mut sent = self.mesh_sent.get();
         if request.is_placement() {
             sent.placement += 1;
+        } else if matches!(request, ShardRequest::Adopt(_)) {
+            sent.connection += 1;
         } else {
             sent.control += 1;
         }

@@ -168,6 +168,7 @@ pub(crate) struct GeneralFigures {
     pub lock_hold_ns: [u64; 3],
     pub mesh_placement: u64,
     pub mesh_control: u64,
+    pub mesh_connection: u64,
     pub idle_blocks: u64,
 }
 
@@ -181,10 +182,12 @@ pub(crate) fn general_figures(
     let figures = partition_figures(shared);
     let mut conn = ConnCounters::default();
     let (mut mesh_placement, mut mesh_control, mut idle_blocks) = (0u64, 0u64, 0u64);
+    let mut mesh_connection = 0u64;
     for s in snapshots {
         conn.add(&s.conn);
         mesh_placement += s.mesh.placement;
         mesh_control += s.mesh.control;
+        mesh_connection += s.mesh.connection;
         idle_blocks += s.idle_blocks;
     }
     let arena = shared.arena.stats(&figures.arena);
@@ -212,6 +215,7 @@ pub(crate) fn general_figures(
         lock_hold_ns: [quantile(0.5), quantile(0.99), quantile(1.0)],
         mesh_placement,
         mesh_control,
+        mesh_connection,
         idle_blocks,
     }
 }
@@ -315,6 +319,7 @@ pub(crate) fn general_pairs(f: &GeneralFigures) -> Vec<(String, String)> {
         ("partition_lock_hold_max_ns", f.lock_hold_ns[2].to_string()),
         ("mesh_messages_placement", f.mesh_placement.to_string()),
         ("mesh_messages_control", f.mesh_control.to_string()),
+        ("mesh_messages_connection", f.mesh_connection.to_string()),
         ("core_batch_idle_blocks", f.idle_blocks.to_string()),
     ];
     pairs.into_iter().map(|(n, v)| (n.to_string(), v)).collect()
