@@ -1890,8 +1890,12 @@ impl Reactor {
             // longer swaps it for the user timer before each sleep and back after. It wakes
             // the executor at most once; the pass after that runs nothing, so the next sleep
             // arms the user timer, or none, as upstream does.
+            // Only an executor that sleeps in a park hook's ring keeps it (patch 4), where a
+            // shard under light load sleeps and wakes for every request; others sleep as
+            // upstream does.
             (None, Some(deadline)) => {
-                self.tasks_ran_since_preempt_armed.get()
+                park_hook.is_some()
+                    && self.tasks_ran_since_preempt_armed.get()
                     && pending(&self.latency_preemption_timeout_src)
                     && user_timer.map_or(true, |timer| deadline <= Instant::now() + timer)
             }
