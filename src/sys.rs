@@ -348,6 +348,29 @@ pub fn tcp_abort(fd: std::os::fd::RawFd) -> io::Result<()> {
     }
 }
 
+/// The pid of the process at the other end of a connected unix socket (for a socket a
+/// listener accepted, the process that listened), from SO_PEERCRED.
+pub fn peer_pid(stream: &std::os::unix::net::UnixStream) -> Option<i32> {
+    use std::os::fd::AsRawFd;
+    let mut cred = libc::ucred {
+        pid: 0,
+        uid: 0,
+        gid: 0,
+    };
+    let mut len = std::mem::size_of::<libc::ucred>() as libc::socklen_t;
+    // SAFETY: getsockopt writes at most `len` bytes into `cred`, a live ucred.
+    let rc = unsafe {
+        libc::getsockopt(
+            stream.as_raw_fd(),
+            libc::SOL_SOCKET,
+            libc::SO_PEERCRED,
+            (&mut cred as *mut libc::ucred).cast(),
+            &mut len,
+        )
+    };
+    (rc == 0 && cred.pid > 0).then_some(cred.pid)
+}
+
 /// Asks the kernel to timestamp what `fd` receives and hand the time to `recvmsg` as an
 /// `SCM_TIMESTAMPNS` control message (`CLOCK_REALTIME`).
 pub fn enable_receive_timestamps(fd: std::os::fd::RawFd) -> io::Result<()> {

@@ -8,8 +8,8 @@
 //!   everything the last pass queued (every connection's replies and next receives) in one
 //!   `io_uring_enter` and reaps. When the executor has nothing to run it sleeps *in this ring*
 //!   ([`Ring::park`]): one `io_uring_enter` submits what is queued and waits for a completion
-//!   here or on glommio's own rings (a poll on each of their descriptors), so a receive's data
-//!   wakes the shard directly, with no eventfd and no second ring in between.
+//!   here, or for glommio's own rings (a read of the eventfd they signal), so a receive's data
+//!   wakes the shard directly, with no second ring in between.
 //! - **Bounded**: at most [`RING_IN_FLIGHT_MAX`] operations other than receives are in flight
 //!   (a zero-copy send counts until its notification); a submission beyond that waits for
 //!   room. Receives are not bounded: each connection has at most one, and an idle connection
@@ -60,15 +60,13 @@ const NOTIF_USAGE_ZC_COPIED: u32 = 1 << 31;
 const ENTER_GETEVENTS: u32 = 1;
 /// The user data of cancellation requests: their completions are only counted.
 const CANCEL_USER_DATA: u64 = u64::MAX;
-/// The user data of the polls on the executor's own rings while it parks here: this value
-/// minus the ring's index in the park's `wake_fds`.
-const WAKE_POLL_USER_DATA: u64 = u64::MAX - 1;
-/// Most executor rings a park watches (glommio passes its main and latency rings).
-const WAKE_FDS_MAX: usize = 8;
-/// The longest a park sleeps: a safety net, so that a wake-up meant for glommio's rings that
-/// the polls on them did not pass on (one full-suite run showed a shard asleep with a glommio
-/// socket read ready, while the polls were multishot) costs at most this, never a hang. An
-/// idle shard wakes this often (a pass of a few microseconds).
+/// The user data of the read of glommio's wake eventfd (see [`Ring::park`]).
+const WAKE_READ_USER_DATA: u64 = u64::MAX - 1;
+/// The longest a park sleeps: a safety net, so that a wake-up of glommio's that did not reach
+/// this ring costs at most this, never a hang. (One full-suite run, when the park polled
+/// glommio's ring descriptors with multishot polls, showed a shard asleep with a glommio socket
+/// read ready; the park now reads an eventfd instead.) An idle shard wakes this often (a pass of
+/// a few microseconds).
 const PARK_TIMEOUT: std::time::Duration = std::time::Duration::from_millis(250);
 
 /// What an operation does, for the counters.
@@ -416,10 +414,13 @@ pub struct Ring {
     stopping: Cell<bool>,
     /// Entries queued since the last submission.
     queued: Cell<u32>,
-    /// Which of a park's `wake_fds` have a poll armed here (bit i for index i).
-    wake_polls_armed: Cell<u8>,
-    /// A wake poll failed (said once in the log).
-    wake_poll_failed: Cell<bool>,
+    /// Whether the read of glommio's wake eventfd is in flight, and where it reads to (8
+    /// bytes kept for the process's life, so a read still pending when the ring goes never
+    /// points at freed memory).
+    wake_read_armed: Cell<bool>,
+    wake_read_into: *mut u64,
+    /// A wake read failed (said once in the log).
+    wake_read_failed: Cell<bool>,
     /// Completions taken by the last reap (kept to reuse its allocation).
     reaped: RefCell<Vec<(u64, i32, u32)>>,
     /// Completions wait for this thread to enter with GETEVENTS (`IORING_SETUP_DEFER_TASKRUN`).
@@ -494,8 +495,9 @@ impl Ring {
             stats: RefCell::new(RingStats::default()),
             stopping: Cell::new(false),
             queued: Cell::new(0),
-            wake_polls_armed: Cell::new(0),
-            wake_poll_failed: Cell::new(false),
+            wake_read_armed: Cell::new(false),
+            wake_read_into: Box::leak(Box::new(0u64)),
+            wake_read_failed: Cell::new(false),
             reaped: RefCell::new(Vec::new()),
             defer_taskrun,
             links_replies,
@@ -511,16 +513,20 @@ impl Ring {
     }
 
     /// Makes this ring the current executor's park hook (it is polled every pass and slept
-    /// in) until [`Ring::stop`]. Called on the shard's own executor.
-    pub fn start(self: &Rc<Self>) {
+    /// in) until [`Ring::stop`]. Called on the shard's own executor; fails when glommio cannot
+    /// register its wake eventfd (the shard then serves on the plain path).
+    pub fn start(self: &Rc<Self>) -> Result<(), String> {
         let hook: Rc<dyn ParkHook> = Rc::clone(self) as Rc<dyn ParkHook>;
-        glommio::park_hook::set_park_hook(Some(hook));
+        glommio::park_hook::set_park_hook(Some(hook))
+            .map_err(|err| format!("installing the ring as the executor's park hook: {err}"))
     }
 
     /// Gives the executor back its own sleep (after [`Ring::drain`]); on the shard's executor.
     pub fn stop(&self) {
         self.stopping.set(true);
-        glommio::park_hook::set_park_hook(None);
+        if let Err(err) = glommio::park_hook::set_park_hook(None) {
+            tracing::error!(%err, "removing the ring's park hook");
+        }
     }
 
     /// Waits until no operation is in flight.
@@ -1100,8 +1106,8 @@ impl Ring {
                 if data == CANCEL_USER_DATA {
                     continue;
                 }
-                if let Some(i) = wake_poll_index(data) {
-                    self.wake_poll_done(i, result);
+                if data == WAKE_READ_USER_DATA {
+                    self.wake_read_done(result);
                     continue;
                 }
                 let (index, generation) = ((data & 0xFFFF_FFFF) as usize, (data >> 32) as u32);
@@ -1190,35 +1196,29 @@ impl Ring {
         buf
     }
 
-    /// A poll on one of the executor's rings completed (it is one-shot): it is armed again at
-    /// the next park.
-    fn wake_poll_done(&self, index: usize, result: i32) {
-        self.wake_polls_armed
-            .set(self.wake_polls_armed.get() & !(1 << index));
-        if result < 0 && !self.wake_poll_failed.replace(true) {
+    /// The read of glommio's wake eventfd completed (the eventfd is reset): it is armed again
+    /// at the next park.
+    fn wake_read_done(&self, result: i32) {
+        self.wake_read_armed.set(false);
+        if result < 0 && !self.wake_read_failed.replace(true) {
             tracing::error!(
                 err = %io::Error::from_raw_os_error(-result),
-                "polling the executor's own ring failed; the shard may spin instead of sleeping"
+                "reading the executor's wake eventfd failed; the shard may wake late"
             );
         }
     }
 
-    /// Arms a one-shot poll on each of `wake_fds` that has none. (Multishot would not save
-    /// anything: the kernel turns a poll woken by a ring into a one-shot, since a ring waking
-    /// a ring could loop, and a one-shot's completion says plainly that it is no longer armed.)
-    fn arm_wake_polls(&self, wake_fds: &[RawFd]) {
-        assert!(wake_fds.len() <= WAKE_FDS_MAX, "too many rings to watch");
-        for (index, &fd) in wake_fds.iter().enumerate() {
-            let bit = 1u8 << index;
-            if self.wake_polls_armed.get() & bit != 0 {
-                continue;
-            }
-            let poll = opcode::PollAdd::new(types::Fd(fd), libc::POLLIN as u32)
-                .build()
-                .user_data(WAKE_POLL_USER_DATA - index as u64);
-            self.queue(&poll);
-            self.wake_polls_armed.set(self.wake_polls_armed.get() | bit);
+    /// Arms a read of glommio's wake eventfd if none is in flight. It completes at once if
+    /// glommio's rings posted a completion since the last read (the count resets), else when
+    /// they next do.
+    fn arm_wake_read(&self, wake_fd: RawFd) {
+        if self.wake_read_armed.replace(true) {
+            return;
         }
+        let read = opcode::Read::new(types::Fd(wake_fd), self.wake_read_into.cast::<u8>(), 8)
+            .build()
+            .user_data(WAKE_READ_USER_DATA);
+        self.queue(&read);
     }
 
     fn wake_room(&self) {
@@ -1242,8 +1242,8 @@ impl ParkHook for Ring {
         }
     }
 
-    fn park(&self, wake_fds: &[RawFd]) -> usize {
-        self.arm_wake_polls(wake_fds);
+    fn park(&self, wake_fd: RawFd) -> usize {
+        self.arm_wake_read(wake_fd);
         {
             let uring = self.uring.borrow_mut();
             let queued = self.queued.replace(0);
@@ -1340,12 +1340,6 @@ fn complete(
     if let Some(w) = slot.waker.take() {
         wake.push(w);
     }
-}
-
-/// Which of a park's `wake_fds` a completion's user data names, if it is a wake poll's.
-fn wake_poll_index(data: u64) -> Option<usize> {
-    let index = WAKE_POLL_USER_DATA.checked_sub(data)?;
-    (index < WAKE_FDS_MAX as u64).then_some(index as usize)
 }
 
 impl Drop for Ring {

@@ -138,14 +138,28 @@ pub fn prepare_socket(path: &Path) -> Result<(), String> {
             ))
         }
         Ok(_) => match std::os::unix::net::UnixStream::connect(path) {
-            Ok(_) => return Err(fail("another server is serving it".to_string())),
-            Err(_) => std::fs::remove_file(path)
+            Ok(stream) if listener_alive(&stream) => {
+                return Err(fail("another server is serving it".to_string()))
+            }
+            // Refused, or accepted by the socket of a server that just died (the kernel tears
+            // its io_uring rings down, and the listener their accept holds, a few
+            // milliseconds after the process is gone): stale.
+            _ => std::fs::remove_file(path)
                 .map_err(|err| fail(format!("a stale socket that cannot be removed: {err}")))?,
         },
     }
     match path.parent().filter(|p| !p.as_os_str().is_empty()) {
         Some(dir) if !dir.is_dir() => Err(fail(format!("{} is not a directory", dir.display()))),
         _ => Ok(()),
+    }
+}
+
+/// Whether the process that listens on the socket `stream` reached is alive (SO_PEERCRED
+/// names it). When it cannot be told, it is taken for alive: never delete a live socket.
+fn listener_alive(stream: &std::os::unix::net::UnixStream) -> bool {
+    match crate::sys::peer_pid(stream) {
+        Some(pid) => std::path::Path::new(&format!("/proc/{pid}")).exists(),
+        None => true,
     }
 }
 

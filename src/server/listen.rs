@@ -182,6 +182,26 @@ pub struct ProcListener {
 
 /// The inode of a listening socket, not among `ours`, whose address overlaps `addr`.
 fn foreign_listener(addr: SocketAddr, ours: &[u64]) -> Option<u64> {
+    // A listener no process holds belongs to a server that just died: the kernel tears its
+    // io_uring rings down (and the sockets their operations hold) a few milliseconds after the
+    // process is gone. A restart right after a crash waits for it rather than refusing.
+    let deadline = std::time::Instant::now() + ORPHAN_LISTENER_WAIT;
+    loop {
+        match foreign_listener_now(addr, ours) {
+            Some(inode)
+                if holder_of_socket(inode).is_none() && std::time::Instant::now() < deadline =>
+            {
+                std::thread::sleep(std::time::Duration::from_millis(10));
+            }
+            found => return found,
+        }
+    }
+}
+
+/// How long start-up waits for a listener no process holds to go (see [`foreign_listener`]).
+const ORPHAN_LISTENER_WAIT: std::time::Duration = std::time::Duration::from_secs(1);
+
+fn foreign_listener_now(addr: SocketAddr, ours: &[u64]) -> Option<u64> {
     ["/proc/net/tcp", "/proc/net/tcp6"]
         .iter()
         .filter_map(|path| std::fs::read_to_string(path).ok())

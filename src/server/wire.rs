@@ -124,7 +124,9 @@ impl ShardIo {
             )
             .and_then(|buffers| {
                 Ring::new(buffers, arena.huge_page_ranges(), settings.max_connections)
-            }) {
+            })
+            .and_then(|ring| ring.start().map(|()| ring))
+            {
                 Ok(ring) => {
                     let path = format!(
                         "ring ({} bytes of arena in {} fixed buffers)",
@@ -141,9 +143,6 @@ impl ShardIo {
                 }
             }
         };
-        if let Some(ring) = &ring {
-            ring.start();
-        }
         if shard == 0 {
             tracing::info!(path = %path, io_pool_bytes = settings.io_pool_bytes, "data path");
         }

@@ -9,11 +9,13 @@
 //! sleeps then costs an eventfd write, a completion on the main ring, a task to read it and a
 //! read re-armed, on top of the application's own `io_uring_enter` to reap. With a hook the
 //! executor calls [`ParkHook::poll`] once per pass and, when it has nothing to run,
-//! [`ParkHook::park`] instead of waiting in its main ring; the hook waits in its own ring
-//! with a poll armed on the executor's rings, so the executor's timers, I/O and remote
-//! wake-ups still wake it.
+//! [`ParkHook::park`] instead of waiting in its main ring; the hook waits in its own ring with
+//! a read armed on an eventfd that the executor's rings signal for every completion, so the
+//! executor's timers, I/O and remote wake-ups still wake it. (An eventfd, not a poll on the
+//! rings' own descriptors: such a poll holds the ring's file, so a ring torn down at exit
+//! kept the executor's rings, and the sockets their operations hold, alive a while longer.)
 
-use std::{os::unix::io::RawFd, rc::Rc};
+use std::{io, os::unix::io::RawFd, rc::Rc};
 
 /// An application's ring that the executor polls every pass and sleeps in.
 pub trait ParkHook {
@@ -22,19 +24,21 @@ pub trait ParkHook {
     /// application queued should go to the kernel now. Returns how many tasks it woke.
     fn poll(&self, submit: bool) -> usize;
 
-    /// Sleeps until the application's ring has a completion or one of `wake_fds` (the
-    /// executor's own rings, pollable for completions) becomes readable, then takes the
-    /// completions as [`ParkHook::poll`] does. Entries still queued are submitted in the same
-    /// call. It may return early (a signal); the executor then simply runs another pass.
-    fn park(&self, wake_fds: &[RawFd]) -> usize;
+    /// Sleeps until the application's ring has a completion or `wake_fd` (an eventfd the
+    /// executor's rings signal for every completion they post) becomes readable, then takes
+    /// the completions as [`ParkHook::poll`] does. Entries still queued are submitted in the
+    /// same call. The hook should keep a read of the eventfd armed (reading resets it). It may
+    /// return early (a signal); the executor then simply runs another pass.
+    fn park(&self, wake_fd: RawFd) -> usize;
 }
 
 /// Installs `hook` on the current executor, or removes it with `None`; the executor sleeps in
-/// its own main ring again from its next pass.
+/// its own main ring again from its next pass. Fails (and installs nothing) when the eventfd
+/// cannot be made or registered with the executor's rings.
 ///
 /// # Panics
 ///
 /// Outside an executor.
-pub fn set_park_hook(hook: Option<Rc<dyn ParkHook>>) {
+pub fn set_park_hook(hook: Option<Rc<dyn ParkHook>>) -> io::Result<()> {
     crate::executor().reactor().sys.set_park_hook(hook)
 }

@@ -1264,6 +1264,9 @@ pub(crate) struct Reactor {
     // Headroom patch (PATCHES.md, 4): the application's ring this executor polls every pass
     // and sleeps in, if one is installed.
     park_hook: RefCell<Option<Rc<dyn crate::park_hook::ParkHook>>>,
+    // The eventfd registered with the main and latency rings while a hook is installed: it is
+    // signalled whenever either ring posts a completion, and the hook sleeps reading it.
+    park_wake: RefCell<Option<std::os::fd::OwnedFd>>,
 }
 
 pub(crate) fn common_flags() -> PollFlags {
@@ -1389,6 +1392,7 @@ impl Reactor {
             source_map,
             rings_depth: ring_depth,
             park_hook: RefCell::new(None),
+            park_wake: RefCell::new(None),
         })
     }
 
@@ -1397,8 +1401,42 @@ impl Reactor {
         self.tasks_ran_since_preempt_armed.set(true);
     }
 
-    pub(crate) fn set_park_hook(&self, hook: Option<Rc<dyn crate::park_hook::ParkHook>>) {
-        self.park_hook.replace(hook);
+    pub(crate) fn set_park_hook(
+        &self,
+        hook: Option<Rc<dyn crate::park_hook::ParkHook>>,
+    ) -> io::Result<()> {
+        use std::os::fd::{AsRawFd, FromRawFd};
+        self.park_hook.replace(None);
+        if self.park_wake.replace(None).is_some() {
+            self.main_ring.borrow().registrar().unregister_eventfd()?;
+            self.latency_ring.borrow().registrar().unregister_eventfd()?;
+        }
+        let Some(hook) = hook else {
+            return Ok(());
+        };
+        // SAFETY: a plain eventfd syscall; the descriptor is owned right away.
+        let raw = unsafe { libc::eventfd(0, libc::EFD_CLOEXEC | libc::EFD_NONBLOCK) };
+        if raw < 0 {
+            return Err(io::Error::last_os_error());
+        }
+        // SAFETY: `raw` is a fresh descriptor nobody else owns.
+        let wake = unsafe { std::os::fd::OwnedFd::from_raw_fd(raw) };
+        self.main_ring
+            .borrow()
+            .registrar()
+            .register_eventfd(wake.as_raw_fd())?;
+        if let Err(err) = self
+            .latency_ring
+            .borrow()
+            .registrar()
+            .register_eventfd(wake.as_raw_fd())
+        {
+            let _ = self.main_ring.borrow().registrar().unregister_eventfd();
+            return Err(err);
+        }
+        self.park_wake.replace(Some(wake));
+        self.park_hook.replace(Some(hook));
+        Ok(())
     }
 
     fn park_hook(&self) -> Option<Rc<dyn crate::park_hook::ParkHook>> {
@@ -1956,15 +1994,20 @@ impl Reactor {
                 if let Some(hook) = park_hook.filter(|_| self.eventfd_src.is_installed().unwrap())
                 {
                     // Headroom patch (PATCHES.md, 4): sleep in the application's ring, which
-                    // polls this executor's main and latency rings (timers and remote
-                    // wake-ups complete there). Everything this executor queued is in the
-                    // kernel already (flushed above); the rings are let go while the hook
-                    // runs, since the tasks it wakes may touch them.
-                    let wake_fds = [main_ring.ring_fd(), lat_ring.ring_fd()];
+                    // reads the eventfd this executor's main and latency rings signal for
+                    // every completion (timers and remote wake-ups complete there).
+                    // Everything this executor queued is in the kernel already (flushed
+                    // above); the rings are let go while the hook runs, since the tasks it
+                    // wakes may touch them.
+                    let wake_fd = {
+                        use std::os::fd::AsRawFd;
+                        let wake = self.park_wake.borrow();
+                        wake.as_ref().expect("registered with the hook").as_raw_fd()
+                    };
                     drop(lat_ring);
                     drop(main_ring);
                     drop(poll_ring);
-                    hook.park(&wake_fds);
+                    hook.park(wake_fd);
                     poll_ring = self.poll_ring.borrow_mut();
                     main_ring = self.main_ring.borrow_mut();
                     lat_ring = self.latency_ring.borrow_mut();
