@@ -2,14 +2,13 @@
 //! schedules, but it cannot register our memory or send zero-copy. This ring holds the arena as
 //! fixed buffers and runs the data path's socket sends and segment reads and writes.
 //!
-//! - **Driving**: the ring is the shard executor's park hook (`glommio::park_hook`, a patch
-//!   of ours: `third_party/glommio/PATCHES.md`). Entries are queued, not submitted one by one:
-//!   at the start of every executor pass the executor calls [`Ring::poll`], which submits
-//!   everything the last pass queued (every connection's replies and next receives) in one
-//!   `io_uring_enter` and reaps. When the executor has nothing to run it sleeps *in this ring*
-//!   ([`Ring::park`]): one `io_uring_enter` submits what is queued and waits for a completion
-//!   here, or for glommio's own rings (a read of the eventfd they signal), so a receive's data
-//!   wakes the shard directly, with no second ring in between.
+//! - **Driving**: entries are queued, not submitted one by one: the first entry of a pass
+//!   schedules a flush task behind every task already runnable, so all the entries of one
+//!   executor pass (every connection's replies and next receives) go to the kernel in one
+//!   `io_uring_enter`, with the ring's eventfd notifications off for its duration, and are
+//!   reaped right after it. Completions that come later (a receive's data) signal the eventfd,
+//!   which a driver task reads through glommio's own ring (so glommio sleeps until then), and
+//!   the driver reaps.
 //! - **Bounded**: at most [`RING_IN_FLIGHT_MAX`] operations other than receives are in flight
 //!   (a zero-copy send counts until its notification); a submission beyond that waits for
 //!   room. Receives are not bounded: each connection has at most one, and an idle connection
@@ -35,12 +34,11 @@ use std::cell::{Cell, RefCell};
 use std::collections::{HashMap, VecDeque};
 use std::future::Future;
 use std::io;
-use std::os::fd::RawFd;
+use std::os::fd::{AsRawFd, FromRawFd, OwnedFd, RawFd};
 use std::pin::Pin;
 use std::rc::Rc;
 use std::task::{Context, Poll, Waker};
 
-use glommio::park_hook::ParkHook;
 use io_uring::{cqueue, opcode, squeue, types, IoUring};
 
 pub use buffers::FixedBuffers;
@@ -60,14 +58,6 @@ const NOTIF_USAGE_ZC_COPIED: u32 = 1 << 31;
 const ENTER_GETEVENTS: u32 = 1;
 /// The user data of cancellation requests: their completions are only counted.
 const CANCEL_USER_DATA: u64 = u64::MAX;
-/// The user data of the read of glommio's wake eventfd (see [`Ring::park`]).
-const WAKE_READ_USER_DATA: u64 = u64::MAX - 1;
-/// The longest a park sleeps: a safety net, so that a wake-up of glommio's that did not reach
-/// this ring costs at most this, never a hang. (One full-suite run, when the park polled
-/// glommio's ring descriptors with multishot polls, showed a shard asleep with a glommio socket
-/// read ready; the park now reads an eventfd instead.) An idle shard wakes this often (a pass of
-/// a few microseconds).
-const PARK_TIMEOUT: std::time::Duration = std::time::Duration::from_millis(250);
 
 /// What an operation does, for the counters.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -126,7 +116,7 @@ pub struct RingStats {
     /// flushed).
     pub cq_overflows: u64,
     pub cancels: u64,
-    /// Times the executor slept in this ring (and woke).
+    /// Eventfd wake-ups of the driver.
     pub wakeups: u64,
     /// `io_uring_enter` calls that submitted queued entries, and the entries they carried.
     pub submits: u64,
@@ -360,12 +350,6 @@ struct Slot {
     buf: Option<Buf>,
     /// Where a zero-copy send's notification is reported.
     report: Option<Rc<ZcReport>>,
-    /// A receive linked behind a send ([`Ring::send_then_recv`]): that send's slot, its
-    /// generation and length. The send posts no completion when it succeeds; this receive's
-    /// completion says it did.
-    linked_send: Option<(usize, u32, i32)>,
-    /// A send that posts a completion only when it fails (linked ahead of a receive).
-    skips_success: bool,
 }
 
 impl Slot {
@@ -381,8 +365,6 @@ impl Slot {
             waker: None,
             buf: None,
             report: None,
-            linked_send: None,
-            skips_success: false,
         }
     }
 
@@ -398,6 +380,7 @@ fn user_data(index: usize, generation: u32) -> u64 {
 /// One shard's ring.
 pub struct Ring {
     uring: RefCell<IoUring>,
+    eventfd: OwnedFd,
     buffers: FixedBuffers,
     /// Registered memory on huge pages (hugetlb or transparent): never sent zero-copy.
     huge_page_ranges: Vec<(usize, usize)>,
@@ -412,22 +395,13 @@ pub struct Ring {
     fd_waiters: RefCell<Vec<(RawFd, Waker)>>,
     stats: RefCell<RingStats>,
     stopping: Cell<bool>,
-    /// Entries queued since the last submission.
+    /// Entries queued since the last submission, and whether a flush task is on its way.
     queued: Cell<u32>,
-    /// Whether the read of glommio's wake eventfd is in flight, and where it reads to (8
-    /// bytes kept for the process's life, so a read still pending when the ring goes never
-    /// points at freed memory).
-    wake_read_armed: Cell<bool>,
-    wake_read_into: *mut u64,
-    /// A wake read failed (said once in the log).
-    wake_read_failed: Cell<bool>,
-    /// Completions taken by the last reap (kept to reuse its allocation).
-    reaped: RefCell<Vec<(u64, i32, u32)>>,
+    flush_scheduled: Cell<bool>,
+    /// The flusher task, while it waits for a flush to be asked.
+    flusher: RefCell<Option<Waker>>,
     /// Completions wait for this thread to enter with GETEVENTS (`IORING_SETUP_DEFER_TASKRUN`).
     defer_taskrun: bool,
-    /// The kernel can skip a successful operation's completion (`IOSQE_CQE_SKIP_SUCCESS`), so
-    /// a reply and the next receive can be linked ([`Ring::send_then_recv`]).
-    links_replies: bool,
 }
 
 impl Ring {
@@ -462,6 +436,17 @@ impl Ring {
                 false,
             ),
         };
+        // SAFETY: a plain eventfd syscall; the descriptor is owned right away.
+        let raw = unsafe { libc::eventfd(0, libc::EFD_CLOEXEC) };
+        if raw < 0 {
+            return Err(format!("eventfd: {}", io::Error::last_os_error()));
+        }
+        // SAFETY: `raw` is a fresh descriptor nobody else owns.
+        let eventfd = unsafe { OwnedFd::from_raw_fd(raw) };
+        uring
+            .submitter()
+            .register_eventfd(eventfd.as_raw_fd())
+            .map_err(|err| format!("registering the eventfd: {err}"))?;
         if !buffers.is_empty() {
             let iovecs: Vec<libc::iovec> = buffers
                 .pieces()
@@ -481,9 +466,9 @@ impl Ring {
                 )
             })?;
         }
-        let links_replies = uring.params().is_feature_skip_cqe_on_success();
         Ok(Rc::new(Ring {
             uring: RefCell::new(uring),
+            eventfd,
             buffers,
             huge_page_ranges,
             slots: RefCell::new(Vec::new()),
@@ -495,12 +480,9 @@ impl Ring {
             stats: RefCell::new(RingStats::default()),
             stopping: Cell::new(false),
             queued: Cell::new(0),
-            wake_read_armed: Cell::new(false),
-            wake_read_into: Box::leak(Box::new(0u64)),
-            wake_read_failed: Cell::new(false),
-            reaped: RefCell::new(Vec::new()),
+            flush_scheduled: Cell::new(false),
+            flusher: RefCell::new(None),
             defer_taskrun,
-            links_replies,
         }))
     }
 
@@ -512,21 +494,66 @@ impl Ring {
         self.stats.borrow().clone()
     }
 
-    /// Makes this ring the current executor's park hook (it is polled every pass and slept
-    /// in) until [`Ring::stop`]. Called on the shard's own executor; fails when glommio cannot
-    /// register its wake eventfd (the shard then serves on the plain path).
-    pub fn start(self: &Rc<Self>) -> Result<(), String> {
-        let hook: Rc<dyn ParkHook> = Rc::clone(self) as Rc<dyn ParkHook>;
-        glommio::park_hook::set_park_hook(Some(hook))
-            .map_err(|err| format!("installing the ring as the executor's park hook: {err}"))
+    /// Runs the completion driver and the flusher on the current glommio executor until
+    /// [`Ring::stop`].
+    pub fn spawn_driver(self: &Rc<Self>) -> glommio::task::JoinHandle<()> {
+        let flusher = Rc::clone(self);
+        glommio::spawn_local(async move {
+            loop {
+                std::future::poll_fn(|cx| {
+                    if flusher.flush_scheduled.get() || flusher.stopping.get() {
+                        Poll::Ready(())
+                    } else {
+                        *flusher.flusher.borrow_mut() = Some(cx.waker().clone());
+                        Poll::Pending
+                    }
+                })
+                .await;
+                flusher.flush();
+                if flusher.stopping.get() {
+                    break;
+                }
+            }
+        })
+        .detach();
+        let ring = Rc::clone(self);
+        glommio::spawn_local(async move {
+            // SAFETY: dup of our own eventfd; the duplicate is owned by the glommio file.
+            let dup = unsafe { libc::dup(ring.eventfd.as_raw_fd()) };
+            if dup < 0 {
+                tracing::error!(err = %io::Error::last_os_error(), "ring driver: dup of the eventfd failed");
+                return;
+            }
+            // SAFETY: `dup` is a fresh descriptor handed to the file, which closes it.
+            let file = unsafe { glommio::io::BufferedFile::from_raw_fd(dup) };
+            while !ring.stopping.get() {
+                if let Err(err) = file.read_at(0, 8).await {
+                    tracing::error!(%err, "ring driver: reading the eventfd failed");
+                    break;
+                }
+                ring.stats.borrow_mut().wakeups += 1;
+                ring.reap();
+            }
+            let _ = file.close().await;
+        })
+        .detach()
     }
 
-    /// Gives the executor back its own sleep (after [`Ring::drain`]); on the shard's executor.
+    /// Stops the driver (after [`Ring::drain`]).
     pub fn stop(&self) {
         self.stopping.set(true);
-        if let Err(err) = glommio::park_hook::set_park_hook(None) {
-            tracing::error!(%err, "removing the ring's park hook");
+        if let Some(waker) = self.flusher.borrow_mut().take() {
+            waker.wake();
         }
+        let one = 1u64;
+        // SAFETY: writes 8 bytes from a live u64 to our own eventfd.
+        unsafe {
+            libc::write(
+                self.eventfd.as_raw_fd(),
+                (&one as *const u64).cast(),
+                std::mem::size_of::<u64>(),
+            )
+        };
     }
 
     /// Waits until no operation is in flight.
@@ -575,11 +602,8 @@ impl Ring {
         .await
     }
 
-    /// Sends all of `bytes` (plain `SEND`). Every send here asks for `MSG_WAITALL`: the kernel
-    /// finishes a send the socket cannot take at once by itself (one completion for a 256 KiB
-    /// value instead of one per socket-buffer's worth), and a result short of the length
-    /// means an error cut it (the loop then meets the error). Returns the buffer for reuse
-    /// (it is lost if the send failed midway).
+    /// Sends all of `bytes` (plain `SEND`), in as many operations as the socket needs.
+    /// Returns the buffer for reuse (it is lost if the send failed midway).
     pub async fn send_all(self: &Rc<Self>, fd: RawFd, bytes: Vec<u8>) -> io::Result<Vec<u8>> {
         let total = bytes.len();
         let mut buf = Buf::Owned(bytes);
@@ -590,7 +614,7 @@ impl Ring {
                 .submit(OpKind::Send, fd, buf, None, |b| {
                     // SAFETY (of the pointer arithmetic): `at < len` of the owned buffer.
                     opcode::Send::new(types::Fd(fd), b.ptr().wrapping_add(at), (total - at) as u32)
-                        .flags(libc::MSG_NOSIGNAL | libc::MSG_WAITALL)
+                        .flags(libc::MSG_NOSIGNAL)
                         .build()
                 })
                 .await;
@@ -630,7 +654,7 @@ impl Ring {
                         ptr.wrapping_add(at),
                         (total - at) as u32,
                     )
-                    .flags(libc::MSG_NOSIGNAL | libc::MSG_WAITALL)
+                    .flags(libc::MSG_NOSIGNAL)
                     .zc_flags(SEND_ZC_REPORT_USAGE);
                     if let Some(index) = index {
                         op = op.buf_index(Some(index));
@@ -641,7 +665,7 @@ impl Ring {
             } else {
                 self.submit(OpKind::Send, fd, part, None, |_| {
                     opcode::Send::new(types::Fd(fd), ptr.wrapping_add(at), (total - at) as u32)
-                        .flags(libc::MSG_NOSIGNAL | libc::MSG_WAITALL)
+                        .flags(libc::MSG_NOSIGNAL)
                         .build()
                 })
                 .await
@@ -697,7 +721,7 @@ impl Ring {
                 .submit(OpKind::Send, fd, Buf::Pair(pair), None, |_| {
                     // The message lives in the boxed pair the slot owns until completion.
                     opcode::SendMsg::new(types::Fd(fd), msg)
-                        .flags((libc::MSG_NOSIGNAL | libc::MSG_WAITALL) as u32)
+                        .flags(libc::MSG_NOSIGNAL as u32)
                         .build()
                 })
                 .await;
@@ -720,39 +744,18 @@ impl Ring {
         buf: Vec<u8>,
         at: usize,
     ) -> (io::Result<usize>, Vec<u8>) {
-        let entry = recv_entry(fd, &buf, at);
+        assert!(at < buf.len(), "a receive needs room");
+        let room = (buf.len() - at) as u32;
         let (result, back) = self
-            .submit(OpKind::Recv, fd, Buf::Owned(buf), None, entry)
+            .submit(OpKind::Recv, fd, Buf::Owned(buf), None, |b| {
+                // SAFETY (of the pointer arithmetic): `at < len` of the owned buffer.
+                opcode::Recv::new(types::Fd(fd), b.ptr().wrapping_add(at) as *mut u8, room).build()
+            })
             .await;
-        (result, owned_back(back))
-    }
-
-    /// [`Ring::send_then_recv`] with the receive of [`Ring::recv`].
-    pub async fn send_then_recv_plain(
-        self: &Rc<Self>,
-        fd: RawFd,
-        bytes: Vec<u8>,
-        buf: Vec<u8>,
-        at: usize,
-    ) -> (io::Result<Vec<u8>>, (io::Result<usize>, Vec<u8>)) {
-        let entry = recv_entry(fd, &buf, at);
-        let (sent, (result, back)) = self.send_then_recv(fd, bytes, Buf::Owned(buf), entry).await;
-        (sent_back(sent), (result, owned_back(back)))
-    }
-
-    /// [`Ring::send_then_recv`] with the receive of [`Ring::recv_stamped`].
-    pub async fn send_then_recv_stamped(
-        self: &Rc<Self>,
-        fd: RawFd,
-        bytes: Vec<u8>,
-        mut stamped: Box<Stamped>,
-        at: usize,
-    ) -> (io::Result<Vec<u8>>, (io::Result<usize>, Box<Stamped>)) {
-        let entry = recv_stamped_entry(fd, &mut stamped, at);
-        let (sent, (result, back)) = self
-            .send_then_recv(fd, bytes, Buf::Stamped(stamped), entry)
-            .await;
-        (sent_back(sent), (result, stamped_back(back)))
+        match back {
+            Some(Buf::Owned(v)) => (result, v),
+            _ => unreachable!("a receive hands its buffer back"),
+        }
     }
 
     /// Receives into `stamped.buf[at..]` with `RECVMSG`, queued like [`Ring::recv`], bringing
@@ -765,11 +768,19 @@ impl Ring {
         mut stamped: Box<Stamped>,
         at: usize,
     ) -> (io::Result<usize>, Box<Stamped>) {
-        let entry = recv_stamped_entry(fd, &mut stamped, at);
+        assert!(at < stamped.buf.len(), "a receive needs room");
+        stamped.aim(at);
+        let msg: *mut libc::msghdr = &mut stamped.msg;
         let (result, back) = self
-            .submit(OpKind::Recv, fd, Buf::Stamped(stamped), None, entry)
+            .submit(OpKind::Recv, fd, Buf::Stamped(stamped), None, |_| {
+                // The message lives in the box the slot owns until completion.
+                opcode::RecvMsg::new(types::Fd(fd), msg).build()
+            })
             .await;
-        (result, stamped_back(back))
+        match back {
+            Some(Buf::Stamped(r)) => (result, r),
+            _ => unreachable!("a receive hands its buffer back"),
+        }
     }
 
     /// Reads `len` bytes at `offset` of `fd` into `chunk` (`READ_FIXED`; O_DIRECT wants the
@@ -841,98 +852,6 @@ impl Ring {
     ) -> (io::Result<usize>, Option<Buf>) {
         if kind != OpKind::Recv {
             self.room().await;
-        }
-        let (index, generation) = self.take_slot(kind, fd, buf, report);
-        let sqe = {
-            let slots = self.slots.borrow();
-            entry(slots[index].buf.as_ref().expect("just stored"))
-                .user_data(user_data(index, generation))
-        };
-        self.queue(&sqe);
-        Op {
-            ring: Rc::clone(self),
-            index,
-            generation,
-            done: false,
-        }
-        .await
-    }
-
-    /// Whether replies can go out linked with the next receive ([`Ring::send_then_recv`]).
-    pub fn links_replies(&self) -> bool {
-        self.links_replies
-    }
-
-    /// Sends all of `bytes`, then receives into `recv` as [`Ring::recv`] or
-    /// [`Ring::recv_stamped`] would (`recv_entry` builds the receive): the two are linked, and
-    /// the send posts no completion when it succeeds, so a request/reply exchange costs one
-    /// completion and, when the shard sleeps between requests, one `io_uring_enter` (the one
-    /// that submits the pair and sleeps until the next request). The receive starts once
-    /// the reply is fully sent (`MSG_WAITALL`; a client that stops reading stalls its own
-    /// connection, as it would on memcached). Returns the send's result and buffer (on
-    /// success, all of it), then the receive's.
-    pub async fn send_then_recv(
-        self: &Rc<Self>,
-        fd: RawFd,
-        bytes: Vec<u8>,
-        recv: Buf,
-        recv_entry: impl FnOnce(&Buf) -> squeue::Entry,
-    ) -> (
-        (io::Result<usize>, Option<Buf>),
-        (io::Result<usize>, Option<Buf>),
-    ) {
-        assert!(
-            self.links_replies,
-            "the kernel cannot skip a send's completion"
-        );
-        let len = bytes.len();
-        assert!(
-            len > 0 && len <= i32::MAX as usize,
-            "a linked reply has bytes"
-        );
-        self.room().await;
-        let (send_index, send_generation) =
-            self.take_slot(OpKind::Send, fd, Buf::Owned(bytes), None);
-        let (recv_index, recv_generation) = self.take_slot(OpKind::Recv, fd, recv, None);
-        let (send, receive) = {
-            let mut slots = self.slots.borrow_mut();
-            slots[recv_index].linked_send = Some((send_index, send_generation, len as i32));
-            slots[send_index].skips_success = true;
-            let send_buf = slots[send_index].buf.as_ref().expect("just stored");
-            let send = opcode::Send::new(types::Fd(fd), send_buf.ptr(), len as u32)
-                .flags(libc::MSG_NOSIGNAL | libc::MSG_WAITALL)
-                .build()
-                .flags(squeue::Flags::IO_LINK | squeue::Flags::SKIP_SUCCESS)
-                .user_data(user_data(send_index, send_generation));
-            let receive = recv_entry(slots[recv_index].buf.as_ref().expect("just stored"))
-                .user_data(user_data(recv_index, recv_generation));
-            (send, receive)
-        };
-        self.queue_linked(&send, &receive);
-        let send = Op {
-            ring: Rc::clone(self),
-            index: send_index,
-            generation: send_generation,
-            done: false,
-        };
-        let receive = Op {
-            ring: Rc::clone(self),
-            index: recv_index,
-            generation: recv_generation,
-            done: false,
-        };
-        futures_lite::future::zip(send, receive).await
-    }
-
-    /// Takes a free slot for an operation on `buf` (counted in flight from here).
-    fn take_slot(
-        &self,
-        kind: OpKind,
-        fd: RawFd,
-        buf: Buf,
-        report: Option<Rc<ZcReport>>,
-    ) -> (usize, u32) {
-        if kind != OpKind::Recv {
             self.bounded_in_flight.set(self.bounded_in_flight.get() + 1);
         }
         let (index, generation) = {
@@ -953,15 +872,28 @@ impl Ring {
             slot.waker = None;
             slot.buf = Some(buf);
             slot.report = report;
-            slot.linked_send = None;
-            slot.skips_success = false;
             (index, slot.generation)
         };
+        let sqe = {
+            let slots = self.slots.borrow();
+            entry(slots[index].buf.as_ref().expect("just stored"))
+                .user_data(user_data(index, generation))
+        };
         *self.fd_ops.borrow_mut().entry(fd).or_default() += 1;
-        let mut stats = self.stats.borrow_mut();
-        stats.in_flight += 1;
-        stats.in_flight_max = stats.in_flight_max.max(stats.in_flight);
-        (index, generation)
+        {
+            let mut stats = self.stats.borrow_mut();
+            stats.in_flight += 1;
+            stats.in_flight_max = stats.in_flight_max.max(stats.in_flight);
+        }
+        self.queue(&sqe);
+        self.schedule_flush();
+        Op {
+            ring: Rc::clone(self),
+            index,
+            generation,
+            done: false,
+        }
+        .await
     }
 
     /// Queues one entry for the next submission (submitting at once only when the queue is
@@ -980,35 +912,14 @@ impl Ring {
         }
     }
 
-    /// Queues two linked entries in the same submission (a link cut at a submission's end
-    /// would let the second run before the first).
-    fn queue_linked(&self, first: &squeue::Entry, second: &squeue::Entry) {
-        {
-            let mut uring = self.uring.borrow_mut();
-            let free = {
-                let sq = uring.submission();
-                sq.capacity() - sq.len()
-            };
-            if free < 2 {
-                self.submit_queued(&mut uring);
-            }
-            // SAFETY: as in `queue`: every buffer the entries name is owned by its slot until
-            // the operation's last completion.
-            let pushed = unsafe {
-                uring
-                    .submission()
-                    .push_multiple(&[first.clone(), second.clone()])
-            };
-            assert!(pushed.is_ok(), "room for two entries after a submission");
-            self.queued.set(self.queued.get() + 2);
-        }
-    }
-
     fn submit_queued(&self, uring: &mut IoUring) {
         let queued = self.queued.replace(0);
         if queued == 0 {
             return;
         }
+        // Completions the kernel posts inside this very call (a send that fits the socket
+        // buffer) are reaped right after it: they need no eventfd signal to wake the driver.
+        uring.completion().disable_eventfd();
         let submitted = if self.defer_taskrun {
             // The same call runs the completions waiting for us.
             // SAFETY: no signal mask or argument is passed.
@@ -1020,6 +931,7 @@ impl Ring {
         } else {
             uring.submit()
         };
+        uring.completion().enable_eventfd();
         if let Err(err) = submitted {
             tracing::error!(%err, "io_uring submit failed");
         }
@@ -1028,8 +940,22 @@ impl Ring {
         stats.entries_submitted += u64::from(queued);
     }
 
+    /// Makes sure the queued entries are submitted at the end of this executor pass: the
+    /// flusher task is woken, and a woken task runs behind every task already runnable, so
+    /// they all queue first. (A task spawned now would run at once: glommio runs a new task
+    /// eagerly.)
+    fn schedule_flush(&self) {
+        if self.flush_scheduled.replace(true) {
+            return;
+        }
+        if let Some(waker) = self.flusher.borrow_mut().take() {
+            waker.wake();
+        }
+    }
+
     /// Submits every queued entry now, and reaps.
     pub fn flush(&self) {
+        self.flush_scheduled.set(false);
         self.submit_queued(&mut self.uring.borrow_mut());
         self.reap();
     }
@@ -1059,19 +985,10 @@ impl Ring {
     /// results and notifications, wakes waiters and frees finished slots. Returns how many it
     /// took.
     pub fn reap(&self) -> usize {
-        self.reap_with(true)
-    }
-
-    /// [`Ring::reap`] without entering the kernel to run completions waiting for this thread.
-    fn reap_posted(&self) -> usize {
-        self.reap_with(false)
-    }
-
-    fn reap_with(&self, run_waiting: bool) -> usize {
-        let mut completions = self.reaped.take();
+        let mut completions = Vec::new();
         {
             let mut uring = self.uring.borrow_mut();
-            if run_waiting && self.defer_taskrun && uring.submission().taskrun() {
+            if self.defer_taskrun && uring.submission().taskrun() {
                 self.stats.borrow_mut().task_runs += 1;
                 // Completions are waiting to be run on this thread: one enter runs them.
                 // SAFETY: no signal mask or argument is passed.
@@ -1093,7 +1010,6 @@ impl Ring {
             );
         }
         if completions.is_empty() {
-            self.reaped.replace(completions);
             return 0;
         }
         let taken = completions.len();
@@ -1102,12 +1018,8 @@ impl Ring {
         {
             let mut slots = self.slots.borrow_mut();
             let mut stats = self.stats.borrow_mut();
-            for (data, result, flags) in completions.drain(..) {
+            for (data, result, flags) in completions {
                 if data == CANCEL_USER_DATA {
-                    continue;
-                }
-                if data == WAKE_READ_USER_DATA {
-                    self.wake_read_done(result);
                     continue;
                 }
                 let (index, generation) = ((data & 0xFFFF_FFFF) as usize, (data >> 32) as u32);
@@ -1127,35 +1039,27 @@ impl Ring {
                     }
                     slot.notification_due = false;
                 } else {
-                    let linked_send = slot.linked_send.take();
-                    // A linked send completes only when it fails; a partial send is a failure
-                    // too (MSG_WAITALL), and the connection is cut either way.
-                    let result = if slot.skips_success && result >= 0 {
-                        -libc::EPIPE
+                    slot.result = Some(result);
+                    slot.notification_due = cqueue::more(flags);
+                    let k = OpKind::ALL
+                        .iter()
+                        .position(|&k| k == slot.kind)
+                        .expect("a kind");
+                    stats.ops[k] += 1;
+                    if result >= 0 {
+                        stats.bytes[k] += result as u64;
                     } else {
-                        result
-                    };
-                    complete(slot, &mut stats, result, cqueue::more(flags), &mut wake);
-                    if let Some((send, generation, len)) = linked_send {
-                        // The receive ran (or failed after the send's own failure, which
-                        // completed first): the send is done, all of it.
-                        let linked = &mut slots[send];
-                        if linked.busy && linked.generation == generation && linked.result.is_none()
-                        {
-                            complete(linked, &mut stats, len, false, &mut wake);
-                            if linked.detached {
-                                release.extend(self.free_slot(&mut slots, &mut stats, send));
-                            }
-                        }
+                        stats.errors += 1;
+                    }
+                    if let Some(w) = slot.waker.take() {
+                        wake.push(w);
                     }
                 }
-                let slot = &slots[index];
                 if slot.finished() && slot.detached {
                     release.extend(self.free_slot(&mut slots, &mut stats, index));
                 }
             }
         }
-        self.reaped.replace(completions);
         // Outside the borrows: a release may run an owner's code, a waker may poll at once.
         drop(release);
         for w in wake {
@@ -1196,149 +1100,11 @@ impl Ring {
         buf
     }
 
-    /// The read of glommio's wake eventfd completed (the eventfd is reset): it is armed again
-    /// at the next park.
-    fn wake_read_done(&self, result: i32) {
-        self.wake_read_armed.set(false);
-        if result < 0 && !self.wake_read_failed.replace(true) {
-            tracing::error!(
-                err = %io::Error::from_raw_os_error(-result),
-                "reading the executor's wake eventfd failed; the shard may wake late"
-            );
-        }
-    }
-
-    /// Arms a read of glommio's wake eventfd if none is in flight. It completes at once if
-    /// glommio's rings posted a completion since the last read (the count resets), else when
-    /// they next do.
-    fn arm_wake_read(&self, wake_fd: RawFd) {
-        if self.wake_read_armed.replace(true) {
-            return;
-        }
-        let read = opcode::Read::new(types::Fd(wake_fd), self.wake_read_into.cast::<u8>(), 8)
-            .build()
-            .user_data(WAKE_READ_USER_DATA);
-        self.queue(&read);
-    }
-
     fn wake_room(&self) {
         let waiters: Vec<Waker> = self.room_waiters.borrow_mut().drain(..).collect();
         for w in waiters {
             w.wake();
         }
-    }
-}
-
-/// The executor's side of the ring (see the module's "Driving").
-impl ParkHook for Ring {
-    fn poll(&self, submit: bool) -> usize {
-        if submit {
-            self.submit_queued(&mut self.uring.borrow_mut());
-            self.reap()
-        } else {
-            // The executor parks next if nothing is found: completions still to run on this
-            // thread are left to the park's own enter rather than costing one more here.
-            self.reap_posted()
-        }
-    }
-
-    fn park(&self, wake_fd: RawFd) -> usize {
-        self.arm_wake_read(wake_fd);
-        {
-            let uring = self.uring.borrow_mut();
-            let queued = self.queued.replace(0);
-            // One call submits the last pass's entries and sleeps until a completion is
-            // posted or (DEFER_TASKRUN) is ready to run on this thread, or the timeout.
-            let timeout = types::Timespec::from(PARK_TIMEOUT);
-            let entered = uring
-                .submitter()
-                .submit_with_args(1, &types::SubmitArgs::new().timespec(&timeout));
-            let mut stats = self.stats.borrow_mut();
-            stats.wakeups += 1;
-            if queued > 0 {
-                stats.submits += 1;
-                stats.entries_submitted += u64::from(queued);
-            }
-            match entered {
-                Ok(_) => {}
-                // A signal, or the safety timeout: the executor runs a pass and parks again.
-                Err(err) if matches!(err.raw_os_error(), Some(libc::EINTR | libc::ETIME)) => {}
-                Err(err) => tracing::error!(%err, "io_uring_enter to park failed"),
-            }
-        }
-        self.reap()
-    }
-}
-
-/// A `RECV` into `buf[at..]` (the entry names the buffer the slot will own: moving a `Vec`
-/// does not move its bytes).
-fn recv_entry(fd: RawFd, buf: &[u8], at: usize) -> impl FnOnce(&Buf) -> squeue::Entry {
-    assert!(at < buf.len(), "a receive needs room");
-    let room = (buf.len() - at) as u32;
-    move |b: &Buf| {
-        // SAFETY (of the pointer arithmetic): `at < len` of the owned buffer.
-        opcode::Recv::new(types::Fd(fd), b.ptr().wrapping_add(at) as *mut u8, room).build()
-    }
-}
-
-/// A `RECVMSG` into `stamped.buf[at..]` with its control space (the message lives in the box
-/// the slot will own until completion).
-fn recv_stamped_entry(
-    fd: RawFd,
-    stamped: &mut Stamped,
-    at: usize,
-) -> impl FnOnce(&Buf) -> squeue::Entry {
-    assert!(at < stamped.buf.len(), "a receive needs room");
-    stamped.aim(at);
-    let msg: *mut libc::msghdr = &mut stamped.msg;
-    move |_: &Buf| opcode::RecvMsg::new(types::Fd(fd), msg).build()
-}
-
-fn owned_back(back: Option<Buf>) -> Vec<u8> {
-    match back {
-        Some(Buf::Owned(v)) => v,
-        _ => unreachable!("a receive hands its buffer back"),
-    }
-}
-
-fn stamped_back(back: Option<Buf>) -> Box<Stamped> {
-    match back {
-        Some(Buf::Stamped(r)) => r,
-        _ => unreachable!("a receive hands its buffer back"),
-    }
-}
-
-/// A linked send's outcome: the whole buffer back, or why not.
-fn sent_back((result, back): (io::Result<usize>, Option<Buf>)) -> io::Result<Vec<u8>> {
-    result?;
-    match back {
-        Some(Buf::Owned(v)) => Ok(v),
-        _ => unreachable!("a plain send hands its buffer back"),
-    }
-}
-
-/// Records an operation's result in its slot, counts it and takes its waiter to wake.
-fn complete(
-    slot: &mut Slot,
-    stats: &mut RingStats,
-    result: i32,
-    notification_due: bool,
-    wake: &mut Vec<Waker>,
-) {
-    slot.result = Some(result);
-    slot.notification_due = notification_due;
-    let k = OpKind::ALL
-        .iter()
-        .position(|&k| k == slot.kind)
-        .expect("a kind");
-    stats.ops[k] += 1;
-    if result >= 0 {
-        stats.bytes[k] += result as u64;
-    } else {
-        stats.errors += 1;
-    }
-    if let Some(w) = slot.waker.take() {
-        wake.push(w);
     }
 }
 
@@ -1443,6 +1209,7 @@ impl Drop for Op {
                 .build()
                 .user_data(CANCEL_USER_DATA);
             self.ring.queue(&entry);
+            self.ring.schedule_flush();
             self.ring.stats.borrow_mut().cancels += 1;
         }
         // A result that already arrived (or arrives with this reap) frees the slot.

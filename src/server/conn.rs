@@ -614,23 +614,6 @@ async fn serve_frames(
     loop {
         info.state.set(conn.waiting_state());
         let read = match pending.take() {
-            Some(bytes) if wire.links_replies() => {
-                let len = bytes.len();
-                let Conn { buf, filled, .. } = &mut conn;
-                let mut back = None;
-                let read = with_limits(ctx, idle, async {
-                    let (sent, read) = wire.write_then_read(bytes, buf, *filled).await;
-                    back = Some(sent?);
-                    read
-                })
-                .await;
-                if let Some(mut sent) = back {
-                    sent.clear();
-                    spare = sent;
-                    ctx.counters.borrow_mut().bytes_written += len as u64;
-                }
-                read
-            }
             Some(bytes) => {
                 let len = bytes.len();
                 let Conn { buf, filled, .. } = &mut conn;

@@ -833,7 +833,7 @@ pub const IO: &[(&str, Export)] = &[
         sample(counter(
             "ring_wakeups",
             N,
-            "Times the shard slept in its ring (and woke).",
+            "Eventfd wake-ups of the ring's driver.",
         )),
     ),
     (

@@ -124,9 +124,7 @@ impl ShardIo {
             )
             .and_then(|buffers| {
                 Ring::new(buffers, arena.huge_page_ranges(), settings.max_connections)
-            })
-            .and_then(|ring| ring.start().map(|()| ring))
-            {
+            }) {
                 Ok(ring) => {
                     let path = format!(
                         "ring ({} bytes of arena in {} fixed buffers)",
@@ -143,6 +141,9 @@ impl ShardIo {
                 }
             }
         };
+        if let Some(ring) = &ring {
+            ring.spawn_driver();
+        }
         if shard == 0 {
             tracing::info!(path = %path, io_pool_bytes = settings.io_pool_bytes, "data path");
         }
@@ -279,48 +280,6 @@ impl Wire {
                 result
             }
             None => futures_lite::AsyncReadExt::read(stream, &mut buf[at..]).await,
-        }
-    }
-
-    /// Whether replies can go out linked with the next read ([`Wire::write_then_read`]).
-    pub fn links_replies(&self) -> bool {
-        self.ring.as_ref().is_some_and(|ring| ring.links_replies())
-    }
-
-    /// Ring path, where [`Wire::links_replies`]: sends all of `bytes`, then reads into
-    /// `buf[at..]` as [`Wire::read`] does, the two linked in the ring (one completion and,
-    /// for a shard that sleeps between requests, one system call per exchange). The read
-    /// starts once the reply is sent. Returns the send's outcome (the buffer back) and the
-    /// read's; if the send fails, the read fails too.
-    pub async fn write_then_read(
-        &self,
-        bytes: Vec<u8>,
-        buf: &mut Vec<u8>,
-        at: usize,
-    ) -> (io::Result<Vec<u8>>, io::Result<usize>) {
-        let ring = self
-            .ring
-            .as_ref()
-            .expect("linked replies are the ring path's");
-        self.arrived.set(None);
-        if self.stamps {
-            let mut stamped = self.stamped.take().unwrap_or_else(Stamped::new);
-            stamped.buf = std::mem::take(buf);
-            let (sent, (result, mut back)) = ring
-                .send_then_recv_stamped(self.fd, bytes, stamped, at)
-                .await;
-            *buf = std::mem::take(&mut back.buf);
-            if let Some(received_ns) = back.received_ns() {
-                self.arrived.set(Some(arrival(received_ns)));
-            }
-            self.stamped.replace(Some(back));
-            (sent, result)
-        } else {
-            let (sent, (result, back)) = ring
-                .send_then_recv_plain(self.fd, bytes, std::mem::take(buf), at)
-                .await;
-            *buf = back;
-            (sent, result)
         }
     }
 

@@ -434,7 +434,6 @@ mod error;
 mod executor;
 pub mod io;
 pub mod net;
-pub mod park_hook;
 mod shares;
 pub mod sync;
 pub mod timer;

@@ -1331,8 +1331,6 @@ impl LocalExecutor {
                 return false;
             } else {
                 ran = true;
-                // Headroom patch (PATCHES.md, 3)
-                self.reactor.sys.note_tasks_ran();
             }
         }
         ran

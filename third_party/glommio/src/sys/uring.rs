@@ -854,7 +854,7 @@ impl UringCommon for PollRing {
     }
 
     fn submit_one_event(&mut self, queue: &mut VecDeque<UringDescriptor>) -> Option<bool> {
-        // Headroom patch (PATCHES.md, 5): no clock read when there is nothing to submit.
+        // Headroom patch (PATCHES.md, 3): no clock read when there is nothing to submit.
         if queue.is_empty() {
             return Some(false);
         }
@@ -1190,7 +1190,7 @@ impl UringCommon for SleepableRing {
     }
 
     fn submit_one_event(&mut self, queue: &mut VecDeque<UringDescriptor>) -> Option<bool> {
-        // Headroom patch (PATCHES.md, 5): no clock read when there is nothing to submit.
+        // Headroom patch (PATCHES.md, 3): no clock read when there is nothing to submit.
         if queue.is_empty() {
             return Some(false);
         }
@@ -1242,8 +1242,6 @@ pub(crate) struct Reactor {
     // Headroom patch (PATCHES.md, 2): when the latency ring's timer is a preempt timer, when
     // it fires; `None` for a user timer or none.
     latency_preemption_deadline: Cell<Option<Instant>>,
-    // Headroom patch (PATCHES.md, 3): whether any task ran since the preempt timer was armed.
-    tasks_ran_since_preempt_armed: Cell<bool>,
     throughput_preemption_timeout_src: Cell<Option<Source>>,
 
     link_fd: RawFd,
@@ -1260,13 +1258,6 @@ pub(crate) struct Reactor {
     blocking_thread: BlockingThreadPool,
 
     rings_depth: usize,
-
-    // Headroom patch (PATCHES.md, 4): the application's ring this executor polls every pass
-    // and sleeps in, if one is installed.
-    park_hook: RefCell<Option<Rc<dyn crate::park_hook::ParkHook>>>,
-    // The eventfd registered with the main and latency rings while a hook is installed: it is
-    // signalled whenever either ring posts a completion, and the hook sleeps reading it.
-    park_wake: RefCell<Option<std::os::fd::OwnedFd>>,
 }
 
 pub(crate) fn common_flags() -> PollFlags {
@@ -1383,7 +1374,6 @@ impl Reactor {
             poll_ring: RefCell::new(poll_ring),
             latency_preemption_timeout_src: Cell::new(None),
             latency_preemption_deadline: Cell::new(None),
-            tasks_ran_since_preempt_armed: Cell::new(false),
             throughput_preemption_timeout_src: Cell::new(None),
             blocking_thread,
             link_fd,
@@ -1391,56 +1381,7 @@ impl Reactor {
             eventfd_src,
             source_map,
             rings_depth: ring_depth,
-            park_hook: RefCell::new(None),
-            park_wake: RefCell::new(None),
         })
-    }
-
-    /// Headroom patch (PATCHES.md, 3): the executor ran tasks in this pass.
-    pub(crate) fn note_tasks_ran(&self) {
-        self.tasks_ran_since_preempt_armed.set(true);
-    }
-
-    pub(crate) fn set_park_hook(
-        &self,
-        hook: Option<Rc<dyn crate::park_hook::ParkHook>>,
-    ) -> io::Result<()> {
-        use std::os::fd::{AsRawFd, FromRawFd};
-        self.park_hook.replace(None);
-        if self.park_wake.replace(None).is_some() {
-            self.main_ring.borrow().registrar().unregister_eventfd()?;
-            self.latency_ring.borrow().registrar().unregister_eventfd()?;
-        }
-        let Some(hook) = hook else {
-            return Ok(());
-        };
-        // SAFETY: a plain eventfd syscall; the descriptor is owned right away.
-        let raw = unsafe { libc::eventfd(0, libc::EFD_CLOEXEC | libc::EFD_NONBLOCK) };
-        if raw < 0 {
-            return Err(io::Error::last_os_error());
-        }
-        // SAFETY: `raw` is a fresh descriptor nobody else owns.
-        let wake = unsafe { std::os::fd::OwnedFd::from_raw_fd(raw) };
-        self.main_ring
-            .borrow()
-            .registrar()
-            .register_eventfd(wake.as_raw_fd())?;
-        if let Err(err) = self
-            .latency_ring
-            .borrow()
-            .registrar()
-            .register_eventfd(wake.as_raw_fd())
-        {
-            let _ = self.main_ring.borrow().registrar().unregister_eventfd();
-            return Err(err);
-        }
-        self.park_wake.replace(Some(wake));
-        self.park_hook.replace(Some(hook));
-        Ok(())
-    }
-
-    fn park_hook(&self) -> Option<Rc<dyn crate::park_hook::ParkHook>> {
-        self.park_hook.borrow().clone()
     }
 
     pub(crate) fn id(&self) -> usize {
@@ -1817,11 +1758,6 @@ impl Reactor {
     }
 
     pub(crate) fn poll_io(&self, woke: &mut usize) -> io::Result<()> {
-        // Headroom patch (PATCHES.md, 4): a spin before parking only looks; what the
-        // application queued is submitted with the sleep.
-        if let Some(hook) = self.park_hook() {
-            *woke += hook.poll(false);
-        }
         self.poll_ring.borrow_mut().poll(woke)?;
         self.main_ring.borrow_mut().poll(woke)?;
         self.latency_ring.borrow_mut().poll(woke)?;
@@ -1892,15 +1828,6 @@ impl Reactor {
     {
         woke += self.flush_syscall_thread();
 
-        // Headroom patch (PATCHES.md, 4): the application's ring is polled first, before the
-        // executor's rings are borrowed (waking its tasks may run code that touches them). A
-        // pass that will run tasks submits what the application queued in the last one; a
-        // pass that may sleep leaves it for the sleep's own call.
-        let park_hook = self.park_hook();
-        if let Some(hook) = &park_hook {
-            woke += hook.poll(preempt_timer().is_some());
-        }
-
         let mut poll_ring = self.poll_ring.borrow_mut();
         let mut main_ring = self.main_ring.borrow_mut();
         let mut lat_ring = self.latency_ring.borrow_mut();
@@ -1915,27 +1842,12 @@ impl Reactor {
         // when the timer was armed), and the throughput timer is re-armed once it has fired.
         //
         // Going to sleep (no preempt timer wanted), the pending timer is cancelled as
-        // upstream does, otherwise we'd wake up when it expires, unless patch 3 keeps it.
+        // upstream does, otherwise we'd wake up when it expires.
         let keep_latency_timer = match (preempt_timer(), self.latency_preemption_deadline.get())
         {
             (Some(slice), Some(deadline)) => {
                 pending(&self.latency_preemption_timeout_src)
                     && deadline <= Instant::now() + slice
-            }
-            // Headroom patch (PATCHES.md, 3): going to sleep after running tasks, a pending
-            // preempt timer is kept too when it fires no later than the user timer (if any)
-            // would, so a shard that sleeps and wakes for every request (light load) no
-            // longer swaps it for the user timer before each sleep and back after. It wakes
-            // the executor at most once; the pass after that runs nothing, so the next sleep
-            // arms the user timer, or none, as upstream does.
-            // Only an executor that sleeps in a park hook's ring keeps it (patch 4), where a
-            // shard under light load sleeps and wakes for every request; others sleep as
-            // upstream does.
-            (None, Some(deadline)) => {
-                park_hook.is_some()
-                    && self.tasks_ran_since_preempt_armed.get()
-                    && pending(&self.latency_preemption_timeout_src)
-                    && user_timer.map_or(true, |timer| deadline <= Instant::now() + timer)
             }
             _ => false,
         };
@@ -1974,7 +1886,7 @@ impl Reactor {
         if should_sleep {
             // We are about to go to sleep. It's ok to sleep, but if there
             // is a timer set, we need to make sure we wake up to handle it.
-            if let Some(dur) = user_timer.filter(|_| !keep_latency_timer) {
+            if let Some(dur) = user_timer {
                 self.latency_preemption_deadline.set(None);
                 self.latency_preemption_timeout_src
                     .set(Some(lat_ring.prepare_latency_preemption_timer(dur)));
@@ -1991,28 +1903,7 @@ impl Reactor {
             membarrier::heavy();
             let events = process_remote_channels() + self.flush_syscall_thread();
             if events == 0 {
-                if let Some(hook) = park_hook.filter(|_| self.eventfd_src.is_installed().unwrap())
-                {
-                    // Headroom patch (PATCHES.md, 4): sleep in the application's ring, which
-                    // reads the eventfd this executor's main and latency rings signal for
-                    // every completion (timers and remote wake-ups complete there).
-                    // Everything this executor queued is in the kernel already (flushed
-                    // above); the rings are let go while the hook runs, since the tasks it
-                    // wakes may touch them.
-                    let wake_fd = {
-                        use std::os::fd::AsRawFd;
-                        let wake = self.park_wake.borrow();
-                        wake.as_ref().expect("registered with the hook").as_raw_fd()
-                    };
-                    drop(lat_ring);
-                    drop(main_ring);
-                    drop(poll_ring);
-                    hook.park(wake_fd);
-                    poll_ring = self.poll_ring.borrow_mut();
-                    main_ring = self.main_ring.borrow_mut();
-                    lat_ring = self.latency_ring.borrow_mut();
-                    consume_rings!(into &mut 0; lat_ring, poll_ring, main_ring);
-                } else if self.eventfd_src.is_installed().unwrap() {
+                if self.eventfd_src.is_installed().unwrap() {
                     self.link_rings_and_sleep(&mut main_ring)
                         .expect("some error");
                     // May have new cancellations related to the link ring fd.
@@ -2026,7 +1917,6 @@ impl Reactor {
         }
 
         if let Some(preempt) = preempt_timer().filter(|_| !keep_latency_timer) {
-            self.tasks_ran_since_preempt_armed.set(false);
             self.latency_preemption_deadline
                 .set(Some(Instant::now() + preempt));
             self.latency_preemption_timeout_src
