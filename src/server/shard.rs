@@ -80,15 +80,17 @@ pub enum ShardRequest {
 }
 
 impl ShardRequest {
-    /// Whether this request serves large values' placement (else it is administration).
-    fn is_placement(&self) -> bool {
-        matches!(
-            self,
+    /// The counter this request is sent under (STAT `mesh_messages_*`): large values'
+    /// placement, a connection handed over, or administration.
+    fn counter<'a>(&self, sent: &'a mut MeshCounters) -> &'a mut u64 {
+        match self {
             ShardRequest::Place { .. }
-                | ShardRequest::Touch { .. }
-                | ShardRequest::Free(_)
-                | ShardRequest::Claim { .. }
-        )
+            | ShardRequest::Touch { .. }
+            | ShardRequest::Free(_)
+            | ShardRequest::Claim { .. } => &mut sent.placement,
+            ShardRequest::Adopt(_) => &mut sent.connection,
+            _ => &mut sent.control,
+        }
     }
 }
 
@@ -286,13 +288,7 @@ impl ShardCtx {
 
     async fn call_peer(&self, to: usize, request: ShardRequest) -> ShardReply {
         let mut sent = self.mesh_sent.get();
-        if request.is_placement() {
-            sent.placement += 1;
-        } else if matches!(request, ShardRequest::Adopt(_)) {
-            sent.connection += 1;
-        } else {
-            sent.control += 1;
-        }
+        *request.counter(&mut sent) += 1;
         self.mesh_sent.set(sent);
         self.calls.call(&self.mesh, to, request).await
     }
