@@ -481,11 +481,7 @@ fn is_multiget(line: &[u8]) -> bool {
 /// ([`TextDecoded::TooLarge`]); values longer than `stream_from` come back as
 /// [`TextDecoded::LargeStore`] once their line is in, for the caller to stream.
 pub fn decode_text(buf: &[u8], max_value_bytes: usize, stream_from: usize) -> TextDecoded<'_> {
-    let find_newline = |within: usize| {
-        buf[..buf.len().min(within)]
-            .iter()
-            .position(|&b| b == b'\n')
-    };
+    let find_newline = |within: usize| memchr::memchr(b'\n', &buf[..buf.len().min(within)]);
     let mut newline = find_newline(LINE_MAX_BYTES + 1);
     if newline.is_none() && buf.len() > LINE_MAX_BYTES {
         if !is_multiget(&buf[..=LINE_MAX_BYTES]) {
@@ -506,7 +502,7 @@ pub fn decode_text(buf: &[u8], max_value_bytes: usize, stream_from: usize) -> Te
     if text.len() > 1 && text.ends_with(b"\r") {
         text = &text[..text.len() - 1];
     }
-    if let Some(nul) = text.iter().position(|&b| b == 0) {
+    if let Some(nul) = memchr::memchr(0, text) {
         text = &text[..nul];
     }
     decode_line(buf, text, line_len, max_value_bytes, stream_from)
@@ -519,6 +515,13 @@ fn decode_line<'a>(
     max_value_bytes: usize,
     stream_from: usize,
 ) -> TextDecoded<'a> {
+    // The commonest command needs no token array: `get`/`gets` then the keys, as the general
+    // path below reads them (a line with leading spaces takes that path).
+    for (prefix, cas) in [(&b"get "[..], false), (&b"gets "[..], true)] {
+        if let Some(rest) = text.strip_prefix(prefix) {
+            return get_keys(Words::new(rest), line_len, cas, None);
+        }
+    }
     let tokens = Tokens::new(text);
     let nt = tokens.ntokens();
     if nt < 2 || tokens.toks[0].len() < 2 {
@@ -641,8 +644,21 @@ fn get<'a>(
         None
     };
     let keys = Words::new(after_words(text, if touch.is_some() { 2 } else { 1 }));
-    if keys.iter().any(|key| key.len() > KEY_MAX_BYTES) {
-        return error(errors::BAD_FORMAT, line_len);
+    get_keys(keys, line_len, cas, touch)
+}
+
+/// A retrieval of `keys`: ERROR with none (`get` alone; a `gat` may name none), CLIENT_ERROR
+/// with one over 250 bytes.
+fn get_keys(keys: Words<'_>, line_len: usize, cas: bool, touch: Option<i32>) -> TextDecoded<'_> {
+    let mut any = false;
+    for key in keys.iter() {
+        if key.len() > KEY_MAX_BYTES {
+            return error(errors::BAD_FORMAT, line_len);
+        }
+        any = true;
+    }
+    if !any && touch.is_none() {
+        return error(errors::ERROR, line_len);
     }
     command(TextCommand::Get { cas, touch, keys }, line_len)
 }
