@@ -456,6 +456,13 @@ fn cases() -> Vec<Case> {
                flush_all abc noreply\r\nflush_all 0 0 0\r\nset @e 0 0 1\r\nx\r\nget @e\r\n\
                flush_all -1\r\nget @e\r\n"],
         ),
+        // Malformed `slabs` commands (a well-formed one differs: Headroom has no slab classes).
+        case(
+            "slabs errors",
+            &["slabs automove invalid\r\nslabs automove 3\r\nslabs automove\r\nslabs\r\n\
+               slabs bogus 1\r\nslabs automove ratio\r\nslabs automove ratio x\r\n\
+               slabs automove x noreply\r\nslabs reassign 1\r\n"],
+        ),
         case(
             "verbosity",
             &["verbosity 1\r\nverbosity 0\r\nverbosity\r\nverbosity x\r\nverbosity 1 noreply\r\n\

@@ -85,6 +85,9 @@ pub mod errors {
     pub const BAD_COMMAND_LINE: &[u8] = b"CLIENT_ERROR bad command line\r\n";
     pub const ILLEGAL_SLAB_ID: &[u8] = b"CLIENT_ERROR Illegal slab id\r\n";
     pub const SHUTDOWN_DISABLED: &[u8] = b"ERROR: shutdown not enabled\r\n";
+    pub const SLAB_REASSIGN_DISABLED: &[u8] = b"CLIENT_ERROR slab reassignment disabled\r\n";
+    pub const NO_SLAB_CLASSES: &[u8] =
+        b"SERVER_ERROR not supported: Headroom has no slab classes to move memory between\r\n";
     pub const MULTIGET_OUT_OF_MEMORY: &[u8] = b"SERVER_ERROR out of memory reading request\r\n";
     /// What the server answers when an INCR/DECR target is not a number (not a decoder error).
     pub const NON_NUMERIC: &[u8] =
@@ -547,13 +550,7 @@ fn decode_line<'a>(
     let unsupported = |name: &[u8]| {
         matches!(
             name,
-            b"slabs"
-                | b"cache_memlimit"
-                | b"lru_crawler"
-                | b"watch"
-                | b"lru"
-                | b"extstore"
-                | b"refresh_certs"
+            b"cache_memlimit" | b"lru_crawler" | b"watch" | b"lru" | b"extstore" | b"refresh_certs"
         )
     };
     match name[0] {
@@ -575,6 +572,7 @@ fn decode_line<'a>(
         b's' => match name {
             b"set" => storage(StoreMode::Set, false),
             b"stats" => stats(text, &tokens, line_len),
+            b"slabs" => slabs(&tokens, line_len),
             b"shutdown" => error(errors::SHUTDOWN_DISABLED, line_len),
             _ => error(errors::ERROR, line_len),
         },
@@ -836,6 +834,37 @@ fn verbosity<'a>(tokens: &Tokens<'a>, line_len: usize) -> TextDecoded<'a> {
         Some(level) => command(TextCommand::Verbosity { level, noreply }, line_len),
         None => error_unless(noreply, errors::BAD_FORMAT, line_len),
     }
+}
+
+/// memcached's `slabs reassign|automove`, parsed as memcached parses them. Headroom has no slab
+/// classes to move pages between (free blocks go back to one pool that serves every item
+/// class), so a well-formed command is refused with the reason, never silently accepted.
+fn slabs<'a>(tokens: &Tokens<'a>, line_len: usize) -> TextDecoded<'a> {
+    let t = tokens.all();
+    let nt = tokens.ntokens();
+    if nt == 5 && t[1] == b"reassign" {
+        // memcached refuses before it parses when reassignment is off.
+        return error(errors::SLAB_REASSIGN_DISABLED, line_len);
+    }
+    if nt < 4 || t[1] != b"automove" {
+        return error(errors::ERROR, line_len);
+    }
+    let noreply = tokens.noreply();
+    if t[2] == b"ratio" {
+        let ratio = std::str::from_utf8(t.get(3).copied().unwrap_or_default())
+            .ok()
+            .and_then(|r| r.parse::<f64>().ok());
+        if nt < 5 || ratio.is_none() {
+            return error_unless(noreply, errors::ERROR, line_len);
+        }
+    } else {
+        match safe_strtoul(t[2]) {
+            None => return error_unless(noreply, errors::BAD_FORMAT, line_len),
+            Some(0..=2) => {}
+            Some(_) => return error_unless(noreply, errors::ERROR, line_len),
+        }
+    }
+    error_unless(noreply, errors::NO_SLAB_CLASSES, line_len)
 }
 
 fn stats<'a>(text: &'a [u8], tokens: &Tokens<'a>, line_len: usize) -> TextDecoded<'a> {
