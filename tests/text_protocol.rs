@@ -463,6 +463,7 @@ fn cases() -> Vec<Case> {
                slabs bogus 1\r\nslabs automove ratio\r\nslabs automove ratio x\r\n\
                slabs automove x noreply\r\nslabs reassign 1\r\n"],
         ),
+        case("watch errors", &["watch bogus\r\nwatch fetchers bogus\r\n"]),
         case(
             "verbosity",
             &["verbosity 1\r\nverbosity 0\r\nverbosity\r\nverbosity x\r\nverbosity 1 noreply\r\n\
@@ -1212,4 +1213,76 @@ fn large_values_over_text_and_meta() {
         b"\r\n",
     ]);
     expect_exact(&mut s, "pipeline around a large set", pipeline, &expected);
+}
+
+/// Reads from `stream` until `done` holds for what arrived, or panics after 10 s.
+fn read_until(stream: &mut TcpStream, what: &str, done: impl Fn(&str) -> bool) -> String {
+    stream
+        .set_read_timeout(Some(Duration::from_millis(100)))
+        .unwrap();
+    let deadline = Instant::now() + Duration::from_secs(10);
+    let mut got = Vec::new();
+    let mut buf = [0u8; 4096];
+    loop {
+        let text = String::from_utf8_lossy(&got).into_owned();
+        if done(&text) {
+            return text;
+        }
+        assert!(Instant::now() < deadline, "{what}: only {text:?}");
+        match stream.read(&mut buf) {
+            Ok(0) => panic!("{what}: closed after {text:?}"),
+            Ok(n) => got.extend_from_slice(&buf[..n]),
+            Err(e) if matches!(e.kind(), ErrorKind::WouldBlock | ErrorKind::TimedOut) => {}
+            Err(e) => panic!("{what}: {e}"),
+        }
+    }
+}
+
+#[test]
+fn watch_streams_fetches_and_stores_of_every_shard() {
+    let server = Server::start(&["--threads", "2"]);
+    let mut refused = connect(server.addr);
+    // Replies already waiting in the pipeline stop it, as in memcached; an unknown kind is an
+    // error, and neither ends the connection.
+    refused.write_all(b"watch evictions\r\n").unwrap();
+    read_until(&mut refused, "watch evictions", |t| t == "ERROR\r\n");
+    refused.write_all(b"get nothing\r\nwatch\r\n").unwrap();
+    let expected = "END\r\nERROR cannot pipeline other commands before watch\r\n";
+    let got = read_until(&mut refused, "refused watch", |t| t.len() >= expected.len());
+    assert_eq!(got, expected);
+
+    let mut watcher = connect(server.addr);
+    watcher.write_all(b"watch fetchers mutations\r\n").unwrap();
+    read_until(&mut watcher, "watch", |t| t == "OK\r\n");
+    // Clients on both shards (connections alternate between them), keys that need encoding.
+    let mut clients: Vec<TcpStream> = (0..4).map(|_| connect(server.addr)).collect();
+    for (i, client) in clients.iter_mut().enumerate() {
+        let request = format!("set w%{i} 0 0 1\r\nx\r\nget w%{i} absent{i}\r\n");
+        client.write_all(request.as_bytes()).unwrap();
+        let reply = format!("STORED\r\nVALUE w%{i} 0 1\r\nx\r\nEND\r\n");
+        read_until(client, "client", |t| t == reply);
+    }
+    let log = read_until(&mut watcher, "watch lines", |t| {
+        (0..4).all(|i| t.contains(&format!("key=absent{i} status=not_found")))
+    });
+    for i in 0..4 {
+        for line in [
+            format!("type=item_get key=w%25{i} status=not_found clsid=0"),
+            format!("type=item_store key=w%25{i} status=stored cmd=set ttl=0 clsid=1"),
+            format!("type=item_get key=w%25{i} status=found clsid=1"),
+        ] {
+            assert!(log.contains(&line), "no `{line}` in:\n{log}");
+        }
+    }
+    for line in log.lines() {
+        assert!(line.starts_with("ts="), "{line}");
+        assert!(line.contains(" gid=") && line.contains(" cfd="), "{line}");
+    }
+    // Gone watchers cost nothing more: the server goes on serving.
+    drop(watcher);
+    let mut client = connect(server.addr);
+    client.write_all(b"get w%0\r\n").unwrap();
+    read_until(&mut client, "after the watcher left", |t| {
+        t.ends_with("END\r\n")
+    });
 }

@@ -85,6 +85,9 @@ pub mod errors {
     pub const BAD_COMMAND_LINE: &[u8] = b"CLIENT_ERROR bad command line\r\n";
     pub const ILLEGAL_SLAB_ID: &[u8] = b"CLIENT_ERROR Illegal slab id\r\n";
     pub const SHUTDOWN_DISABLED: &[u8] = b"ERROR: shutdown not enabled\r\n";
+    pub const WATCH_AFTER_PIPELINE: &[u8] =
+        b"ERROR cannot pipeline other commands before watch\r\n";
+    pub const WATCHER_TOO_MANY: &[u8] = b"WATCHER_TOO_MANY log watcher limit reached\r\n";
     pub const SLAB_REASSIGN_DISABLED: &[u8] = b"CLIENT_ERROR slab reassignment disabled\r\n";
     pub const NO_SLAB_CLASSES: &[u8] =
         b"SERVER_ERROR not supported: Headroom has no slab classes to move memory between\r\n";
@@ -183,6 +186,10 @@ pub enum TextCommand<'a> {
         noreply: bool,
     },
     Version,
+    /// `watch [kinds...]`: the connection becomes a log stream of the kinds named.
+    Watch {
+        kinds: Words<'a>,
+    },
     /// `verbosity <level> [noreply]` (memcached caps the level at 2).
     Verbosity {
         level: u32,
@@ -550,7 +557,7 @@ fn decode_line<'a>(
     let unsupported = |name: &[u8]| {
         matches!(
             name,
-            b"cache_memlimit" | b"lru_crawler" | b"watch" | b"lru" | b"extstore" | b"refresh_certs"
+            b"cache_memlimit" | b"lru_crawler" | b"lru" | b"extstore" | b"refresh_certs"
         )
     };
     match name[0] {
@@ -606,6 +613,14 @@ fn decode_line<'a>(
             b"flush_all" => flush_all(&tokens, line_len),
             b"version" => command(TextCommand::Version, line_len),
             b"quit" => command(TextCommand::Quit, line_len),
+            // memcached reads the kinds from its (at most 23) tokens.
+            b"watch" => {
+                let kinds = Words::new(after_words(text, 1));
+                if kinds.count() > MAX_TOKENS - 2 {
+                    return error(errors::ERROR, line_len);
+                }
+                command(TextCommand::Watch { kinds }, line_len)
+            }
             b"verbosity" => verbosity(&tokens, line_len),
             _ if unsupported(name) => error(errors::ERROR, line_len),
             _ if tokens.last().starts_with(b"HTTP/") => close(b""),

@@ -40,6 +40,8 @@ pub(super) enum After {
     Process,
     /// A large value follows in the stream: receive it, then process again.
     LargeSet(LargeSet),
+    /// `watch`: the connection streams log lines from now on.
+    Watch(std::sync::Arc<super::watch::Watcher>),
     Close,
 }
 
@@ -71,6 +73,8 @@ pub(super) struct Conn {
     pub(super) batch: BatchCounts,
     /// The client's address, for log lines.
     pub(super) peer: String,
+    /// The socket, as `watch` lines and `stats conns` name the connection.
+    pub(super) fd: i32,
 }
 
 /// The body of the refusal ADMIN gets on a data connection.
@@ -603,6 +607,7 @@ async fn serve_frames(
         protocol: None,
         batch: BatchCounts::default(),
         peer: info.peer.clone(),
+        fd: info.fd,
     };
     // When the bytes of the requests being run arrived (the read that brought them).
     let mut arrived;
@@ -728,6 +733,11 @@ async fn serve_frames(
             if matches!(after, After::Close) {
                 return Ended::Quit;
             }
+            if let After::Watch(watcher) = after {
+                let ended = stream_watch(ctx, stream, wire, &watcher).await;
+                ctx.shared.watchers.remove(&watcher);
+                return ended;
+            }
             // More whole frames may wait behind the output cap (or a large value); otherwise
             // read more.
             let more = matches!(after, After::Process);
@@ -738,6 +748,27 @@ async fn serve_frames(
         }
         if ctx.stop.fired() {
             return Ended::Cut;
+        }
+    }
+}
+
+/// Streams a watcher's lines until the client leaves or the server stops (a watching
+/// connection reads no more commands, as in memcached).
+async fn stream_watch(
+    ctx: &ShardCtx,
+    stream: &mut TcpStream,
+    wire: &Wire,
+    watcher: &super::watch::Watcher,
+) -> Ended {
+    loop {
+        if ctx.stop.fired() {
+            return Ended::Cut;
+        }
+        glommio::timer::sleep(super::watch::DRAIN_INTERVAL).await;
+        let mut out = watcher.take();
+        let end = out.len();
+        if let Err(ended) = write_out(ctx, stream, wire, None, &mut out, 0, end).await {
+            return ended;
         }
     }
 }

@@ -144,9 +144,12 @@ impl CommandKind {
             T::MetaGet { .. } => CommandKind::MetaGet,
             T::MetaDelete { .. } => CommandKind::MetaDelete,
             T::MetaArith { .. } => CommandKind::MetaArith,
-            T::Version | T::Verbosity { .. } | T::Quit | T::MetaDebug { .. } | T::MetaNoop => {
-                CommandKind::Other
-            }
+            T::Version
+            | T::Verbosity { .. }
+            | T::Quit
+            | T::Watch { .. }
+            | T::MetaDebug { .. }
+            | T::MetaNoop => CommandKind::Other,
         }
     }
 

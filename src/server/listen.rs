@@ -123,18 +123,14 @@ pub fn into_glommio(listener: std::net::TcpListener) -> glommio::net::TcpListene
     unsafe { glommio::net::TcpListener::from_raw_fd(listener.into_raw_fd()) }
 }
 
-/// Takes an accepted connection out of its glommio stream, to hand to another shard: a
-/// duplicate of its descriptor (the stream closes the original).
-pub fn detach_stream(stream: glommio::net::TcpStream) -> std::io::Result<std::os::fd::OwnedFd> {
-    use std::os::fd::AsRawFd;
-    let duplicate = stream.as_raw_fd();
-    // SAFETY: duplicating a descriptor the stream keeps open for this call.
-    let fd = unsafe { libc::dup(duplicate) };
-    if fd < 0 {
-        return Err(std::io::Error::last_os_error());
-    }
-    // SAFETY: `fd` is a fresh descriptor nobody else owns.
-    Ok(unsafe { std::os::fd::FromRawFd::from_raw_fd(fd) })
+/// Takes an accepted connection out of its glommio stream, to hand to another shard: its own
+/// descriptor (a vendored glommio patch gives it up without closing it).
+pub fn detach_stream(stream: glommio::net::TcpStream) -> std::os::fd::OwnedFd {
+    use std::os::fd::IntoRawFd;
+    // The same descriptor moves (no dup), so descriptors keep following accept order.
+    let fd = stream.into_raw_fd();
+    // SAFETY: the stream gave the descriptor up; nobody else owns it.
+    unsafe { std::os::fd::FromRawFd::from_raw_fd(fd) }
 }
 
 /// Serves a connection handed over by [`detach_stream`] on this shard's glommio executor.

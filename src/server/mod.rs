@@ -24,6 +24,7 @@ mod shard;
 mod stats;
 mod text;
 mod warm;
+mod watch;
 mod wire;
 
 use std::net::SocketAddr;
@@ -117,6 +118,8 @@ pub struct Shared {
     /// SASL PLAIN credentials (authentication is required when present).
     pub(crate) credentials: Option<auth::Credentials>,
     pub curr_connections: AtomicUsize,
+    /// Connections that asked to `watch` fetches and stores.
+    pub watchers: watch::Watchers,
     /// Connections each shard serves (a hand-off counts on the shard it goes to): the accept
     /// loops even out what the kernel's SO_REUSEPORT hash spreads unevenly.
     pub connections_by_shard: Box<[AtomicUsize]>,
@@ -358,6 +361,7 @@ pub fn start(settings: Settings, topology: &Topology) -> Result<Running, ServerE
         doorbells,
         credentials,
         curr_connections: AtomicUsize::new(0),
+        watchers: watch::Watchers::default(),
         connections_by_shard: (0..shards).map(|_| AtomicUsize::new(0)).collect(),
         total_connections: AtomicU64::new(0),
         rejected_connections: AtomicU64::new(0),

@@ -485,14 +485,7 @@ fn fewer_connections_than_mine(by_shard: &[AtomicUsize], mine: usize) -> Option<
 /// the message and the descriptor in it are dropped, which closes the connection.
 fn hand_off(ctx: &Rc<ShardCtx>, stream: TcpStream, to: usize) {
     let by_shard = &ctx.shared.connections_by_shard;
-    let fd = match super::listen::detach_stream(stream) {
-        Ok(fd) => fd,
-        Err(err) => {
-            tracing::warn!(%err, "handing a connection to another shard failed; it is closed");
-            ctx.shared.curr_connections.fetch_sub(1, Ordering::AcqRel);
-            return;
-        }
-    };
+    let fd = super::listen::detach_stream(stream);
     // Counted on `to` at once, so the next accept (here or on another shard) sees it.
     by_shard[to].fetch_add(1, Ordering::AcqRel);
     let ctx = Rc::clone(ctx);

@@ -25,6 +25,7 @@ use super::latency::CommandKind;
 use super::shard::ShardCtx;
 use super::stats::group_pairs;
 use super::unix_now;
+use super::watch::{self, Fetched, Watchers};
 
 /// An exptime as the store takes it. memcached's text protocol lets it be negative ("expired
 /// at once"); an absolute time just past the relative range is long gone, so the item is
@@ -221,7 +222,7 @@ fn run_store(store: &mut Store, cmd: &TextStore, value: &[u8], now: u32) -> Stor
 }
 
 /// A GET-family hit or miss for one key of a `get`/`gets`/`gat`/`gats`: the `VALUE` line and
-/// value, or nothing on a miss.
+/// value, or nothing on a miss; and what was found, for `watch fetchers`.
 #[allow(clippy::too_many_arguments)]
 fn get_one(
     store: &mut Store,
@@ -232,25 +233,32 @@ fn get_one(
     now: u32,
     out: &mut Vec<u8>,
     lend_from: Option<usize>,
-) -> Option<Deferred> {
+) -> (Option<Deferred>, Fetched) {
     match store.lookup(key, touch, now, true) {
-        Lookup::Miss => None,
+        Lookup::Miss => (None, Fetched::NotFound),
         Lookup::Small(hit) => {
             let cas = with_cas.then_some(hit.cas);
+            let bytes = hit.value.len() as u64;
+            let found = Fetched::Found { class: 1, bytes };
             text::value_header(out, key, hit.flags, hit.value.len(), cas);
             if lends(hit.value.len(), lend_from) {
                 let (at, len) = (hit.at, hit.value.len());
-                return Some(lend(store, owner, at, len));
+                return (Some(lend(store, owner, at, len)), found);
             }
             out.extend_from_slice(hit.value);
             out.extend_from_slice(b"\r\n");
-            None
+            (None, found)
         }
         Lookup::Large(hit) => {
             let mut prefix = Vec::with_capacity(48 + key.len());
             let cas = with_cas.then_some(hit.cas);
+            let found = Fetched::Found {
+                class: 3,
+                bytes: hit.value_len,
+            };
             text::value_header(&mut prefix, key, hit.flags, hit.value_len as usize, cas);
-            Some(deliver_large(store, owner, hit, prefix, b"\r\n", lend_from))
+            let part = deliver_large(store, owner, hit, prefix, b"\r\n", lend_from);
+            (Some(part), found)
         }
     }
 }
@@ -477,6 +485,7 @@ fn meta_debug(store: &mut Store, key: &crate::proto::Key, now: u32, out: &mut Ve
 
 /// Runs a command that names one key against its partition (held by the caller) and appends
 /// its reply; a value sent in place comes back as a [`Deferred`].
+#[allow(clippy::too_many_arguments)]
 fn execute_keyed(
     store: &mut Store,
     owner: usize,
@@ -484,10 +493,31 @@ fn execute_keyed(
     now: u32,
     out: &mut Vec<u8>,
     lend_from: Option<usize>,
+    watchers: &Watchers,
+    fd: i32,
 ) -> Option<Deferred> {
     match command {
         TextCommand::Store { store: cmd, value } => {
+            if watchers.wants(watch::FETCHERS) {
+                // memcached's store looks the old item up first, and logs that fetch.
+                let fetched = match store.meta_of(&cmd.key, now) {
+                    Some(_) => Fetched::Found { class: 1, bytes: 0 },
+                    None => Fetched::NotFound,
+                };
+                watchers.fetched(cmd.key.as_bytes(), fetched, fd);
+            }
             let outcome = run_store(store, cmd, value, now);
+            if watchers.wants(watch::MUTATIONS) {
+                let exptime = store_exptime(cmd.exptime);
+                let ttl = if exptime == 0 {
+                    0
+                } else {
+                    exptime.saturating_sub(now)
+                };
+                let (mode, key) = (cmd.mode, cmd.key.as_bytes());
+                let bytes = value.len() as u64;
+                watchers.stored(key, mode, cmd.cas.is_some(), outcome, ttl, bytes, fd);
+            }
             StoreReply::of(cmd).write(out, Some(outcome));
         }
         TextCommand::Arith {
@@ -764,7 +794,7 @@ impl Conn {
                         let (partition, mut store) = ctx.shared.partitions.lock_key(key);
                         // Past one output cap of held bytes, values are copied, not lent.
                         let lend = lend_from.filter(|_| self.held_bytes <= OUTPUT_CAP_BYTES);
-                        let part = get_one(
+                        let (part, fetched) = get_one(
                             &mut store,
                             partition,
                             key,
@@ -777,6 +807,7 @@ impl Conn {
                         // (A lookup that finds a large item expired frees its extents.)
                         let frees = store.take_pending_frees();
                         drop(store);
+                        ctx.shared.watchers.fetched(key, fetched, self.fd);
                         ctx.free_extents(frees);
                         hold(
                             ctx,
@@ -812,13 +843,43 @@ impl Conn {
                     self.consumed += consumed;
                     return After::Close;
                 }
+                TextCommand::Watch { kinds } => {
+                    // Checked in memcached's order: replies waiting first, then the kinds.
+                    if !self.out.is_empty() || !self.held.is_empty() {
+                        self.out.extend_from_slice(errors::WATCH_AFTER_PIPELINE);
+                        self.consumed += consumed;
+                        continue;
+                    }
+                    let Some(kinds) = watch::kinds_of(kinds.iter()) else {
+                        self.out.extend_from_slice(errors::ERROR);
+                        self.consumed += consumed;
+                        continue;
+                    };
+                    self.consumed += consumed;
+                    match ctx.shared.watchers.add(kinds) {
+                        Some(watcher) => {
+                            self.out.extend_from_slice(text::OK);
+                            return After::Watch(watcher);
+                        }
+                        None => self.out.extend_from_slice(errors::WATCHER_TOO_MANY),
+                    }
+                    continue;
+                }
                 TextCommand::MetaNoop => self.out.extend_from_slice(meta::MN),
                 keyed => {
                     let key = key_of(keyed).expect("keyed text commands have keys");
                     let (partition, mut store) = ctx.shared.partitions.lock_key(key);
                     let lend = lend_from.filter(|_| self.held_bytes <= OUTPUT_CAP_BYTES);
-                    let part =
-                        execute_keyed(&mut store, partition, keyed, now, &mut self.out, lend);
+                    let part = execute_keyed(
+                        &mut store,
+                        partition,
+                        keyed,
+                        now,
+                        &mut self.out,
+                        lend,
+                        &ctx.shared.watchers,
+                        self.fd,
+                    );
                     let frees = store.take_pending_frees();
                     drop(store);
                     ctx.free_extents(frees);

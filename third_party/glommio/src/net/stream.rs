@@ -348,6 +348,15 @@ impl<S: AsRawFd> NonBufferedStream<S> {
     }
 }
 
+impl<S: std::os::unix::io::IntoRawFd, B> GlommioStream<S, B> {
+    /// Headroom patch (PATCHES.md, 4): the descriptor, no longer owned by the stream. Meant
+    /// for a stream with no operation in flight (a poll still armed would see a descriptor
+    /// someone else owns).
+    pub(crate) fn into_raw_fd(self) -> RawFd {
+        self.stream.stream.into_raw_fd()
+    }
+}
+
 #[derive(Debug)]
 pub(crate) struct GlommioStream<S, B> {
     stream: NonBufferedStream<S>,

@@ -386,6 +386,13 @@ impl<B: RxBuf> AsRawFd for TcpStream<B> {
     }
 }
 
+// Headroom patch (PATCHES.md, 4): a stream's descriptor handed on without a dup.
+impl IntoRawFd for TcpStream {
+    fn into_raw_fd(self) -> RawFd {
+        self.stream.into_raw_fd()
+    }
+}
+
 impl FromRawFd for TcpStream {
     unsafe fn from_raw_fd(fd: RawFd) -> Self {
         let socket = socket2::Socket::from_raw_fd(fd);
