@@ -547,9 +547,20 @@ fn cases() -> Vec<Case> {
     ] {
         c.push(err(format!("{name}\r\n").into_bytes(), terr::ERROR));
     }
-    // memcached answers these (watch: OK and a log stream; refresh_certs: "Error TLS not
-    // enabled"); Headroom does not serve them.
-    c.push(not_live(err(&b"watch\r\n"[..], terr::ERROR)));
+    // `watch` turns the connection into a log stream (the server checks the kinds).
+    c.push(not_live(cmd(
+        &b"watch\r\n"[..],
+        TextCommand::Watch {
+            kinds: Words::new(b""),
+        },
+    )));
+    c.push(not_live(cmd(
+        &b"watch fetchers mutations\r\n"[..],
+        TextCommand::Watch {
+            kinds: Words::new(b" fetchers mutations"),
+        },
+    )));
+    // memcached answers this "Error TLS not enabled"; Headroom does not serve it.
     c.push(not_live(err(&b"refresh_certs\r\n"[..], terr::ERROR)));
 
     // mn, me. Live: memcached 1.6.18.
