@@ -1262,9 +1262,47 @@ fn watch_streams_fetches_and_stores_of_every_shard() {
         let reply = format!("STORED\r\nVALUE w%{i} 0 1\r\nx\r\nEND\r\n");
         read_until(client, "client", |t| t == reply);
     }
+    // A binary client's SET and GET are logged too.
+    let frame = |opcode: u8, extras: &[u8], key: &[u8], value: &[u8]| {
+        let body = (extras.len() + key.len() + value.len()) as u32;
+        let mut f = vec![0x80, opcode];
+        f.extend_from_slice(&(key.len() as u16).to_be_bytes());
+        f.extend_from_slice(&[extras.len() as u8, 0, 0, 0]);
+        f.extend_from_slice(&body.to_be_bytes());
+        f.extend_from_slice(&[0; 12]);
+        f.extend_from_slice(extras);
+        f.extend_from_slice(key);
+        f.extend_from_slice(value);
+        f
+    };
+    let mut binary = connect(server.addr);
+    binary
+        .write_all(&cat(&[
+            &frame(0x01, &[0; 8], b"bin", b"yz"),
+            &frame(0x00, &[], b"bin", b""),
+        ]))
+        .unwrap();
+    // A TTL is logged as seconds left.
+    clients[0]
+        .write_all(b"set ttlkey 0 100 1\r\nx\r\n")
+        .unwrap();
+    read_until(&mut clients[0], "set ttlkey", |t| t == "STORED\r\n");
+    let mut replies = vec![0u8; 24 + 24 + 4 + 2];
+    binary.read_exact(&mut replies).unwrap();
+    assert_eq!(&replies[replies.len() - 2..], b"yz");
     let log = read_until(&mut watcher, "watch lines", |t| {
         (0..4).all(|i| t.contains(&format!("key=absent{i} status=not_found")))
+            && t.contains("type=item_get key=bin status=found clsid=1")
     });
+    assert!(
+        log.contains("type=item_store key=bin status=stored cmd=set ttl=0 clsid=1"),
+        "{log}"
+    );
+    assert!(
+        log.contains("key=ttlkey status=stored cmd=set ttl=100 ")
+            || log.contains("key=ttlkey status=stored cmd=set ttl=99 "),
+        "{log}"
+    );
     for i in 0..4 {
         for line in [
             format!("type=item_get key=w%25{i} status=not_found clsid=0"),

@@ -406,6 +406,8 @@ impl Conn {
                         now,
                         &mut self.out,
                         lend,
+                        &ctx.shared.watchers,
+                        self.fd,
                     );
                     let frees = store.take_pending_frees();
                     drop(store);

@@ -7,6 +7,8 @@ use crate::arena::SendPin;
 use crate::proto::{Request, ResponseWriter, Status};
 use crate::store::{ArithOutcome, DeleteOutcome, LargeHit, Lookup, Store, StoreOutcome};
 
+use super::watch::{self, Fetched, Watchers};
+
 /// A GET-family hit on a large item: its reply is streamed by the connection (head from RAM,
 /// the rest from the segment), in its place among the other replies.
 #[derive(Debug)]
@@ -91,12 +93,51 @@ pub fn deliver_large(
     })
 }
 
+/// A store as `watch` logs it.
+pub struct WatchedStore<'k> {
+    pub key: &'k [u8],
+    pub mode: crate::proto::StoreMode,
+    pub with_cas: bool,
+    /// memcached's exptime (relative seconds, or a Unix time past 30 days; 0 never).
+    pub exptime: u32,
+    pub bytes: u64,
+    pub now: u32,
+}
+
+/// Runs `run` (a store) and logs it to `watch`ers as memcached does: first the lookup of the
+/// item it replaces (an `item_get` line), then the outcome (`item_store`). With no watcher this
+/// is two atomic loads.
+pub fn watched_store(
+    store: &mut Store,
+    (watchers, fd): (&Watchers, i32),
+    what: WatchedStore<'_>,
+    run: impl FnOnce(&mut Store) -> StoreOutcome,
+) -> StoreOutcome {
+    if watchers.wants(watch::FETCHERS) {
+        let fetched = match store.meta_of(what.key, what.now) {
+            Some(_) => Fetched::Found { class: 1, bytes: 0 },
+            None => Fetched::NotFound,
+        };
+        watchers.fetched(what.key, fetched, fd);
+    }
+    let outcome = run(store);
+    if watchers.wants(watch::MUTATIONS) {
+        let ttl = match crate::store::absolute_expiry(what.exptime, what.now) {
+            0 => 0,
+            at => at.saturating_sub(what.now),
+        };
+        let (key, mode) = (what.key, what.mode);
+        watchers.stored(key, mode, what.with_cas, outcome, ttl, what.bytes, fd);
+    }
+    outcome
+}
+
 /// Runs a request that has a key (GET family, stores, DELETE, INCR/DECR, too-large stores)
 /// and appends its reply, if any, to `out`. Quiet requests reply only on errors (and GETQ
 /// family only on hits), as memcached does. A hit on a large value returns its [`LargeGet`]
 /// instead of a reply; with `lend_from`, a hit on a value of at least that many bytes appends
 /// only its header and returns the value pinned ([`LentGet`]). `owner` is this store's
-/// partition.
+/// partition. GETs and stores are logged to `watch`ers as the connection on socket `fd`.
 #[allow(clippy::too_many_arguments)]
 pub fn execute_keyed(
     store: &mut Store,
@@ -107,7 +148,18 @@ pub fn execute_keyed(
     now: u32,
     out: &mut Vec<u8>,
     lend_from: Option<usize>,
+    watchers: &Watchers,
+    fd: i32,
 ) -> Option<Deferred> {
+    // (TOUCH, a GET-family request without a value, is not a fetch in memcached's log.)
+    let log_fetch = |fetched: Fetched| {
+        if let Request::Get {
+            key, value: true, ..
+        } = *request
+        {
+            watchers.fetched(key, fetched, fd);
+        }
+    };
     let mut w = ResponseWriter::new(out);
     match *request {
         Request::Get {
@@ -118,6 +170,10 @@ pub fn execute_keyed(
             value,
         } => match store.lookup(key, touch, now, value) {
             Lookup::Large(hit) if value => {
+                log_fetch(Fetched::Found {
+                    class: 3,
+                    bytes: hit.value_len,
+                });
                 let key: &[u8] = if with_key { key } else { &[] };
                 let mut prefix = Vec::with_capacity(32 + key.len());
                 let mut header = ResponseWriter::new(&mut prefix);
@@ -140,6 +196,10 @@ pub fn execute_keyed(
                 w.body(&hit.flags.to_be_bytes());
             }
             Lookup::Small(hit) => {
+                log_fetch(Fetched::Found {
+                    class: 1,
+                    bytes: hit.value.len() as u64,
+                });
                 let key_part: &[u8] = if with_key { key } else { &[] };
                 let value_part: &[u8] = if value { hit.value } else { &[] };
                 w.header(
@@ -160,10 +220,16 @@ pub fn execute_keyed(
                 let (at, len) = (hit.at, value_part.len());
                 return Some(lend(store, owner, at, len));
             }
-            Lookup::Miss if quiet => {}
-            // GETK/GATK misses carry the key and no message; the others memcached's text.
-            Lookup::Miss if with_key => w.reply(opcode, opaque, Status::NotFound, 0, &[], key, &[]),
-            Lookup::Miss => w.error(opcode, opaque, Status::NotFound),
+            Lookup::Miss => {
+                log_fetch(Fetched::NotFound);
+                // GETK/GATK misses carry the key and no message; the others memcached's text.
+                if quiet {
+                } else if with_key {
+                    w.reply(opcode, opaque, Status::NotFound, 0, &[], key, &[]);
+                } else {
+                    w.error(opcode, opaque, Status::NotFound);
+                }
+            }
         },
         Request::Store {
             mode,
@@ -173,7 +239,19 @@ pub fn execute_keyed(
             expiry,
             cas,
             quiet,
-        } => match store.store(mode, key, value, flags, expiry, cas, now) {
+        } => match watched_store(
+            store,
+            (watchers, fd),
+            WatchedStore {
+                key,
+                mode,
+                with_cas: cas != 0,
+                exptime: expiry,
+                bytes: value.len() as u64,
+                now,
+            },
+            |store| store.store(mode, key, value, flags, expiry, cas, now),
+        ) {
             StoreOutcome::Stored { cas } => {
                 if !quiet {
                     // A SETX reply counts the replicas placed: none, for a value kept in RAM.

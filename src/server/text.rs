@@ -19,7 +19,7 @@ use crate::store::{
 };
 
 use super::conn::{hold, log_peer_error, After, Conn, OUTPUT_CAP_BYTES};
-use super::execute::{deliver_large, lend, lends, Deferred};
+use super::execute::{deliver_large, lend, lends, watched_store, Deferred, WatchedStore};
 use super::large::{LargeReply, LargeSet};
 use super::latency::CommandKind;
 use super::shard::ShardCtx;
@@ -498,26 +498,17 @@ fn execute_keyed(
 ) -> Option<Deferred> {
     match command {
         TextCommand::Store { store: cmd, value } => {
-            if watchers.wants(watch::FETCHERS) {
-                // memcached's store looks the old item up first, and logs that fetch.
-                let fetched = match store.meta_of(&cmd.key, now) {
-                    Some(_) => Fetched::Found { class: 1, bytes: 0 },
-                    None => Fetched::NotFound,
-                };
-                watchers.fetched(cmd.key.as_bytes(), fetched, fd);
-            }
-            let outcome = run_store(store, cmd, value, now);
-            if watchers.wants(watch::MUTATIONS) {
-                let exptime = store_exptime(cmd.exptime);
-                let ttl = if exptime == 0 {
-                    0
-                } else {
-                    exptime.saturating_sub(now)
-                };
-                let (mode, key) = (cmd.mode, cmd.key.as_bytes());
-                let bytes = value.len() as u64;
-                watchers.stored(key, mode, cmd.cas.is_some(), outcome, ttl, bytes, fd);
-            }
+            let what = WatchedStore {
+                key: cmd.key.as_bytes(),
+                mode: cmd.mode,
+                with_cas: cmd.cas.is_some(),
+                exptime: store_exptime(cmd.exptime),
+                bytes: value.len() as u64,
+                now,
+            };
+            let outcome = watched_store(store, (watchers, fd), what, |s| {
+                run_store(s, cmd, value, now)
+            });
             StoreReply::of(cmd).write(out, Some(outcome));
         }
         TextCommand::Arith {
