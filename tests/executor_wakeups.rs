@@ -114,9 +114,18 @@ fn idle_spells(seed: u64) {
     let mut rng = Rng::new(seed);
     // 0: busy until preempted; 1: a timer sleep; 2: idle until the other executor sends.
     let plan: Vec<(u64, Duration)> = (0..SPELLS)
-        .map(|_| (rng.between(0, 2), Duration::from_micros(rng.between(0, 4_000))))
+        .map(|_| {
+            (
+                rng.between(0, 2),
+                Duration::from_micros(rng.between(0, 4_000)),
+            )
+        })
         .collect();
-    let sends: Vec<Duration> = plan.iter().filter(|(kind, _)| *kind == 2).map(|p| p.1).collect();
+    let sends: Vec<Duration> = plan
+        .iter()
+        .filter(|(kind, _)| *kind == 2)
+        .map(|p| p.1)
+        .collect();
     let (to_idle, from_sender) = shared_channel::new_bounded::<usize>(1);
     let sender = LocalExecutorBuilder::default()
         .name("timer-sender")
