@@ -9,8 +9,8 @@
 //! test alternates busy spells, timer sleeps and idle waits under a 2 ms preempt period, so
 //! timers are kept, replaced by user timers and cancelled for sleeps in every order, and checks
 //! that every timer fires on time, no message waits, and a busy task is still preempted after
-//! each idle spell. (A change that kept the preempt timer through sleeps passed this test but
-//! failed the first one: PATCHES.md, "Tried and not kept".)
+//! each idle spell. (Two changes that kept the preempt timer through sleeps each failed one of
+//! these tests: PATCHES.md, "Tried and not kept".)
 
 mod common;
 
