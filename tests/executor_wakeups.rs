@@ -10,7 +10,11 @@
 //! timers are kept, replaced by user timers and cancelled for sleeps in every order, and checks
 //! that every timer fires on time, no message waits, and a busy task is still preempted after
 //! each idle spell. (Two changes that kept the preempt timer through sleeps each failed one of
-//! these tests: PATCHES.md, "Tried and not kept".)
+//! these tests: PATCHES.md, "Tried and not kept".) Patch 5 gives the user timer a slot of its
+//! own; that alone hung the second test 1 run in 10 (a timer completion between `poll_io` and
+//! the first task queue made the loop park on runnable tasks) until the executor loop stopped
+//! parking while a task queue is runnable. The third test is that window as it hung a CI
+//! run's start-up with patches 1-4: an executor waiting for a slow peer to connect a channel.
 
 mod common;
 
@@ -181,4 +185,68 @@ fn idle_spells(seed: u64) {
         .unwrap();
     idle.join().unwrap();
     sender.join().unwrap();
+}
+
+#[test]
+fn an_executor_waiting_for_a_slow_peer_to_connect_does_not_hang() {
+    common::for_each_seed("executor_connect", 1, slow_connects);
+}
+
+/// glommio connects a shared channel by polling: the side that connects first keeps waking its
+/// own connecting task, pass after pass, without sleeping, until the peer connects. That is how
+/// Headroom's shards wait for each other when they join the channel mesh at start-up. With a
+/// 1 ms preempt period a kept preempt timer fires at every point of those passes; an executor
+/// that parks on the runnable connecting task there sleeps, and nothing wakes it again (the
+/// peer's connect sends no wake-up).
+fn slow_connects(seed: u64) {
+    const CHANNELS: usize = 1_000;
+    const PREEMPT: Duration = Duration::from_millis(1);
+    const STALLED: Duration = Duration::from_secs(10);
+    let mut rng = Rng::new(seed);
+    // How long the late side waits before it connects each channel: 0-4 ms, 0-4 preempt periods.
+    let delays: Vec<Duration> = (0..CHANNELS)
+        .map(|_| Duration::from_micros(rng.between(0, 4_000)))
+        .collect();
+    let (senders, receivers): (Vec<_>, Vec<_>) = (0..CHANNELS)
+        .map(|_| shared_channel::new_bounded::<usize>(1))
+        .unzip();
+    let connected = std::sync::Arc::new(std::sync::atomic::AtomicUsize::new(0));
+    let (done_tx, done_rx) = std::sync::mpsc::channel::<()>();
+    let late = LocalExecutorBuilder::default()
+        .name("connect-late")
+        .spawn(move || async move {
+            for ((i, sender), delay) in senders.into_iter().enumerate().zip(delays) {
+                std::thread::sleep(delay);
+                sender.connect().await.send(i).await.unwrap();
+            }
+        })
+        .unwrap();
+    let progress = connected.clone();
+    let early = LocalExecutorBuilder::default()
+        .name("connect-early")
+        .preempt_timer(PREEMPT)
+        .spawn(move || async move {
+            for (i, receiver) in receivers.into_iter().enumerate() {
+                assert_eq!(receiver.connect().await.recv().await, Some(i));
+                progress.store(i + 1, std::sync::atomic::Ordering::Relaxed);
+            }
+            done_tx.send(()).unwrap();
+        })
+        .unwrap();
+    let (mut last, mut last_change) = (0, Instant::now());
+    while let Err(std::sync::mpsc::RecvTimeoutError::Timeout) =
+        done_rx.recv_timeout(Duration::from_millis(50))
+    {
+        let now = connected.load(std::sync::atomic::Ordering::Relaxed);
+        if now != last {
+            (last, last_change) = (now, Instant::now());
+        } else if last_change.elapsed() > STALLED {
+            panic!(
+                "seed {seed}: no channel connected for {STALLED:?} after {now} of {CHANNELS}: \
+                 the connecting executor sleeps with its connecting task runnable"
+            );
+        }
+    }
+    early.join().unwrap();
+    late.join().unwrap();
 }

@@ -1493,6 +1493,12 @@ impl LocalExecutor {
                         // test again here. We can't test *just* here because the main
                         // future is probably the one setting up the task queues and etc.
                         break t.unwrap();
+                    } else if !this.queues.borrow().active_executors.is_empty() {
+                        // Headroom patch (PATCHES.md, 5): a latency-ring completion (a timer)
+                        // that arrived after `poll_io` and before any queue ran makes
+                        // `run_task_queues` return "nothing ran" with tasks still runnable, and
+                        // `Reactor::wait` does not look at the run queue before it sleeps.
+                        // Never park on runnable tasks: poll again.
                     } else {
                         while !this.reactor.spin_poll_io().unwrap() {
                             if pre_time.elapsed() > spin_before_park {

@@ -1242,6 +1242,11 @@ pub(crate) struct Reactor {
     // Headroom patch (PATCHES.md, 2): when the latency ring's timer is a preempt timer, when
     // it fires; `None` for a user timer or none.
     latency_preemption_deadline: Cell<Option<Instant>>,
+    // Headroom patch (PATCHES.md, 5): the user timer installed for a sleep, in a slot of its
+    // own, and when it fires; it stays armed across wake-ups until it fires or a sleep needs
+    // an earlier one.
+    latency_user_timeout_src: Cell<Option<Source>>,
+    latency_user_deadline: Cell<Option<Instant>>,
     throughput_preemption_timeout_src: Cell<Option<Source>>,
 
     link_fd: RawFd,
@@ -1374,6 +1379,8 @@ impl Reactor {
             poll_ring: RefCell::new(poll_ring),
             latency_preemption_timeout_src: Cell::new(None),
             latency_preemption_deadline: Cell::new(None),
+            latency_user_timeout_src: Cell::new(None),
+            latency_user_deadline: Cell::new(None),
             throughput_preemption_timeout_src: Cell::new(None),
             blocking_thread,
             link_fd,
@@ -1886,11 +1893,23 @@ impl Reactor {
         if should_sleep {
             // We are about to go to sleep. It's ok to sleep, but if there
             // is a timer set, we need to make sure we wake up to handle it.
+            // Headroom patch (PATCHES.md, 5): upstream put the user timer in the preempt
+            // timer's slot, so every wake-up cancelled it and every sleep armed it again (a
+            // timeout and a cancellation, each with its own io_uring_enter, per sleep). It has
+            // a slot of its own now: a pending one that fires no later than needed is kept.
             if let Some(dur) = user_timer {
-                self.latency_preemption_deadline.set(None);
-                self.latency_preemption_timeout_src
-                    .set(Some(lat_ring.prepare_latency_preemption_timer(dur)));
-                assert!(flush_rings!(lat_ring)? > 0);
+                let wanted = Instant::now() + dur;
+                let keep = pending(&self.latency_user_timeout_src)
+                    && self
+                        .latency_user_deadline
+                        .get()
+                        .is_some_and(|deadline| deadline <= wanted);
+                if !keep {
+                    self.latency_user_deadline.set(Some(wanted));
+                    self.latency_user_timeout_src
+                        .set(Some(lat_ring.prepare_latency_preemption_timer(dur)));
+                    assert!(flush_rings!(lat_ring)? > 0);
+                }
             }
             // From this moment on the remote executors are aware that we are sleeping
             // We have to sweep the remote channels function once more because since
