@@ -15,6 +15,9 @@
 //! the first task queue made the loop park on runnable tasks) until the executor loop stopped
 //! parking while a task queue is runnable. The third test is that window as it hung a CI
 //! run's start-up with patches 1-4: an executor waiting for a slow peer to connect a channel.
+//! Patch 6 arms no preempt timer for a run of passes shorter than 1 ms and reads the clock
+//! instead; the busy spells of the second test (2 ms period) are preempted that way when they
+//! start a run.
 
 mod common;
 

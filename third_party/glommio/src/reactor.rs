@@ -206,7 +206,10 @@ impl Reactor {
 
     #[inline(always)]
     pub(crate) fn need_preempt(&self) -> bool {
-        unsafe { *self.preempt_ptr_head != (*self.preempt_ptr_tail).load(Ordering::Acquire) }
+        // Headroom patch (PATCHES.md, 6): or, with no preempt timer armed, the clock says so.
+        let completed =
+            unsafe { *self.preempt_ptr_head != (*self.preempt_ptr_tail).load(Ordering::Acquire) };
+        completed || self.sys.clock_preempt_due()
     }
 
     pub(crate) fn id(&self) -> usize {

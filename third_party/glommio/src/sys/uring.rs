@@ -1223,6 +1223,11 @@ impl UringCommon for SleepableRing {
     }
 }
 
+/// Headroom patch (PATCHES.md, 6): how long a run of passes watches the clock for preemption
+/// before it arms a preempt timer. Short runs (wake, serve, sleep) then arm none; a long one
+/// pays a clock read per `need_preempt` for at most this long.
+const CLOCK_PREEMPT_MAX: Duration = Duration::from_millis(1);
+
 /// Headroom patch (PATCHES.md, 2): whether the timer in `cell` is armed and has not
 /// completed yet.
 fn pending(cell: &Cell<Option<Source>>) -> bool {
@@ -1247,6 +1252,9 @@ pub(crate) struct Reactor {
     // an earlier one.
     latency_user_timeout_src: Cell<Option<Source>>,
     latency_user_deadline: Cell<Option<Instant>>,
+    // Headroom patch (PATCHES.md, 6): while no preempt timer is armed, when the current run of
+    // passes started and when it must yield; `need_preempt` reads the clock against it.
+    clock_preempt: Cell<Option<(Instant, Instant)>>,
     throughput_preemption_timeout_src: Cell<Option<Source>>,
 
     link_fd: RawFd,
@@ -1381,6 +1389,7 @@ impl Reactor {
             latency_preemption_deadline: Cell::new(None),
             latency_user_timeout_src: Cell::new(None),
             latency_user_deadline: Cell::new(None),
+            clock_preempt: Cell::new(None),
             throughput_preemption_timeout_src: Cell::new(None),
             blocking_thread,
             link_fd,
@@ -1935,12 +1944,26 @@ impl Reactor {
             }
         }
 
+        // Headroom patch (PATCHES.md, 6): a run of passes starts watching the clock instead of
+        // arming a preempt timer, and arms one only once it has lasted `CLOCK_PREEMPT_MAX`.
+        // An executor that wakes, serves a request and sleeps again then arms and cancels no
+        // timer (a timeout and a cancellation, each an io_uring_enter, per sleep).
         if let Some(preempt) = preempt_timer().filter(|_| !keep_latency_timer) {
-            self.latency_preemption_deadline
-                .set(Some(Instant::now() + preempt));
-            self.latency_preemption_timeout_src
-                .set(Some(lat_ring.prepare_latency_preemption_timer(preempt)));
-            flush_rings!(lat_ring, main_ring)?;
+            let now = Instant::now();
+            match self.clock_preempt.get() {
+                None => self.clock_preempt.set(Some((now, now + preempt))),
+                Some((started, _)) if now < started + CLOCK_PREEMPT_MAX.min(preempt) => {}
+                Some(_) => {
+                    self.clock_preempt.set(None);
+                    self.latency_preemption_deadline.set(Some(now + preempt));
+                    self.latency_preemption_timeout_src
+                        .set(Some(lat_ring.prepare_latency_preemption_timer(preempt)));
+                    flush_rings!(lat_ring, main_ring)?;
+                }
+            }
+        } else if preempt_timer().is_none() {
+            // Parking ends the run of passes, as it cancels a preempt timer above.
+            self.clock_preempt.set(None);
         }
 
         // A Note about `need_preempt`:
@@ -1951,6 +1974,15 @@ impl Reactor {
         // need_preempt() should be false at this point. As soon as the next event
         // in the preempt ring completes, though, then it will be true.
         Ok(should_sleep)
+    }
+
+    /// Headroom patch (PATCHES.md, 6): whether a run of passes with no preempt timer armed
+    /// has used up its preempt period.
+    #[inline(always)]
+    pub(crate) fn clock_preempt_due(&self) -> bool {
+        self.clock_preempt
+            .get()
+            .is_some_and(|(_, deadline)| Instant::now() >= deadline)
     }
 
     pub(crate) fn flush_syscall_thread(&self) -> usize {
