@@ -611,25 +611,32 @@ pub async fn send_get(
     header.extend_from_slice(&hit.head);
     // Time to first byte is a RAM hit's: the head leaves before the segment is touched.
     let header_bytes = header.len() as u64;
-    step(ctx, idle, async {
-        wire.write(stream, header).await.map(|h| h.len())
-    })
-    .await?;
-    if let Some(pin) = head_pin {
-        let len = pin.len();
-        {
-            let mut counters = ctx.io.counters.borrow_mut();
-            counters.heads_lent += 1;
-            counters.head_bytes_lent += len as u64;
+    match head_pin {
+        // One send for the header and the lent head where the ring sends them together.
+        Some(pin) => {
+            let len = pin.len();
+            {
+                let mut counters = ctx.io.counters.borrow_mut();
+                counters.heads_lent += 1;
+                counters.head_bytes_lent += len as u64;
+            }
+            let (unpin_ctx, owner) = (Rc::clone(ctx), get.owner);
+            let lent = pin.lend(Box::new(move |pin| {
+                super::deferred::unpin(&unpin_ctx, owner, pin)
+            }));
+            step(ctx, idle, async {
+                wire.write_head_and_lent(stream, header, lent)
+                    .await
+                    .map(|()| header_bytes as usize + len)
+            })
+            .await?;
         }
-        let (unpin_ctx, owner) = (Rc::clone(ctx), get.owner);
-        let lent = pin.lend(Box::new(move |pin| {
-            super::deferred::unpin(&unpin_ctx, owner, pin)
-        }));
-        step(ctx, idle, async {
-            wire.write_lent(stream, lent).await.map(|()| len.max(1))
-        })
-        .await?;
+        None => {
+            step(ctx, idle, async {
+                wire.write(stream, header).await.map(|h| h.len())
+            })
+            .await?;
+        }
     }
     let (target, extent) = *hit.replicas.first().expect("a large item has a replica");
     let (from, value_len) = (head_len as u64, hit.value_len);
@@ -645,12 +652,11 @@ pub async fn send_get(
         }
         (Some(_), TargetStorage::Mem(mem)) => {
             let mut at = from;
-            let chunk_bytes = ctx.shared.settings.arena.io_chunk_bytes;
             loop {
                 if at >= value_len {
                     break Ok(());
                 }
-                let len = (value_len - at).min(chunk_bytes) as usize;
+                let len = (value_len - at).min(MEM_SEND_MAX_BYTES) as usize;
                 let lent = mem.lend(extent.offset + at, len, Box::new(Rc::clone(&held)));
                 if let Err(err) = step(ctx, idle, async {
                     wire.write_lent(stream, lent).await.map(|()| len.max(1))
@@ -697,6 +703,11 @@ struct Rest {
     from: u64,
     value_len: u64,
 }
+
+/// Most bytes of a memory segment one send lends. The memory is there already, so a chunk
+/// limit would only cost an operation and a wake-up per chunk (a 4 MiB value went out in five
+/// sends); the bound keeps an idle timeout seeing progress at each send on a slow reader.
+const MEM_SEND_MAX_BYTES: u64 = 16 << 20;
 
 /// Most chunks one GET reads ahead on the ring path.
 const READ_AHEAD_CHUNKS: usize = 4;
