@@ -50,6 +50,9 @@ use shard::{Message, Peers, ShardCtx};
 const MESH_CHANNEL_MESSAGES: usize = 1024;
 /// io_uring memory glommio preallocates per executor (its minimum: we do no DMA through it).
 const EXECUTOR_IO_MEMORY_BYTES: usize = 64 << 10;
+/// How long start-up waits for every shard to report ready before it logs which have not (a
+/// large warm restore can take longer; it keeps waiting either way).
+const START_UP_PATIENCE: Duration = Duration::from_secs(10);
 /// This machine, as a failure domain (peers come with multi-host deployments).
 const LOCAL_HOST: crate::segment::HostId = 0;
 
@@ -389,7 +392,7 @@ pub fn start(settings: Settings, topology: &Topology) -> Result<Running, ServerE
             .map_err(|err| ServerError::Executor(format!("placement master: {err}")))?
     };
     let addr = listeners.addr;
-    let (ready_tx, ready_rx) = std::sync::mpsc::channel::<Result<(), String>>();
+    let (ready_tx, ready_rx) = std::sync::mpsc::channel::<(usize, Result<(), String>)>();
     let mut handles = Vec::with_capacity(shards + 1);
     for ((index, &cpu), listener) in shared
         .settings
@@ -415,10 +418,33 @@ pub fn start(settings: Settings, topology: &Topology) -> Result<Running, ServerE
     }
     handles.push(master);
     drop(ready_tx);
-    for _ in 0..shards {
-        let report = ready_rx
-            .recv()
-            .unwrap_or_else(|_| Err("a shard stopped before it listened".to_string()));
+    let mut ready = vec![false; shards];
+    let start_wait = Instant::now();
+    let mut said_slow = false;
+    while ready.iter().any(|r| !r) {
+        let report = match ready_rx.recv_timeout(START_UP_PATIENCE) {
+            Ok((index, report)) => {
+                ready[index] = true;
+                report
+            }
+            Err(std::sync::mpsc::RecvTimeoutError::Timeout) => {
+                // A start-up that hangs says where instead of staying silent.
+                if !said_slow {
+                    said_slow = true;
+                    let waiting: Vec<usize> = (0..shards).filter(|&i| !ready[i]).collect();
+                    tracing::warn!(
+                        ?waiting,
+                        waited_s = start_wait.elapsed().as_secs(),
+                        "start-up is slow: these shards have not finished joining their peers, \
+                         restoring and setting up their data path; still waiting"
+                    );
+                }
+                continue;
+            }
+            Err(std::sync::mpsc::RecvTimeoutError::Disconnected) => {
+                Err("a shard stopped before it listened".to_string())
+            }
+        };
         if let Err(reason) = report {
             let running = Running {
                 addr,
@@ -445,7 +471,7 @@ async fn shard_main(
     shared: Arc<Shared>,
     mesh: MeshBuilder<Message, glommio::channels::channel_mesh::Full>,
     listener: std::net::TcpListener,
-    ready: std::sync::mpsc::Sender<Result<(), String>>,
+    ready: std::sync::mpsc::Sender<(usize, Result<(), String>)>,
 ) {
     let (senders, receivers) = mesh.join().await.expect("the mesh forms");
     let peers = shared.register_shard(index, senders.peer_id());
@@ -465,11 +491,11 @@ async fn shard_main(
     };
     let admin = match admin {
         Ok(listener) => {
-            let _ = ready.send(Ok(()));
+            let _ = ready.send((index, Ok(())));
             listener
         }
         Err(reason) => {
-            let _ = ready.send(Err(reason));
+            let _ = ready.send((index, Err(reason)));
             None
         }
     };
