@@ -2,7 +2,8 @@
 //! data directory and segment file; ADMIN only on the admin socket, which mounts only labelled
 //! files inside the allowed directories and never writes a foreign file; SASL PLAIN (our client
 //! and a real client library); SIGHUP survives and reopens the log, SIGUSR1 stops gracefully
-//! with the warm-restart snapshot, a stop signal during start-up is honoured.
+//! with the warm-restart snapshot, a stop signal during start-up is honoured, a start-up that
+//! stalls says which shards it is waiting for.
 
 mod common;
 
@@ -434,4 +435,64 @@ fn a_stop_signal_during_start_up_is_honoured() {
         let _ = std::fs::remove_dir_all(dir);
         let _ = std::fs::remove_file(log);
     }
+}
+
+#[test]
+fn a_stalled_start_up_names_the_shards_it_waits_for() {
+    // strace holds each thread's first io_uring_register (the setup of a ring) for 12 s, longer
+    // than start-up waits for its shards before it says which are not ready (10 s).
+    let dir = fresh_data_dir();
+    std::fs::create_dir_all(&dir).unwrap();
+    let log = dir.with_extension("log");
+    let mut strace = std::process::Command::new("strace")
+        .args([
+            "-f",
+            "-qq",
+            "-o",
+            "/dev/null",
+            "-e",
+            "trace=io_uring_register",
+        ])
+        .args(["-e", "inject=io_uring_register:delay_exit=12000000:when=1"])
+        .arg(env!("CARGO_BIN_EXE_headroom"))
+        .args([
+            "--listen",
+            "127.0.0.1:0",
+            "--threads",
+            "2",
+            "--memory",
+            "64M",
+        ])
+        .args(["--data-dir", &dir_arg(&dir)])
+        .stderr(std::fs::File::create(&log).unwrap())
+        .spawn()
+        .expect("strace runs (scripts/install-deps installs it)");
+    let started = std::time::Instant::now();
+    let text = loop {
+        let text = std::fs::read_to_string(&log).unwrap_or_default();
+        if text.contains("start-up is slow") || started.elapsed() > Duration::from_secs(60) {
+            break text;
+        }
+        std::thread::sleep(Duration::from_millis(100));
+    };
+    // The server is strace's child; a tracer that goes leaves its tracee running, so the
+    // server is killed first.
+    let children = std::fs::read_to_string(format!("/proc/{0}/task/{0}/children", strace.id()))
+        .unwrap_or_default();
+    for pid in children.split_whitespace() {
+        let pid = nix::unistd::Pid::from_raw(pid.parse().unwrap());
+        let _ = nix::sys::signal::kill(pid, Signal::SIGKILL);
+    }
+    let _ = strace.kill();
+    let _ = strace.wait();
+    let warning = text
+        .lines()
+        .find(|line| line.contains("start-up is slow"))
+        .unwrap_or_else(|| panic!("no warning about the stalled start-up in 60 s:\n{text}"));
+    assert!(warning.contains("WARN"), "{warning}");
+    assert!(warning.contains("waiting=["), "names no shards: {warning}");
+    assert!(
+        !text.contains("listening on"),
+        "the start-up was not held up: {text}"
+    );
 }
