@@ -1244,8 +1244,8 @@ pub(crate) struct Reactor {
     poll_ring: RefCell<PollRing>,
 
     latency_preemption_timeout_src: Cell<Option<Source>>,
-    // Headroom patch (PATCHES.md, 2): when the latency ring's timer is a preempt timer, when
-    // it fires; `None` for a user timer or none.
+    // Headroom patch (PATCHES.md, 2): when the armed preempt timer fires; `None` when none is
+    // armed (the user timer has its own slot below).
     latency_preemption_deadline: Cell<Option<Instant>>,
     // Headroom patch (PATCHES.md, 5): the user timer installed for a sleep, in a slot of its
     // own, and when it fires; it stays armed across wake-ups until it fires or a sleep needs
