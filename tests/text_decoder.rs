@@ -14,7 +14,7 @@ use std::net::TcpStream;
 use std::time::{Duration, Instant};
 
 use headroom::proto::meta::{self, errors as merr};
-use headroom::proto::text::{self, errors as terr};
+use headroom::proto::text::{self, errors as terr, CrawlClasses, Crawler};
 use headroom::proto::{
     decode_text, is_binary, Key, MaFlags, MdFlags, MgFlags, MsFlags, PlacementHints, ReturnFlags,
     StoreMode, TextCommand, TextDecoded, TextStore, Words,
@@ -547,6 +547,40 @@ fn cases() -> Vec<Case> {
     ] {
         c.push(err(format!("{name}\r\n").into_bytes(), terr::ERROR));
     }
+    // `lru_crawler`: the server answers a bad class list (memcached checks the crawler and a
+    // metadump's place in the pipeline first).
+    for (line, crawler) in [
+        (
+            &b"lru_crawler metadump all\r\n"[..],
+            Crawler::Metadump(CrawlClasses::All),
+        ),
+        (
+            b"lru_crawler metadump hash\r\n",
+            Crawler::Metadump(CrawlClasses::All),
+        ),
+        (
+            b"lru_crawler crawl 1,3\r\n",
+            Crawler::Crawl(CrawlClasses::Ids(0b1010)),
+        ),
+        (
+            b"lru_crawler crawl 1,,63\r\n",
+            Crawler::Crawl(CrawlClasses::Ids(1 << 63 | 2)),
+        ),
+        (
+            b"lru_crawler crawl 64\r\n",
+            Crawler::Crawl(CrawlClasses::Invalid),
+        ),
+        (
+            b"lru_crawler crawl -1\r\n",
+            Crawler::Crawl(CrawlClasses::Invalid),
+        ),
+        (b"lru_crawler enable\r\n", Crawler::Enable),
+        (b"lru_crawler disable\r\n", Crawler::Disable),
+    ] {
+        c.push(not_live(cmd(line, TextCommand::LruCrawler(crawler))));
+    }
+    c.push(err(&b"lru_crawler tocrawl x\r\n"[..], terr::BAD_FORMAT));
+    c.push(err(&b"lru_crawler crawl\r\n"[..], terr::ERROR));
     // `watch` turns the connection into a log stream (the server checks the kinds).
     c.push(not_live(cmd(
         &b"watch\r\n"[..],

@@ -477,8 +477,19 @@ fn cases() -> Vec<Case> {
             "unknown commands",
             &["bogus\r\nfoo bar baz\r\nGET @a\r\nSET @a 0 0 1\r\nsets @a\r\nx\r\nmz @a\r\n"],
         ),
-        // Headroom does not serve memcached's administrative commands (`slabs`, `lru_crawler`,
-        // `watch`, ...: ERROR by design), but `shutdown` answers as memcached's without -A.
+        // Malformed `lru_crawler` commands and a metadump behind a reply (a well-formed crawl
+        // or dump differs: the items and their figures are not memcached's; memcached's
+        // crawler thread stops some time after `disable` answers, so what follows it races).
+        case(
+            "lru_crawler errors",
+            &["lru_crawler enable\r\nlru_crawler crawl 0\r\nlru_crawler crawl 64\r\n\
+               lru_crawler crawl x\r\nlru_crawler metadump 1,x\r\nlru_crawler tocrawl x\r\n\
+               lru_crawler sleep -\r\nlru_crawler\r\nlru_crawler bogus\r\n\
+               lru_crawler crawl\r\nlru_crawler crawl 1 2\r\n",
+              "mg @a v\r\nlru_crawler metadump all\r\n"],
+        ),
+        // Headroom does not serve some of memcached's administrative commands (`lru`,
+        // `extstore`, ...: ERROR by design), but `shutdown` answers as memcached's without -A.
         case("shutdown", &["shutdown\r\nshutdown graceful\r\n"]),
         case("empty lines", &["\r\n", "\n", " \r\n", "\r\r\n"]),
         case("NUL ends the line", &["set @a 0 0 1\r\nx\r\nget @a\0junk\r\n"]),
@@ -1024,6 +1035,182 @@ fn cachedump_lists_the_items_of_a_class() {
     );
     assert_eq!(call(&mut stream, b"stats cachedump 2 0\r\n"), b"END\r\n");
     assert_eq!(call(&mut stream, b"stats cachedump 9 0\r\n"), b"END\r\n");
+}
+
+/// A `stats` figure over text.
+fn text_stat(stream: &mut TcpStream, group: &str, name: &str) -> Option<u64> {
+    let reply = call(stream, format!("stats {group}\r\n").as_bytes());
+    let text = String::from_utf8(reply).unwrap();
+    text.lines()
+        .find_map(|line| line.strip_prefix(&format!("STAT {name} ")))
+        .map(|value| value.trim().parse().unwrap())
+}
+
+/// `lru_crawler metadump` lists every live item once, in memcached's line format, a buffer at
+/// a time before the commands after it; `crawl` reclaims expired items before it answers;
+/// `disable` stops the background expiry sweep and refuses both.
+#[test]
+fn lru_crawler_dumps_every_item_and_crawls_expired_ones() {
+    let server = Server::start(&["--threads", "2"]);
+    let mut s = connect(server.addr);
+    let started = std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .unwrap()
+        .as_secs();
+    let fixed = pattern(2, 256 << 10);
+    let large = pattern(3, 1 << 20);
+    let stores = cat(&[
+        b"set md-a 0 0 3\r\nabc\r\nset md%\xc3\xa9 7 2000000000 1\r\nx\r\n",
+        b"set md-gone 0 -1 1\r\nx\r\n",
+        format!("set md-fixed 0 0 {}\r\n", fixed.len()).as_bytes(),
+        &fixed,
+        format!("\r\nset md-large 0 0 {}\r\n", large.len()).as_bytes(),
+        &large,
+        b"\r\n",
+    ]);
+    let writer = send_in_background(&s, cat(&[&stores, SENTINEL]));
+    let reply = read_reply(&mut s, 1);
+    writer.join().unwrap();
+    assert_eq!(
+        reply.bytes,
+        b"STORED\r\n"
+            .repeat(5)
+            .into_iter()
+            .chain(*b"MN\r\n")
+            .collect::<Vec<u8>>()
+    );
+    let gets = call(&mut s, b"gets md-a\r\n");
+    let cas: u64 = String::from_utf8(gets)
+        .unwrap()
+        .lines()
+        .next()
+        .unwrap()
+        .rsplit(' ')
+        .next()
+        .unwrap()
+        .parse()
+        .unwrap();
+
+    let dump = |s: &mut TcpStream, classes: &str| -> Vec<String> {
+        let reply = call(s, format!("lru_crawler metadump {classes}\r\n").as_bytes());
+        let text = String::from_utf8(reply).unwrap();
+        let body = text
+            .strip_suffix("END\r\n")
+            .unwrap_or_else(|| panic!("no END: {text:?}"));
+        let mut lines: Vec<String> = body.lines().map(str::to_string).collect();
+        lines.sort_unstable();
+        lines
+    };
+    let all = dump(&mut s, "all");
+    let now = started + 60;
+    let keys: Vec<&str> = all.iter().map(|l| l.split(' ').next().unwrap()).collect();
+    assert_eq!(
+        keys,
+        [
+            "key=md%25%C3%A9",
+            "key=md-a",
+            "key=md-fixed",
+            "key=md-large"
+        ],
+        "{all:#?}"
+    );
+    let field = |line: &str, name: &str| -> String {
+        line.split(' ')
+            .find_map(|w| w.strip_prefix(&format!("{name}=")))
+            .unwrap_or_else(|| panic!("no {name} in {line:?}"))
+            .to_string()
+    };
+    let a = &all[1];
+    assert_eq!(field(a, "exp"), "-1");
+    assert_eq!(field(a, "cas"), cas.to_string());
+    assert_eq!(field(a, "fetch"), "yes");
+    assert_eq!(field(a, "cls"), "1");
+    assert_eq!(field(a, "size"), "7");
+    let la: u64 = field(a, "la").parse().unwrap();
+    assert!((started..now).contains(&la), "{a}");
+    assert_eq!(field(&all[0], "exp"), "2000000000");
+    assert_eq!(field(&all[0], "fetch"), "no");
+    assert_eq!(field(&all[2], "cls"), "2");
+    assert_eq!(field(&all[2], "size"), (8 + (256 << 10)).to_string());
+    assert_eq!(field(&all[3], "cls"), "3");
+    assert_eq!(field(&all[3], "size"), (8 + (1 << 20)).to_string());
+    // One class, two, and a class that holds nothing; `hash` is `all`.
+    assert_eq!(dump(&mut s, "2"), [all[2].clone()]);
+    assert_eq!(dump(&mut s, "1,3").len(), 3);
+    assert!(dump(&mut s, "9").is_empty());
+    assert_eq!(dump(&mut s, "hash"), all);
+
+    // Far more than one output buffer: every key once, and the command after it answered
+    // after its END.
+    const BULK: usize = 30_000;
+    let mut bulk = Vec::new();
+    for i in 0..BULK {
+        bulk.extend_from_slice(format!("set bulk-{i} 0 0 1 noreply\r\nz\r\n").as_bytes());
+    }
+    let writer = send_in_background(&s, cat(&[&bulk, SENTINEL]));
+    assert_eq!(read_reply(&mut s, 1).bytes, b"MN\r\n");
+    writer.join().unwrap();
+    let reply = call(&mut s, b"lru_crawler metadump all\r\nversion\r\n");
+    let text = String::from_utf8(reply).unwrap();
+    let (dumped, after) = text.split_once("END\r\n").unwrap();
+    assert!(after.starts_with("VERSION "), "{after:?}");
+    let mut seen = std::collections::HashSet::new();
+    for line in dumped.lines() {
+        assert!(
+            seen.insert(line.split(' ').next().unwrap().to_string()),
+            "twice: {line}"
+        );
+    }
+    assert_eq!(seen.len(), BULK + 4);
+    assert!(dumped.len() > 1 << 20, "{} bytes: one buffer", dumped.len());
+
+    // Behind a reply not yet sent, memcached's refusal.
+    assert_eq!(
+        call(&mut s, b"mg nothing v\r\nlru_crawler metadump all\r\n"),
+        b"EN\r\nERROR cannot pipeline other commands before metadump\r\n"
+    );
+
+    // With the sweep off, expired items stay until something reclaims them.
+    assert_eq!(call(&mut s, b"lru_crawler disable\r\n"), b"OK\r\n");
+    let mut short = Vec::new();
+    for i in 0..100 {
+        short.extend_from_slice(format!("set short-{i} 0 1 1 noreply\r\nz\r\n").as_bytes());
+    }
+    call(&mut s, &short);
+    let reclaimed = text_stat(&mut s, "", "reclaimed").unwrap();
+    std::thread::sleep(Duration::from_millis(3_200));
+    assert_eq!(
+        text_stat(&mut s, "", "reclaimed"),
+        Some(reclaimed),
+        "sweep ran while off"
+    );
+    assert_eq!(
+        call(&mut s, b"lru_crawler crawl all\r\n"),
+        b"CLIENT_ERROR lru crawler disabled\r\n"
+    );
+    assert_eq!(
+        call(&mut s, b"lru_crawler metadump all\r\n"),
+        b"CLIENT_ERROR lru crawler disabled\r\n"
+    );
+    let settings = call(&mut s, b"stats settings\r\n");
+    assert!(settings
+        .windows(21)
+        .any(|w| w == b"STAT lru_crawler no\r\n"));
+    // A crawl of another class leaves them; a crawl of theirs has reclaimed them all by its OK.
+    assert_eq!(
+        call(&mut s, b"lru_crawler enable\r\nlru_crawler crawl 2,3\r\n"),
+        b"OK\r\nOK\r\n"
+    );
+    assert_eq!(call(&mut s, b"lru_crawler crawl 1\r\n"), b"OK\r\n");
+    assert!(text_stat(&mut s, "", "reclaimed").unwrap() >= reclaimed + 100);
+    assert_eq!(
+        text_stat(&mut s, "items", "items:1:number"),
+        Some(BULK as u64 + 2)
+    );
+    assert_eq!(
+        call(&mut s, b"lru_crawler enable\r\n"),
+        b"ERROR failed to start lru crawler thread\r\n"
+    );
 }
 
 /// Writes `bytes` on another thread (a large request must not wait for its reader).

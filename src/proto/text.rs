@@ -92,9 +92,30 @@ pub mod errors {
     pub const NO_SLAB_CLASSES: &[u8] =
         b"SERVER_ERROR not supported: Headroom has no slab classes to move memory between\r\n";
     pub const MULTIGET_OUT_OF_MEMORY: &[u8] = b"SERVER_ERROR out of memory reading request\r\n";
+    pub const BADCLASS: &[u8] = b"BADCLASS invalid class id\r\n";
+    pub const CRAWLER_DISABLED: &[u8] = b"CLIENT_ERROR lru crawler disabled\r\n";
+    pub const CRAWLER_RUNNING: &[u8] = b"ERROR failed to start lru crawler thread\r\n";
+    pub const METADUMP_AFTER_PIPELINE: &[u8] =
+        b"ERROR cannot pipeline other commands before metadump\r\n";
+    pub const CRAWLER_PACE: &[u8] =
+        b"SERVER_ERROR not supported: Headroom's expiry sweep sets its own pace\r\n";
     /// What the server answers when an INCR/DECR target is not a number (not a decoder error).
     pub const NON_NUMERIC: &[u8] =
         b"CLIENT_ERROR cannot increment or decrement non-numeric value\r\n";
+}
+
+/// A key as memcached's logger and crawler print it: bytes outside `A-Z a-z 0-9 - . _ ~` as
+/// `%XX`.
+pub fn uri_encoded(key: &[u8]) -> String {
+    let mut out = String::with_capacity(key.len());
+    for &b in key {
+        if b.is_ascii_alphanumeric() || matches!(b, b'-' | b'.' | b'_' | b'~') {
+            out.push(b as char);
+        } else {
+            out.push_str(&format!("%{b:02X}"));
+        }
+    }
+    out
 }
 
 /// The first byte of a connection decides its protocol, as memcached decides it: `0x80` is
@@ -223,6 +244,40 @@ pub enum TextCommand<'a> {
     },
     /// `mn`: answer `MN\r\n` (and flush).
     MetaNoop,
+    /// `lru_crawler crawl|metadump|enable|disable`.
+    LruCrawler(Crawler),
+}
+
+/// An `lru_crawler` command.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Crawler {
+    /// `crawl <classes>`: reclaim the expired items of those classes now.
+    Crawl(CrawlClasses),
+    /// `metadump <classes>`: one line per live item, then `END`.
+    Metadump(CrawlClasses),
+    Enable,
+    Disable,
+}
+
+/// The classes an `lru_crawler` command names, as memcached reads them.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum CrawlClasses {
+    /// `all` or `hash` (memcached walks its LRUs or its hash table; the items are the same).
+    All,
+    /// A comma-separated list of class ids, 1 to 63: bit N set for class N.
+    Ids(u64),
+    /// Anything else: `BADCLASS`, once the checks memcached makes first have passed.
+    Invalid,
+}
+
+impl CrawlClasses {
+    pub fn contains(self, class: u8) -> bool {
+        match self {
+            CrawlClasses::All => true,
+            CrawlClasses::Ids(bits) => class < 64 && bits & (1 << class) != 0,
+            CrawlClasses::Invalid => false,
+        }
+    }
 }
 
 /// A storage command, from the classic line or from `ms`.
@@ -557,7 +612,7 @@ fn decode_line<'a>(
     let unsupported = |name: &[u8]| {
         matches!(
             name,
-            b"cache_memlimit" | b"lru_crawler" | b"lru" | b"extstore" | b"refresh_certs"
+            b"cache_memlimit" | b"lru" | b"extstore" | b"refresh_certs"
         )
     };
     match name[0] {
@@ -622,6 +677,7 @@ fn decode_line<'a>(
                 command(TextCommand::Watch { kinds }, line_len)
             }
             b"verbosity" => verbosity(&tokens, line_len),
+            b"lru_crawler" => lru_crawler(&tokens, line_len),
             _ if unsupported(name) => error(errors::ERROR, line_len),
             _ if tokens.last().starts_with(b"HTTP/") => close(b""),
             _ => error(errors::ERROR, line_len),
@@ -880,6 +936,46 @@ fn slabs<'a>(tokens: &Tokens<'a>, line_len: usize) -> TextDecoded<'a> {
         }
     }
     error_unless(noreply, errors::NO_SLAB_CLASSES, line_len)
+}
+
+/// `lru_crawler ...`, with memcached's answers to malformed input. `tocrawl` and `sleep` tune
+/// memcached's crawler thread; Headroom's expiry sweep has no such knobs, so a well-formed one
+/// is refused in words rather than acknowledged and ignored.
+fn lru_crawler<'a>(tokens: &Tokens<'a>, line_len: usize) -> TextDecoded<'a> {
+    let t = tokens.all();
+    match (tokens.ntokens(), t.get(1).copied().unwrap_or_default()) {
+        (4, b"crawl" | b"metadump") => {
+            let classes = crawl_classes(t[2]);
+            let crawler = if t[1] == b"crawl" {
+                Crawler::Crawl(classes)
+            } else {
+                Crawler::Metadump(classes)
+            };
+            command(TextCommand::LruCrawler(crawler), line_len)
+        }
+        (4, b"tocrawl" | b"sleep") => match safe_strtoul(t[2]) {
+            None => error(errors::BAD_FORMAT, line_len),
+            Some(_) => error(errors::CRAWLER_PACE, line_len),
+        },
+        (3, b"enable") => command(TextCommand::LruCrawler(Crawler::Enable), line_len),
+        (3, b"disable") => command(TextCommand::LruCrawler(Crawler::Disable), line_len),
+        _ => error(errors::ERROR, line_len),
+    }
+}
+
+/// `all`, `hash`, or class ids `1,2,...` below 64.
+fn crawl_classes(word: &[u8]) -> CrawlClasses {
+    if word == b"all" || word == b"hash" {
+        return CrawlClasses::All;
+    }
+    let mut bits = 0u64;
+    for id in word.split(|&b| b == b',').filter(|id| !id.is_empty()) {
+        match safe_strtoul(id) {
+            Some(class @ 1..=63) => bits |= 1 << class,
+            _ => return CrawlClasses::Invalid,
+        }
+    }
+    CrawlClasses::Ids(bits)
 }
 
 fn stats<'a>(text: &'a [u8], tokens: &Tokens<'a>, line_len: usize) -> TextDecoded<'a> {

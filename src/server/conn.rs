@@ -75,6 +75,9 @@ pub(super) struct Conn {
     pub(super) peer: String,
     /// The socket, as `watch` lines and `stats conns` name the connection.
     pub(super) fd: i32,
+    /// An `lru_crawler metadump` under way: it goes out a buffer at a time, before the
+    /// commands after it.
+    pub(super) metadump: Option<super::text::Metadump>,
 }
 
 /// The body of the refusal ADMIN gets on a data connection.
@@ -610,6 +613,7 @@ async fn serve_frames(
         batch: BatchCounts::default(),
         peer: info.peer.clone(),
         fd: info.fd,
+        metadump: None,
     };
     // When the bytes of the requests being run arrived (the read that brought them).
     let mut arrived;

@@ -149,7 +149,8 @@ impl CommandKind {
             | T::Quit
             | T::Watch { .. }
             | T::MetaDebug { .. }
-            | T::MetaNoop => CommandKind::Other,
+            | T::MetaNoop
+            | T::LruCrawler(_) => CommandKind::Other,
         }
     }
 

@@ -516,7 +516,8 @@ fn spawn_connection(ctx: &Rc<ShardCtx>, stream: TcpStream) {
     .detach();
 }
 
-/// Bounded background sweep of expired items in this shard's partitions, once a second.
+/// Bounded background sweep of expired items in this shard's partitions, once a second
+/// (skipped while text `lru_crawler disable` has it off).
 pub async fn sweep_loop(ctx: Rc<ShardCtx>) {
     const SWEEP_ITEMS_PER_TICK: usize = 10_000;
     let partitions = &ctx.shared.partitions;
@@ -526,6 +527,9 @@ pub async fn sweep_loop(ctx: Rc<ShardCtx>) {
     }
     let budget = (SWEEP_ITEMS_PER_TICK / mine.len()).max(1);
     while tick_or_stop(&ctx, Duration::from_secs(1)).await {
+        if !ctx.shared.crawler_enabled.load(Ordering::Relaxed) {
+            continue;
+        }
         let now = unix_now();
         for &index in &mine {
             let mut store = partitions.lock(index);

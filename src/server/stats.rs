@@ -282,6 +282,8 @@ pub(crate) fn general_pairs(f: &GeneralFigures) -> Vec<(String, String)> {
         ("total_items", store.total_items.to_string()),
         ("evictions", store.evictions.to_string()),
         ("reclaimed", store.expired_reclaimed.to_string()),
+        // `lru_crawler crawl` finishes before it answers OK: no crawl runs after it.
+        ("lru_crawler_running", "0".to_string()),
         ("expired_reclaimed", store.expired_reclaimed.to_string()),
         ("lrutail_reflocked", store.lrutail_reflocked.to_string()),
         ("index_bytes", store.index_bytes.to_string()),
@@ -349,8 +351,17 @@ fn settings(ctx: &ShardCtx) -> Vec<(String, String)> {
         ("evictions", "on".to_string()),
         // `shutdown` is refused ("ERROR: shutdown not enabled"), as memcached without -A.
         ("shutdown_command", "no".to_string()),
-        // `stats cachedump` answers.
+        // `stats cachedump` and `lru_crawler metadump` answer.
         ("dump_enabled", "yes".to_string()),
+        (
+            "lru_crawler",
+            if ctx.shared.crawler_enabled.load(Ordering::Relaxed) {
+                "yes"
+            } else {
+                "no"
+            }
+            .to_string(),
+        ),
         // No UDP and no TLS listener.
         ("udpport", "0".to_string()),
         ("ssl_enabled", "no".to_string()),

@@ -9,9 +9,12 @@
 //! not the other.
 
 use std::rc::Rc;
+use std::sync::atomic::Ordering;
 
 use crate::proto::meta::{self, MetaCode, MetaValues};
-use crate::proto::text::{self, errors, TextCommand, TextDecoded, TextStore};
+use crate::proto::text::{
+    self, errors, CrawlClasses, Crawler, TextCommand, TextDecoded, TextStore,
+};
 use crate::proto::{MaFlags, MdFlags, MgFlags, StoreMode, ARITH_NO_CREATE};
 use crate::store::{
     ArithOutcome, DeleteOutcome, Lookup, MetaGet, Store, StoreOutcome, CAS_NEVER_ISSUED,
@@ -659,6 +662,130 @@ fn write_cachedump(ctx: &ShardCtx, class: u32, limit: u32, out: &mut Vec<u8>) {
     out.extend_from_slice(text::END);
 }
 
+/// `lru_crawler`. `enable`/`disable` switch the background expiry sweep (memcached's crawler
+/// thread); `crawl` and `metadump` need it on, as memcached's do. `crawl` reclaims the expired
+/// items of the classes named in every partition before it answers `OK` (memcached answers
+/// first and crawls after). `metadump` is refused behind replies not yet sent, as memcached
+/// refuses it; otherwise it returns the dump to run.
+fn lru_crawler(
+    ctx: &Rc<ShardCtx>,
+    crawler: Crawler,
+    pipelined: bool,
+    out: &mut Vec<u8>,
+) -> Option<Metadump> {
+    let enabled = &ctx.shared.crawler_enabled;
+    match crawler {
+        // memcached refuses to start a crawler that runs, and stops one that does not.
+        Crawler::Enable => {
+            match enabled.compare_exchange(false, true, Ordering::Relaxed, Ordering::Relaxed) {
+                Ok(_) => out.extend_from_slice(text::OK),
+                Err(_) => out.extend_from_slice(errors::CRAWLER_RUNNING),
+            }
+        }
+        Crawler::Disable => {
+            enabled.store(false, Ordering::Relaxed);
+            out.extend_from_slice(text::OK);
+        }
+        Crawler::Crawl(_) | Crawler::Metadump(_) if !enabled.load(Ordering::Relaxed) => {
+            out.extend_from_slice(errors::CRAWLER_DISABLED);
+        }
+        Crawler::Crawl(CrawlClasses::Invalid) => out.extend_from_slice(errors::BADCLASS),
+        Crawler::Crawl(classes) => {
+            crawl(ctx, classes);
+            out.extend_from_slice(text::OK);
+        }
+        Crawler::Metadump(_) if pipelined => {
+            out.extend_from_slice(errors::METADUMP_AFTER_PIPELINE);
+        }
+        Crawler::Metadump(CrawlClasses::Invalid) => out.extend_from_slice(errors::BADCLASS),
+        Crawler::Metadump(classes) => {
+            return Some(Metadump {
+                classes,
+                partition: 0,
+                bucket: 0,
+            });
+        }
+    }
+    None
+}
+
+/// Index buckets a crawl or a metadump visits per partition lock hold: the hold stays short
+/// whatever the partition holds.
+const CRAWL_BUCKETS_PER_HOLD: usize = 4096;
+
+/// Reclaims every expired item of `classes` in every partition now, a slice of the index per
+/// lock hold.
+fn crawl(ctx: &Rc<ShardCtx>, classes: CrawlClasses) {
+    let partitions = &ctx.shared.partitions;
+    let now = unix_now();
+    for index in 0..partitions.len() {
+        let mut from = Some(0);
+        while let Some(bucket) = from {
+            let mut store = partitions.lock(index);
+            from = store.reclaim_expired_in(bucket, CRAWL_BUCKETS_PER_HOLD, now, |class| {
+                classes.contains(class as u8)
+            });
+            let frees = store.take_pending_frees();
+            drop(store);
+            ctx.free_extents(frees);
+        }
+    }
+}
+
+/// Where an `lru_crawler metadump` is: the partition and index bucket it goes on from, and
+/// the classes it lists.
+pub(super) struct Metadump {
+    classes: CrawlClasses,
+    partition: usize,
+    bucket: usize,
+}
+
+/// Appends `dump`'s next lines to `out` until `out` passes the output cap (then returns the
+/// dump to go on with) or every partition is walked (then appends `END`). One line per live
+/// item, as memcached's crawler writes it: `key=<URI-encoded key> exp=<Unix time, -1 never>
+/// la=<Unix time of the last store or fetch> cas=<CAS> fetch=<yes|no> cls=<item class>
+/// size=<key plus value bytes>`.
+fn continue_metadump(ctx: &ShardCtx, mut dump: Metadump, out: &mut Vec<u8>) -> Option<Metadump> {
+    use std::io::Write;
+    let partitions = &ctx.shared.partitions;
+    let now = unix_now();
+    while dump.partition < partitions.len() {
+        if out.len() > OUTPUT_CAP_BYTES {
+            return Some(dump);
+        }
+        let store = partitions.lock(dump.partition);
+        let next = store.dump_meta(dump.bucket, CRAWL_BUCKETS_PER_HOLD, now, |key, item| {
+            if !dump.classes.contains(item.class as u8) {
+                return;
+            }
+            let exp = match item.expiry {
+                0 => -1,
+                at => i64::from(at),
+            };
+            let _ = writeln!(
+                out,
+                "key={} exp={exp} la={} cas={} fetch={} cls={} size={}",
+                text::uri_encoded(key),
+                item.accessed,
+                item.cas,
+                if item.fetched { "yes" } else { "no" },
+                item.class as u8,
+                item.bytes,
+            );
+        });
+        drop(store);
+        match next {
+            Some(bucket) => dump.bucket = bucket,
+            None => {
+                dump.partition += 1;
+                dump.bucket = 0;
+            }
+        }
+    }
+    out.extend_from_slice(text::END);
+    None
+}
+
 /// What a text connection may do before it authenticates (with `--sasl-password-file`),
 /// as memcached's text authentication has it: a `set` whose value is `user password`.
 enum Auth {
@@ -704,6 +831,12 @@ impl Conn {
         let lend_from = ctx.io.lend_from();
         let now = unix_now();
         loop {
+            if let Some(dump) = self.metadump.take() {
+                self.metadump = continue_metadump(ctx, dump, &mut self.out);
+                if self.metadump.is_some() {
+                    return After::Process;
+                }
+            }
             if !self.skip_buffered() {
                 return After::Read;
             }
@@ -857,6 +990,10 @@ impl Conn {
                     continue;
                 }
                 TextCommand::MetaNoop => self.out.extend_from_slice(meta::MN),
+                TextCommand::LruCrawler(crawler) => {
+                    let pipelined = !self.out.is_empty() || !self.held.is_empty();
+                    self.metadump = lru_crawler(ctx, *crawler, pipelined, &mut self.out);
+                }
                 keyed => {
                     let key = key_of(keyed).expect("keyed text commands have keys");
                     let (partition, mut store) = ctx.shared.partitions.lock_key(key);

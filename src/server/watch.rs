@@ -151,7 +151,7 @@ impl Watchers {
             "ts={}.{:06} gid={gid} type={kind} key={}",
             now.as_secs(),
             now.subsec_micros(),
-            uri_encode(key)
+            crate::proto::text::uri_encoded(key)
         )
     }
 
@@ -181,19 +181,6 @@ impl Watcher {
         out.append(&mut lines.bytes);
         out
     }
-}
-
-/// A key as memcached's logger prints it: bytes outside `A-Z a-z 0-9 - . _ ~` as `%XX`.
-fn uri_encode(key: &[u8]) -> String {
-    let mut out = String::with_capacity(key.len());
-    for &b in key {
-        if b.is_ascii_alphanumeric() || matches!(b, b'-' | b'.' | b'_' | b'~') {
-            out.push(b as char);
-        } else {
-            out.push_str(&format!("%{b:02X}"));
-        }
-    }
-    out
 }
 
 /// The kinds `watch` names (`watch` alone: fetchers), or `None` for a word Headroom does not

@@ -297,6 +297,25 @@ impl Keys {
         }
     }
 
+    /// Calls `f` with the entries in buckets `from..from + count`; returns the next bucket,
+    /// or `None` past the last. Between two calls the table may change, so a walk in slices
+    /// is not a snapshot: an entry inserted, removed or moved by a resize meanwhile may be
+    /// seen twice or not at all.
+    pub fn for_each_in(
+        &self,
+        from: usize,
+        count: usize,
+        mut f: impl FnMut(HeadLoc),
+    ) -> Option<usize> {
+        let end = from.saturating_add(count).min(self.table.num_buckets());
+        for bucket in from..end {
+            if let Some(&loc) = self.table.get_bucket(bucket) {
+                f(loc);
+            }
+        }
+        (end < self.table.num_buckets()).then_some(end)
+    }
+
     pub fn drain(&mut self) -> Vec<HeadLoc> {
         self.table.drain().collect()
     }

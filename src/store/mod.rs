@@ -114,6 +114,20 @@ pub struct LargeHit {
 }
 
 /// A GET hit, borrowed from the store until the next mutation.
+/// One item as `lru_crawler metadump` lists it.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct DumpedItem {
+    /// Unix seconds, 0 never.
+    pub expiry: u32,
+    /// Unix seconds of the last store or fetch.
+    pub accessed: u32,
+    pub cas: u64,
+    pub fetched: bool,
+    pub class: ItemClass,
+    /// Key plus value bytes (`stats items`' `mem_requested` counts the same).
+    pub bytes: u64,
+}
+
 #[derive(Debug, PartialEq, Eq)]
 pub struct Hit<'a> {
     pub flags: u32,
@@ -241,6 +255,38 @@ impl Store {
             *buckets.entry(bytes.div_ceil(32) * 32).or_insert(0) += 1;
         });
         buckets
+    }
+
+    /// `lru_crawler metadump`: calls `f` with each live item in index buckets
+    /// `from..from + count` ([`keys::Keys::for_each_in`]: a walk in slices is not a snapshot);
+    /// returns the next bucket to visit, or `None` past the last.
+    pub fn dump_meta(
+        &self,
+        from: usize,
+        count: usize,
+        now: u32,
+        mut f: impl FnMut(&[u8], DumpedItem),
+    ) -> Option<usize> {
+        self.keys.for_each_in(from, count, |loc| {
+            let record = self.arena.bytes(loc);
+            let meta = item::meta(record);
+            if is_expired(meta.expiry, now) {
+                return;
+            }
+            let key = item::key(record);
+            let (class, value_bytes) = keys::class_of(record);
+            f(
+                key,
+                DumpedItem {
+                    expiry: meta.expiry,
+                    accessed: item::accessed(record),
+                    cas: meta.cas,
+                    fetched: item::bit(record, item::BIT_FETCHED),
+                    class,
+                    bytes: key.len() as u64 + value_bytes,
+                },
+            );
+        })
     }
 
     /// STAT `cachedump`: calls `f` with the key, value length and expiry (a Unix time, 0
@@ -1192,6 +1238,31 @@ impl Store {
             }
         }
         reclaimed
+    }
+
+    /// `lru_crawler crawl`: reclaims the expired items of the classes `wanted` accepts among
+    /// index buckets `from..from + count`; returns the next bucket, or `None` past the last.
+    pub fn reclaim_expired_in(
+        &mut self,
+        from: usize,
+        count: usize,
+        now: u32,
+        wanted: impl Fn(ItemClass) -> bool,
+    ) -> Option<usize> {
+        self.settle_clock(now);
+        let mut expired = Vec::new();
+        let next = self.keys.for_each_in(from, count, |loc| {
+            let record = self.arena.bytes(loc);
+            if is_expired(item::meta(record).expiry, now) && wanted(keys::class_of(record).0) {
+                expired.push((item::key(record).to_vec(), keys::class_of(record).0));
+            }
+        });
+        for (key, class) in expired {
+            self.remove(&key);
+            self.keys.stats.expired_reclaimed += 1;
+            self.keys.stats.class_mut(class).reclaimed += 1;
+        }
+        next
     }
 
     /// Checks that every index entry resolves to a record holding its own key (tests).
