@@ -282,8 +282,6 @@ pub(crate) fn general_pairs(f: &GeneralFigures) -> Vec<(String, String)> {
         ("total_items", store.total_items.to_string()),
         ("evictions", store.evictions.to_string()),
         ("reclaimed", store.expired_reclaimed.to_string()),
-        // `lru_crawler crawl` finishes before it answers OK: no crawl runs after it.
-        ("lru_crawler_running", "0".to_string()),
         ("expired_reclaimed", store.expired_reclaimed.to_string()),
         ("lrutail_reflocked", store.lrutail_reflocked.to_string()),
         ("index_bytes", store.index_bytes.to_string()),
