@@ -1477,10 +1477,32 @@ fn watch_streams_fetches_and_stores_of_every_shard() {
     let mut replies = vec![0u8; 24 + 24 + 4 + 2];
     binary.read_exact(&mut replies).unwrap();
     assert_eq!(&replies[replies.len() - 2..], b"yz");
+    // Values streamed to a segment (above --ram-head), stored and refused, and `mg` fetches.
+    let big = vec![b'b'; 300_000];
+    let stores = cat(&[
+        b"set wbig 0 0 300000\r\n",
+        &big,
+        b"\r\nadd wbig 0 0 300000\r\n",
+        &big,
+        b"\r\nmg wbig s\r\nmg mgabsent v\r\n",
+    ]);
+    let writer = send_in_background(&clients[1], stores);
+    read_until(&mut clients[1], "large stores and mg", |t| {
+        t == "STORED\r\nNOT_STORED\r\nHD s300000\r\nEN\r\n"
+    });
+    writer.join().unwrap();
     let log = read_until(&mut watcher, "watch lines", |t| {
         (0..4).all(|i| t.contains(&format!("key=absent{i} status=not_found")))
             && t.contains("type=item_get key=bin status=found clsid=1")
+            && t.contains("type=item_get key=mgabsent status=not_found")
     });
+    for line in [
+        "type=item_store key=wbig status=stored cmd=set ttl=0 ",
+        "type=item_store key=wbig status=not_stored cmd=add ttl=0 ",
+        "type=item_get key=wbig status=found clsid=3 ",
+    ] {
+        assert!(log.contains(line), "no `{line}` in:\n{log}");
+    }
     assert!(
         log.contains("type=item_store key=bin status=stored cmd=set ttl=0 clsid=1"),
         "{log}"

@@ -724,7 +724,15 @@ async fn serve_frames(
                 After::LargeSet(set) => {
                     info.state.set("conn_nread");
                     let buffered = &conn.buf[conn.consumed..conn.filled];
-                    match large::receive_set(ctx, stream, idle, buffered, &set, &mut conn.out).await
+                    match large::receive_set(
+                        ctx,
+                        stream,
+                        (idle, conn.fd),
+                        buffered,
+                        &set,
+                        &mut conn.out,
+                    )
+                    .await
                     {
                         Ok(used) => conn.consumed += used,
                         Err(err) => {

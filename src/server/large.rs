@@ -20,7 +20,7 @@ use crate::segment::{Extent, TargetStorage};
 use crate::store::{LargeLink, StoreOutcome};
 
 use super::conn::{with_limits, Io};
-use super::execute::LargeGet;
+use super::execute::{watched_store, LargeGet, WatchedStore};
 use super::shard::{ShardCtx, ShardReply, ShardRequest};
 use super::text::OwnedStoreReply;
 use super::unix_now;
@@ -425,15 +425,25 @@ enum Interrupted {
 /// its extents chunk by chunk (never more than one `--io-chunk` of it in memory), keeps its
 /// head, then links it on its owner (which checks the rules again). `buffered` holds value
 /// bytes that already arrived; returns how many of them it used. The reply, if any, is
-/// appended to `out`. An error means the connection is to be closed.
+/// appended to `out`. The store is logged to `watch`ers as the connection on socket `fd`
+/// (when it is refused or linked; a value never linked for an I/O error is not). An error
+/// means the connection is to be closed.
 pub async fn receive_set(
     ctx: &Rc<ShardCtx>,
     stream: &mut TcpStream,
-    idle: Option<Duration>,
+    (idle, fd): (Option<Duration>, i32),
     buffered: &[u8],
     op: &LargeSet,
     out: &mut Vec<u8>,
 ) -> io::Result<usize> {
+    let watched = |now| WatchedStore {
+        key: &op.key,
+        mode: op.mode,
+        with_cas: op.cas != 0,
+        exptime: op.expiry,
+        bytes: op.value_len,
+        now,
+    };
     let from_buffer = buffered.len().min(op.value_len as usize);
     let rest = op.value_len - from_buffer as u64;
     let setx = op.hints.is_some();
@@ -444,12 +454,16 @@ pub async fn receive_set(
         (in_buffer, t - in_buffer as u64)
     };
     // An ADD of a live key (say) is refused before a byte goes to a segment.
-    let refused =
-        ctx.shared
-            .partitions
-            .lock_key(&op.key)
-            .1
-            .check_large(op.mode, &op.key, op.cas, unix_now());
+    let refused = {
+        let (_, mut store) = ctx.shared.partitions.lock_key(&op.key);
+        let now = unix_now();
+        let refused = store.check_large(op.mode, &op.key, op.cas, now);
+        if let Some(refused) = refused {
+            let watchers = (&ctx.shared.watchers, fd);
+            watched_store(&mut store, watchers, watched(now), |_| refused);
+        }
+        refused
+    };
     if let Some(refused) = refused {
         discard(ctx, idle, stream, rest + trailer_rest).await?;
         op.reply.write(out, Answer::Refused(refused), setx);
@@ -568,15 +582,11 @@ pub async fn receive_set(
     };
     let (outcome, frees) = {
         let (_, mut store) = ctx.shared.partitions.lock_key(&op.key);
-        let outcome = store.link_large(
-            op.mode,
-            &op.key,
-            op.flags,
-            op.expiry,
-            op.cas,
-            unix_now(),
-            link,
-        );
+        let now = unix_now();
+        let watchers = (&ctx.shared.watchers, fd);
+        let outcome = watched_store(&mut store, watchers, watched(now), |store| {
+            store.link_large(op.mode, &op.key, op.flags, op.expiry, op.cas, now, link)
+        });
         (outcome, store.take_pending_frees())
     };
     ctx.free_extents(frees);

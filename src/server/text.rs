@@ -267,6 +267,7 @@ fn get_one(
 }
 
 /// `mg`: the item's state and value as the flags ask.
+#[allow(clippy::too_many_arguments)]
 fn meta_get(
     store: &mut Store,
     owner: usize,
@@ -275,6 +276,7 @@ fn meta_get(
     now: u32,
     out: &mut Vec<u8>,
     lend_from: Option<usize>,
+    (watchers, fd): (&Watchers, i32),
 ) -> Option<Deferred> {
     let opts = MetaGet {
         touch: flags.ttl.map(store_exptime),
@@ -285,6 +287,19 @@ fn meta_get(
     };
     let key_value = Some((&key[..], key.is_binary()));
     let (state, found) = store.meta_get(key, now, &opts);
+    // memcached logs every item fetch, `mg` with or without a value.
+    let fetched = match &found {
+        Lookup::Miss => Fetched::NotFound,
+        Lookup::Small(hit) => Fetched::Found {
+            class: 1,
+            bytes: hit.value.len() as u64,
+        },
+        Lookup::Large(hit) => Fetched::Found {
+            class: 3,
+            bytes: hit.value_len,
+        },
+    };
+    watchers.fetched(key, fetched, fd);
     let (flags_value, cas, size) = match &found {
         Lookup::Miss => {
             if !flags.quiet {
@@ -560,7 +575,16 @@ fn execute_keyed(
             }
         }
         TextCommand::MetaGet { key, flags } => {
-            return meta_get(store, owner, key, flags, now, out, lend_from);
+            return meta_get(
+                store,
+                owner,
+                key,
+                flags,
+                now,
+                out,
+                lend_from,
+                (watchers, fd),
+            );
         }
         TextCommand::MetaDelete { key, flags } => meta_delete(store, key, flags, now, out),
         TextCommand::MetaArith { key, flags } => meta_arith(store, key, flags, now, out),

@@ -120,6 +120,9 @@ impl Watchers {
         }
         let status = match outcome {
             StoreOutcome::Stored { .. } => "stored",
+            // The store layer answers an ADD of a live key as binary does (exists); memcached
+            // logs it, in every protocol, as not stored.
+            StoreOutcome::Exists if mode == StoreMode::Add => "not_stored",
             StoreOutcome::Exists => "exists",
             StoreOutcome::NotFound => "not_found",
             StoreOutcome::NotStored => "not_stored",
