@@ -1,12 +1,14 @@
 //! Model-based test of the partition / per-core-batch layer under concurrent access: two real
 //! threads, each a "core" with its own block batch installed, run seeded operations (SET, GET,
-//! DELETE, CAS, INCR, APPEND, expiry sweeps, promotion passes, pins held across steps) against
+//! DELETE, CAS, INCR, APPEND, expiry sweeps, `lru_crawler` crawls and metadumps walking a
+//! partition's index in slices, promotion passes, pins held across steps) against
 //! shared partitions over a two-node arena small enough that admission compacts and evicts. A
 //! seeded scheduler decides which thread runs each step, so an interleaving replays from its
 //! seed (`HEADROOM_SEED`). After every step: every GET hit is byte-exact against the model,
 //! every CAS has its one winner, INCR totals are exact, pinned heads never move, every block is
 //! in exactly one place (the pool, one core's batch, or one partition), and every store's
-//! invariants hold.
+//! invariants hold. A crawl leaves exactly the unexpired items; a dump lists each key once, from
+//! its own partition, at the model's CAS.
 
 mod common;
 
@@ -77,6 +79,18 @@ enum Op {
         partition: usize,
         now: u32,
     },
+    /// `lru_crawler crawl` of one partition: every expired item, `slice` index buckets per
+    /// lock hold.
+    Crawl {
+        partition: usize,
+        now: u32,
+        slice: usize,
+    },
+    /// `lru_crawler metadump` of one partition, `slice` index buckets per lock hold.
+    Dump {
+        partition: usize,
+        slice: usize,
+    },
     Promote {
         partition: usize,
     },
@@ -104,6 +118,13 @@ enum Outcome {
     Pinned(Option<Vec<u8>>),
     /// Pins ended; each pinned range's bytes just before the unpin.
     Unpinned(Vec<(Vec<u8>, Vec<u8>)>),
+    /// A crawl: the items it should have left (every unexpired one), and those it left.
+    Crawled {
+        expected: Vec<(Vec<u8>, u32)>,
+        left: Vec<(Vec<u8>, u32)>,
+    },
+    /// The keys a dump listed, with their CAS, and the partition they came from.
+    Dumped(usize, Vec<(Vec<u8>, u64)>),
     Nothing,
 }
 
@@ -157,6 +178,47 @@ fn core(
             Op::Sweep { partition, now } => {
                 partitions.lock(partition).sweep_expired(64, now);
                 Outcome::Nothing
+            }
+            Op::Crawl {
+                partition,
+                now,
+                slice,
+            } => {
+                // Every item with its expiry (a dump at time 0 lists expired ones too).
+                let items = || {
+                    let store = partitions.lock(partition);
+                    let mut all = Vec::new();
+                    let mut from = Some(0);
+                    while let Some(bucket) = from {
+                        from = store.dump_meta(bucket, usize::MAX, 0, |key, item| {
+                            all.push((key.to_vec(), item.expiry));
+                        });
+                    }
+                    all.sort_unstable();
+                    all
+                };
+                let mut expected = items();
+                expected.retain(|&(_, expiry)| expiry == 0 || expiry > now);
+                let mut from = Some(0);
+                while let Some(bucket) = from {
+                    let mut store = partitions.lock(partition);
+                    from = store.reclaim_expired_in(bucket, slice, now, |_| true);
+                }
+                Outcome::Crawled {
+                    expected,
+                    left: items(),
+                }
+            }
+            Op::Dump { partition, slice } => {
+                let mut listed = Vec::new();
+                let mut from = Some(0);
+                while let Some(bucket) = from {
+                    let store = partitions.lock(partition);
+                    from = store.dump_meta(bucket, slice, NOW, |key, item| {
+                        listed.push((key.to_vec(), item.cas));
+                    });
+                }
+                Outcome::Dumped(partition, listed)
             }
             Op::Promote { partition } => {
                 partitions.lock(partition).promote(2, NOW);
@@ -293,14 +355,23 @@ fn run(seed: u64, steps: usize) {
                 key: key(k),
                 token: format!("+{step}").into_bytes(),
             },
-            86..=88 => Op::Sweep {
+            86..=87 => Op::Sweep {
                 partition: rng.below(count as u64) as usize,
                 now: NOW + 1,
+            },
+            88 => Op::Crawl {
+                partition: rng.below(count as u64) as usize,
+                now: NOW + 1,
+                slice: 1 + rng.below(8) as usize,
             },
             89..=92 => Op::Promote {
                 partition: rng.below(count as u64) as usize,
             },
-            93..=96 if !pins_held[who] => Op::Pin { key: key(k) },
+            93..=95 if !pins_held[who] => Op::Pin { key: key(k) },
+            96 => Op::Dump {
+                partition: rng.below(count as u64) as usize,
+                slice: 1 + rng.below(8) as usize,
+            },
             _ => Op::Unpin,
         };
         let described = match &op {
@@ -311,6 +382,8 @@ fn run(seed: u64, steps: usize) {
             Op::Incr { .. } => "incr".into(),
             Op::Append { key, .. } => format!("append {}", String::from_utf8_lossy(key)),
             Op::Sweep { partition, .. } => format!("sweep {partition}"),
+            Op::Crawl { partition, .. } => format!("crawl {partition}"),
+            Op::Dump { partition, .. } => format!("dump {partition}"),
             Op::Promote { partition } => format!("promote {partition}"),
             Op::Pin { key } => format!("pin {}", String::from_utf8_lossy(key)),
             Op::Unpin => "unpin".into(),
@@ -448,6 +521,35 @@ fn run(seed: u64, steps: usize) {
                 for (then, now) in seen {
                     assert!(then == now, "{context}: a pinned head moved or changed");
                 }
+            }
+            // Nothing runs between a dump's slices here, so it is exact: each key once, in
+            // its own partition, never one the model holds absent, and at the model's CAS.
+            Outcome::Dumped(partition, listed) => {
+                let mut seen = HashSet::new();
+                for (key, cas) in listed {
+                    let name = String::from_utf8_lossy(&key).into_owned();
+                    assert!(seen.insert(key.clone()), "{context}: {name} listed twice");
+                    assert_eq!(
+                        partitions.of_key(&key),
+                        partition,
+                        "{context}: {name} listed from another partition"
+                    );
+                    if key == b"counter" {
+                        continue;
+                    }
+                    match model.get(&key) {
+                        Some((_, want)) => {
+                            assert_eq!(cas, *want, "{context}: {name} listed at another CAS")
+                        }
+                        None => assert!(
+                            uncertain.contains(&key),
+                            "{context}: {name} listed, but the model holds it absent"
+                        ),
+                    }
+                }
+            }
+            Outcome::Crawled { expected, left } => {
+                assert_eq!(left, expected, "{context}: a crawl left other items");
             }
             Outcome::Nothing => {}
         }

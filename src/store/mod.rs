@@ -1253,8 +1253,12 @@ impl Store {
         let mut expired = Vec::new();
         let next = self.keys.for_each_in(from, count, |loc| {
             let record = self.arena.bytes(loc);
-            if is_expired(item::meta(record).expiry, now) && wanted(keys::class_of(record).0) {
-                expired.push((item::key(record).to_vec(), keys::class_of(record).0));
+            if !is_expired(item::meta(record).expiry, now) {
+                return;
+            }
+            let class = keys::class_of(record).0;
+            if wanted(class) {
+                expired.push((item::key(record).to_vec(), class));
             }
         });
         for (key, class) in expired {
