@@ -691,7 +691,7 @@ fn write_cachedump(ctx: &ShardCtx, class: u32, limit: u32, out: &mut Vec<u8>) {
 /// items of the classes named in every partition before it answers `OK` (memcached answers
 /// first and crawls after). `metadump` is refused behind replies not yet sent, as memcached
 /// refuses it; otherwise it returns the dump to run.
-fn lru_crawler(
+async fn lru_crawler(
     ctx: &Rc<ShardCtx>,
     crawler: Crawler,
     pipelined: bool,
@@ -715,7 +715,7 @@ fn lru_crawler(
         }
         Crawler::Crawl(CrawlClasses::Invalid) => out.extend_from_slice(errors::BADCLASS),
         Crawler::Crawl(classes) => {
-            crawl(ctx, classes);
+            crawl(ctx, classes).await;
             out.extend_from_slice(text::OK);
         }
         Crawler::Metadump(_) if pipelined => {
@@ -737,11 +737,36 @@ fn lru_crawler(
 /// whatever the partition holds.
 const CRAWL_BUCKETS_PER_HOLD: usize = 4096;
 
+/// How long a crawl or a metadump runs before it lets the other connections of its shard have
+/// the core: glommio preempts a task only after its 100 ms preempt period, far longer than a
+/// GET should wait.
+const CRAWL_RUN_MAX: std::time::Duration = std::time::Duration::from_millis(1);
+
+/// Pauses a long walk once it has run [`CRAWL_RUN_MAX`]. Yielding the task (or its queue)
+/// would not do: glommio runs a runnable queue again before it polls for I/O, so the other
+/// connections' requests would not even be read. A timer a microsecond away takes the walk
+/// off the run queue until the executor's next I/O poll, after every task that poll wakes.
+struct Pacer(std::time::Instant);
+
+impl Pacer {
+    fn new() -> Pacer {
+        Pacer(std::time::Instant::now())
+    }
+
+    async fn between_slices(&mut self) {
+        if self.0.elapsed() >= CRAWL_RUN_MAX {
+            glommio::timer::sleep(std::time::Duration::from_micros(1)).await;
+            self.0 = std::time::Instant::now();
+        }
+    }
+}
+
 /// Reclaims every expired item of `classes` in every partition now, a slice of the index per
 /// lock hold.
-fn crawl(ctx: &Rc<ShardCtx>, classes: CrawlClasses) {
+async fn crawl(ctx: &Rc<ShardCtx>, classes: CrawlClasses) {
     let partitions = &ctx.shared.partitions;
     let now = unix_now();
+    let mut pacer = Pacer::new();
     for index in 0..partitions.len() {
         let mut from = Some(0);
         while let Some(bucket) = from {
@@ -752,6 +777,7 @@ fn crawl(ctx: &Rc<ShardCtx>, classes: CrawlClasses) {
             let frees = store.take_pending_frees();
             drop(store);
             ctx.free_extents(frees);
+            pacer.between_slices().await;
         }
     }
 }
@@ -769,10 +795,15 @@ pub(super) struct Metadump {
 /// item, as memcached's crawler writes it: `key=<URI-encoded key> exp=<Unix time, -1 never>
 /// la=<Unix time of the last store or fetch> cas=<CAS> fetch=<yes|no> cls=<item class>
 /// size=<key plus value bytes>`.
-fn continue_metadump(ctx: &ShardCtx, mut dump: Metadump, out: &mut Vec<u8>) -> Option<Metadump> {
+async fn continue_metadump(
+    ctx: &ShardCtx,
+    mut dump: Metadump,
+    out: &mut Vec<u8>,
+) -> Option<Metadump> {
     use std::io::Write;
     let partitions = &ctx.shared.partitions;
     let now = unix_now();
+    let mut pacer = Pacer::new();
     while dump.partition < partitions.len() {
         if out.len() > OUTPUT_CAP_BYTES {
             return Some(dump);
@@ -805,6 +836,7 @@ fn continue_metadump(ctx: &ShardCtx, mut dump: Metadump, out: &mut Vec<u8>) -> O
                 dump.bucket = 0;
             }
         }
+        pacer.between_slices().await;
     }
     out.extend_from_slice(text::END);
     None
@@ -856,7 +888,7 @@ impl Conn {
         let now = unix_now();
         loop {
             if let Some(dump) = self.metadump.take() {
-                self.metadump = continue_metadump(ctx, dump, &mut self.out);
+                self.metadump = continue_metadump(ctx, dump, &mut self.out).await;
                 if self.metadump.is_some() {
                     return After::Process;
                 }
@@ -1016,7 +1048,10 @@ impl Conn {
                 TextCommand::MetaNoop => self.out.extend_from_slice(meta::MN),
                 TextCommand::LruCrawler(crawler) => {
                     let pipelined = !self.out.is_empty() || !self.held.is_empty();
-                    self.metadump = lru_crawler(ctx, *crawler, pipelined, &mut self.out);
+                    let crawler = *crawler;
+                    let mut out = std::mem::take(&mut self.out);
+                    self.metadump = lru_crawler(ctx, crawler, pipelined, &mut out).await;
+                    self.out = out;
                 }
                 keyed => {
                     let key = key_of(keyed).expect("keyed text commands have keys");
