@@ -735,7 +735,7 @@ async fn lru_crawler(
 
 /// Index buckets a crawl or a metadump visits per partition lock hold: the hold stays short
 /// whatever the partition holds.
-const CRAWL_BUCKETS_PER_HOLD: usize = 4096;
+const CRAWL_BUCKETS_PER_HOLD: usize = 1024;
 
 /// How long a crawl or a metadump runs before it lets the other connections of its shard have
 /// the core: glommio preempts a task only after its 100 ms preempt period, far longer than a
