@@ -113,7 +113,6 @@ pub struct LargeHit {
     pub lease: Option<u64>,
 }
 
-/// A GET hit, borrowed from the store until the next mutation.
 /// One item as `lru_crawler metadump` lists it.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub struct DumpedItem {
@@ -128,6 +127,7 @@ pub struct DumpedItem {
     pub bytes: u64,
 }
 
+/// A GET hit, borrowed from the store until the next mutation.
 #[derive(Debug, PartialEq, Eq)]
 pub struct Hit<'a> {
     pub flags: u32,
@@ -371,10 +371,8 @@ impl Store {
         let loc = self.keys.find(&self.arena, key)?;
         if is_expired(item::meta(self.arena.bytes(loc)).expiry, now) {
             self.keys.stats.get_expired += 1;
-            self.keys.stats.expired_reclaimed += 1;
             let class = keys::class_of(self.arena.bytes(loc)).0;
-            self.keys.stats.class_mut(class).reclaimed += 1;
-            self.remove(key);
+            self.reclaim_expired(key, class);
             return None;
         }
         Some(loc)
@@ -1231,9 +1229,7 @@ impl Store {
             let key = item::key(record).to_vec();
             if self.keys.find(&self.arena, &key) == Some(loc) {
                 let class = keys::class_of(self.arena.bytes(loc)).0;
-                self.remove(&key);
-                self.keys.stats.expired_reclaimed += 1;
-                self.keys.stats.class_mut(class).reclaimed += 1;
+                self.reclaim_expired(&key, class);
                 reclaimed += 1;
             }
         }
@@ -1262,11 +1258,16 @@ impl Store {
             }
         });
         for (key, class) in expired {
-            self.remove(&key);
-            self.keys.stats.expired_reclaimed += 1;
-            self.keys.stats.class_mut(class).reclaimed += 1;
+            self.reclaim_expired(&key, class);
         }
         next
+    }
+
+    /// Removes `key`, found expired, and counts it (STAT `reclaimed`, `items:N:reclaimed`).
+    fn reclaim_expired(&mut self, key: &[u8], class: ItemClass) {
+        self.remove(key);
+        self.keys.stats.expired_reclaimed += 1;
+        self.keys.stats.class_mut(class).reclaimed += 1;
     }
 
     /// Checks that every index entry resolves to a record holding its own key (tests).
