@@ -1,6 +1,6 @@
 //! The few system calls Headroom needs to map, bind, populate, lock and inspect memory (the
-//! arena's regions and memory segments), and to abort a socket. One of the modules that may
-//! hold `unsafe`: each call says why it is sound.
+//! arena's regions and memory segments), and to abort a socket, and the CPU's prefetch hint.
+//! One of the modules that may hold `unsafe`: each call says why it is sound.
 
 use std::io;
 use std::ptr::{self, NonNull};
@@ -19,6 +19,20 @@ const NODE_MASK_BITS: usize = 1024;
 /// Pages asked about per `move_pages` call.
 const MOVE_PAGES_BATCH: usize = 4096;
 const CAP_IPC_LOCK: u32 = 14;
+
+/// Asks the CPU to start loading the cache line holding `addr`. Only a hint: it never
+/// faults and reads nothing a program can see, so any address will do, stale ones included.
+#[inline]
+pub fn prefetch_line(addr: usize) {
+    #[cfg(target_arch = "x86_64")]
+    // SAFETY: PREFETCHT0 never faults and has no effect a program can observe, whatever the
+    // address.
+    unsafe {
+        std::arch::x86_64::_mm_prefetch::<{ std::arch::x86_64::_MM_HINT_T0 }>(addr as *const i8)
+    };
+    #[cfg(not(target_arch = "x86_64"))]
+    let _ = addr;
+}
 
 /// An anonymous private mapping, unmapped on drop.
 #[derive(Debug)]

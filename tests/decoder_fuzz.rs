@@ -2,7 +2,7 @@
 //! and truncated frames cut at random points, never panic and always make progress; valid
 //! frames decode to what was encoded. `PROPTEST_CASES=N` runs longer (CI runs the default).
 
-use headroom::proto::{decode, Decoded, Request, KEY_MAX_BYTES};
+use headroom::proto::{decode, frame_keys, Decoded, Request, KEY_MAX_BYTES};
 use proptest::prelude::*;
 
 const MAX_VALUE: usize = 4096;
@@ -138,6 +138,41 @@ proptest! {
         }
         let cut = truncate.index(stream.len() + 1);
         drive(&stream[..cut], &chunks);
+    }
+
+    /// The look ahead's frame walk reports the key of every whole frame up to its limit, in
+    /// order, and stops at the end of the last (a cut frame is not reported); on arbitrary
+    /// bytes it never panics nor reads past the buffer.
+    #[test]
+    fn frame_keys_reports_whole_frames_only(
+        frames in proptest::collection::vec(
+            (proptest::collection::vec(any::<u8>(), 0..40), 0usize..3, 0usize..100), 1..24),
+        most in 1usize..20,
+        truncate in any::<prop::sample::Index>(),
+        noise in proptest::collection::vec(any::<u8>(), 0..200),
+    ) {
+        let built: Vec<Vec<u8>> = frames
+            .iter()
+            .map(|(key, extras, value)| frame(0x01, &vec![1; *extras * 4], key, &vec![2; *value], 0, 0))
+            .collect();
+        let stream = built.concat();
+        let cut = truncate.index(stream.len() + 1);
+        let mut seen = Vec::new();
+        let end = frame_keys(&stream[..cut], most, |key| seen.push(key.to_vec()));
+        let mut whole = 0;
+        let mut expected_end = 0;
+        for bytes in &built {
+            if whole == most || expected_end + bytes.len() > cut {
+                break;
+            }
+            expected_end += bytes.len();
+            whole += 1;
+        }
+        prop_assert_eq!(end, expected_end);
+        let expected: Vec<Vec<u8>> = frames[..whole].iter().map(|(key, _, _)| key.clone()).collect();
+        prop_assert_eq!(seen, expected);
+        let end = frame_keys(&noise, most, |_| {});
+        prop_assert!(end <= noise.len());
     }
 
     #[test]

@@ -155,6 +155,11 @@ fn core(
                 Outcome::Stored(store.store(StoreMode::Append, &key, &token, 0, 0, 0, NOW))
             }
             Op::Get { key } => {
+                // As a pipelined batch's look ahead does: read the published index layout
+                // while the other core may be growing the table, then probe for the records.
+                let hash = partitions.hasher().hash(&key);
+                partitions.prefetch_index(hash);
+                partitions.prefetch_records(hash);
                 let (_, mut store) = partitions.lock_key(&key);
                 match store.lookup(&key, None, NOW, false) {
                     Lookup::Small(hit) => Outcome::Value(Some((hit.value.to_vec(), hit.cas))),

@@ -110,6 +110,10 @@ impl TableMemory {
     pub(crate) fn new(table: Arc<BlockTable>) -> TableMemory {
         TableMemory { table }
     }
+
+    pub(crate) fn addr_of(&self, block: BlockId) -> usize {
+        self.table.addr_of(block)
+    }
 }
 
 impl super::bump::BlockMemory for TableMemory {

@@ -470,6 +470,11 @@ impl ShardArena {
         &self.mem.bytes(loc.block)[range]
     }
 
+    /// The address a head starts at (its record's first byte), for a prefetch: reads nothing.
+    pub fn head_addr(&self, loc: HeadLoc) -> usize {
+        self.mem.addr_of(loc.block) + loc.offset as usize
+    }
+
     /// A live head's bytes, writable (the owner updates its own metadata in place).
     pub fn bytes_mut(&mut self, loc: HeadLoc) -> &mut [u8] {
         let range = self.range(loc, self.class_of(loc));

@@ -206,6 +206,33 @@ fn be64(b: &[u8]) -> u64 {
     u64::from_be_bytes(b[..8].try_into().expect("8 bytes"))
 }
 
+/// Calls `key` with the key of each whole request frame at the start of `buf` (empty for a
+/// frame without one), at most `most` frames, and returns the offset after the last. A look
+/// ahead for prefetching, not a decoder: it stops at the first partial or malformed frame and
+/// checks nothing but the lengths it needs.
+pub fn frame_keys(buf: &[u8], most: usize, mut key: impl FnMut(&[u8])) -> usize {
+    let mut at = 0;
+    for _ in 0..most {
+        let Some(header) = buf.get(at..at + HEADER_BYTES) else {
+            break;
+        };
+        if header[0] != REQUEST_MAGIC {
+            break;
+        }
+        let key_len = be16(&header[2..]) as usize;
+        let key_at = at + HEADER_BYTES + header[4] as usize;
+        let end = at + HEADER_BYTES + be32(&header[8..]) as usize;
+        match buf.get(key_at..key_at + key_len) {
+            Some(k) if key_at + key_len <= end && end <= buf.len() => {
+                key(k);
+                at = end;
+            }
+            _ => break,
+        }
+    }
+    at
+}
+
 /// Decodes the first frame of `buf`. Values longer than `max_value_bytes` are never buffered:
 /// they come back as [`Request::TooLarge`] or a [`Decoded::Reject`] with the bytes to skip.
 pub fn decode(buf: &[u8], max_value_bytes: usize) -> Decoded<'_> {

@@ -12,7 +12,7 @@ pub mod meta;
 pub mod text;
 
 pub use decode::{
-    decode, decode_streaming, Decoded, FrameError, PlacementHints, Request, StoreMode,
+    decode, decode_streaming, frame_keys, Decoded, FrameError, PlacementHints, Request, StoreMode,
 };
 pub use encode::{ResponseWriter, HEADER_BYTES};
 pub use meta::{Key, MaFlags, MdFlags, MetaCode, MetaValues, MgFlags, MsFlags, ReturnFlags};

@@ -22,6 +22,7 @@ use super::deferred::Held;
 use super::execute::{execute_keyed, Deferred};
 use super::large::{self, LargeReply, LargeSet};
 use super::latency::{BatchCounts, CommandKind};
+use super::lookahead::Lookahead;
 use super::shard::ShardCtx;
 use super::stats::{write_stats, ConnInfo};
 use super::unix_now;
@@ -57,6 +58,8 @@ pub(super) struct Conn {
     /// Bytes of `buf` holding received data, and how many of those are processed.
     pub(super) filled: usize,
     pub(super) consumed: usize,
+    /// Prefetching for the received frames not yet run.
+    lookahead: Lookahead,
     /// Stream bytes still to discard (the rest of a rejected or too-large frame).
     pub(super) skip: u64,
     pub(super) out: Vec<u8>,
@@ -256,6 +259,11 @@ impl Conn {
             if self.out.len() + self.held_bytes > OUTPUT_CAP_BYTES {
                 return After::Process;
             }
+            self.lookahead.before_frame(
+                &ctx.shared.partitions,
+                &self.buf[..self.filled],
+                self.consumed,
+            );
             let frame = &self.buf[self.consumed..self.filled];
             let (request, opcode, opaque, consumed) =
                 match decode_streaming(frame, max_item, stream_from) {
@@ -451,6 +459,7 @@ impl Conn {
 
     /// Makes the buffer able to hold a frame of `needed` bytes from `consumed`.
     pub(super) fn make_room(&mut self, needed: usize) {
+        self.lookahead.reset();
         if self.consumed > 0 {
             self.buf.copy_within(self.consumed..self.filled, 0);
             self.filled -= self.consumed;
@@ -464,6 +473,7 @@ impl Conn {
     /// Forgets processed bytes, and gives back a big buffer once it is empty.
     fn settle(&mut self) {
         if self.consumed == self.filled {
+            self.lookahead.reset();
             self.consumed = 0;
             self.filled = 0;
             if self.buf.len() > 4 * READ_BUFFER_BYTES {
@@ -603,6 +613,7 @@ async fn serve_frames(
     let mut conn = Conn {
         buf: vec![0; READ_BUFFER_BYTES],
         filled: 0,
+        lookahead: Lookahead::default(),
         consumed: 0,
         skip: 0,
         out: Vec::new(),

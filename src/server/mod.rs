@@ -17,6 +17,7 @@ mod large;
 pub mod latency;
 pub mod listen;
 mod log_limit;
+pub mod lookahead;
 mod master;
 pub mod metrics;
 pub mod partition;

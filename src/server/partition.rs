@@ -9,12 +9,12 @@
 //! lock taken is counted.
 
 use std::cell::Cell;
-use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex, MutexGuard};
 use std::time::Instant;
 
 use crate::arena::{Arena, MemoryPlan};
-use crate::store::{KeyHasher, Store, StoreConfig, PARTITIONS_MAX};
+use crate::store::{IndexLayout, KeyHasher, Store, StoreConfig, PARTITIONS_MAX};
 
 /// Partitions per serving core by default, when the arena has blocks enough for them.
 pub const PARTITIONS_PER_CORE: usize = 16;
@@ -76,6 +76,28 @@ pub struct Partition {
     acquisitions: AtomicU64,
     /// Sampled hold times, log2 nanosecond buckets.
     hold_ns: [AtomicU64; HOLD_BUCKETS],
+    /// The store's [`IndexLayout`] as its last holder saw it (0, 0 before the first insert):
+    /// a hint read without the lock, so each half may be stale or from different layouts.
+    index_ctrl_addr: AtomicUsize,
+    index_bucket_mask: AtomicUsize,
+}
+
+impl Partition {
+    /// Asks the CPU to start loading the index lines a lookup of `hash` reads first. Reads
+    /// nothing itself: a prefetch of a stale or torn address is only a wasted hint.
+    fn prefetch_index(&self, hash: u64) {
+        let ctrl_addr = self.index_ctrl_addr.load(Ordering::Relaxed);
+        if ctrl_addr == 0 {
+            return;
+        }
+        let layout = IndexLayout {
+            ctrl_addr,
+            bucket_mask: self.index_bucket_mask.load(Ordering::Relaxed),
+        };
+        for addr in layout.probe_addrs(hash) {
+            crate::sys::prefetch_line(addr);
+        }
+    }
 }
 
 /// Every partition, and the hash that picks one for a key.
@@ -87,7 +109,9 @@ pub struct Partitions {
 /// A held partition: its store, for as long as this lives.
 pub struct Held<'a> {
     store: MutexGuard<'a, Store>,
-    timed: Option<(&'a Partition, Instant)>,
+    part: &'a Partition,
+    /// When the hold began, for a sampled hold.
+    since: Option<Instant>,
 }
 
 impl std::ops::Deref for Held<'_> {
@@ -106,10 +130,26 @@ impl std::ops::DerefMut for Held<'_> {
 impl Drop for Held<'_> {
     fn drop(&mut self) {
         HOLDING.with(|h| h.set(false));
-        if let Some((part, since)) = self.timed.take() {
+        if let Some(layout) = self.store.take_moved_index_layout() {
+            self.part
+                .index_ctrl_addr
+                .store(layout.ctrl_addr, Ordering::Relaxed);
+            self.part
+                .index_bucket_mask
+                .store(layout.bucket_mask, Ordering::Relaxed);
+        }
+        // Only ever written here, under the lock, so a holder reads a settled pair.
+        debug_assert!(
+            self.store.index_layout().is_none_or(|layout| {
+                layout.ctrl_addr == self.part.index_ctrl_addr.load(Ordering::Relaxed)
+                    && layout.bucket_mask == self.part.index_bucket_mask.load(Ordering::Relaxed)
+            }),
+            "a partition's published index layout is stale"
+        );
+        if let Some(since) = self.since.take() {
             let ns = since.elapsed().as_nanos().max(1) as u64;
             let bucket = (63 - ns.leading_zeros() as usize).min(HOLD_BUCKETS - 1);
-            part.hold_ns[bucket].fetch_add(1, Ordering::Relaxed);
+            self.part.hold_ns[bucket].fetch_add(1, Ordering::Relaxed);
         }
     }
 }
@@ -152,6 +192,8 @@ impl Partitions {
                 contended: AtomicU64::new(0),
                 acquisitions: AtomicU64::new(0),
                 hold_ns: std::array::from_fn(|_| AtomicU64::new(0)),
+                index_ctrl_addr: AtomicUsize::new(0),
+                index_bucket_mask: AtomicUsize::new(0),
             })
             .collect();
         Partitions { parts, hasher }
@@ -200,8 +242,23 @@ impl Partitions {
         });
         Held {
             store,
-            timed: sampled.then(|| (part, Instant::now())),
+            part,
+            since: sampled.then(Instant::now),
         }
+    }
+
+    /// Starts loading the index lines a lookup of the key hashed to `hash` will read, without
+    /// taking its partition's lock (see [`IndexLayout`]).
+    pub fn prefetch_index(&self, hash: u64) {
+        self.parts[KeyHasher::partition_of(hash, self.parts.len())].prefetch_index(hash);
+    }
+
+    /// Starts loading the records a lookup of `hash` will compare keys with. It reads the
+    /// index, so it holds the partition for that probe; best after [`Partitions::prefetch_index`]
+    /// has had time to bring the index lines in.
+    pub fn prefetch_records(&self, hash: u64) {
+        self.lock(KeyHasher::partition_of(hash, self.parts.len()))
+            .prefetch_records(hash);
     }
 
     /// The partition of `key`, locked.

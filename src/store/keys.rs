@@ -30,6 +30,45 @@ impl KeyHasher {
     }
 }
 
+/// Where the index keeps a hash's first probe, so a connection can prefetch it before it takes
+/// the partition's lock: a pipelined batch then waits for its index misses together, not one
+/// after another. Only ever a hint: a stale layout (the table grew since) prefetches lines that
+/// do not help, and nothing is read through it.
+///
+/// hashbrown's tables are one allocation, entries in reverse order below the control bytes:
+/// bucket `i`'s control byte is at `ctrl_addr + i` and its entry ends `i` entries below
+/// `ctrl_addr`; a probe starts at bucket `hash & bucket_mask`. `Keys::index_layout_holds`'s test
+/// checks this against every full bucket, so a hashbrown that changes it fails a test rather
+/// than quietly prefetching the wrong lines.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct IndexLayout {
+    pub ctrl_addr: usize,
+    pub bucket_mask: usize,
+}
+
+impl IndexLayout {
+    /// The addresses of the control group and the entry `hash`'s probe reads first.
+    pub fn probe_addrs(&self, hash: u64) -> [usize; 2] {
+        let bucket = hash as usize & self.bucket_mask;
+        let entry = self
+            .ctrl_addr
+            .wrapping_sub((bucket + 1) * std::mem::size_of::<HeadLoc>());
+        [self.ctrl_addr.wrapping_add(bucket), entry]
+    }
+}
+
+/// `table`'s [`IndexLayout`], read off its first full bucket's address.
+fn layout_of(table: &HashTable<HeadLoc>) -> Option<IndexLayout> {
+    let buckets = table.num_buckets();
+    let (bucket, entry) =
+        (0..buckets).find_map(|bucket| table.get_bucket(bucket).map(|entry| (bucket, entry)))?;
+    let entry_end = entry as *const HeadLoc as usize + std::mem::size_of::<HeadLoc>();
+    Some(IndexLayout {
+        ctrl_addr: entry_end + bucket * std::mem::size_of::<HeadLoc>(),
+        bucket_mask: buckets - 1,
+    })
+}
+
 /// A cursor over the live small objects of one core, block by block, in address order.
 #[derive(Debug, Default)]
 pub(super) struct Hand {
@@ -97,6 +136,9 @@ pub(super) struct Keys {
     leases: HashMap<u64, Vec<(TargetId, Extent)>>,
     leased: HashMap<(TargetId, u64), u32>,
     next_lease: u64,
+    /// Set when an insert grew the table (the index moved); taken by
+    /// [`Keys::take_moved_layout`].
+    layout_moved: bool,
 }
 
 impl Keys {
@@ -112,7 +154,20 @@ impl Keys {
             leases: HashMap::new(),
             leased: HashMap::new(),
             next_lease: 0,
+            layout_moved: false,
         }
+    }
+
+    /// The table's layout (see [`IndexLayout`]), if it has any entry to read it from.
+    pub fn index_layout(&self) -> Option<IndexLayout> {
+        layout_of(&self.table)
+    }
+
+    /// The layout, when an insert has moved the table since the last call.
+    pub fn take_moved_layout(&mut self) -> Option<IndexLayout> {
+        std::mem::take(&mut self.layout_moved)
+            .then(|| self.index_layout())
+            .flatten()
     }
 
     pub fn len(&self) -> usize {
@@ -128,6 +183,15 @@ impl Keys {
         self.table
             .find(hash, |loc| item::key(arena.bytes(*loc)) == key)
             .copied()
+    }
+
+    /// Starts loading the record of every entry `hash`'s probe matches (usually the one the
+    /// lookup will compare), without reading any.
+    pub fn prefetch_records(&self, arena: &ShardArena, hash: u64) {
+        let _ = self.table.find(hash, |loc| {
+            crate::sys::prefetch_line(arena.head_addr(*loc));
+            false
+        });
     }
 
     /// Removes `key`'s entry, returning its record (still allocated).
@@ -150,8 +214,11 @@ impl Keys {
         }
         let hasher = &self.hasher;
         let arena = &*arena;
+        let buckets = self.table.num_buckets();
         self.table
             .insert_unique(hash, new, |loc| hasher.hash(item::key(arena.bytes(*loc))));
+        // The first insert allocates; a later one may grow the table into a new allocation.
+        self.layout_moved |= buckets != self.table.num_buckets() || self.table.len() == 1;
         None
     }
 
@@ -450,5 +517,66 @@ pub fn class_of(record: &[u8]) -> (ItemClass, u64) {
             ItemClass::Large,
             item::large(record).map_or(0, |l| l.value_len),
         ),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn mix(x: u64) -> u64 {
+        let x = (x ^ (x >> 30)).wrapping_mul(0xbf58_476d_1ce4_e5b9);
+        let x = (x ^ (x >> 27)).wrapping_mul(0x94d0_49bb_1331_11eb);
+        x ^ (x >> 31)
+    }
+
+    /// [`IndexLayout`] reads hashbrown's table layout and probe start from outside. If a
+    /// hashbrown release changes either, this fails, rather than the look ahead quietly
+    /// prefetching lines no lookup reads.
+    #[test]
+    fn index_layout_matches_hashbrowns_table() {
+        let hash_of = |loc: &HeadLoc| mix(loc.offset as u64);
+        let mut table = HashTable::new();
+        assert_eq!(
+            layout_of(&table),
+            None,
+            "an empty table has no entry to read it from"
+        );
+        const ENTRIES: u32 = 5_000;
+        for offset in 0..ENTRIES {
+            let loc = HeadLoc {
+                block: BlockId(3),
+                offset,
+            };
+            table.insert_unique(hash_of(&loc), loc, hash_of);
+        }
+        let layout = layout_of(&table).expect("a full table");
+        assert_eq!(layout.bucket_mask + 1, table.num_buckets());
+        let entry_size = std::mem::size_of::<HeadLoc>();
+        let bucket_of = |entry: &HeadLoc| {
+            (layout.ctrl_addr - (entry as *const HeadLoc as usize)) / entry_size - 1
+        };
+        for bucket in 0..table.num_buckets() {
+            if let Some(entry) = table.get_bucket(bucket) {
+                assert_eq!(bucket_of(entry), bucket, "bucket {bucket}'s entry address");
+            }
+        }
+        // A probe reads a group of (at most) 16 control bytes from its start: nearly every key
+        // at this load sits in that first group.
+        let mut in_first_group = 0;
+        for offset in 0..ENTRIES {
+            let hash = mix(offset as u64);
+            let entry = table.find(hash, |l| l.offset == offset).expect("inserted");
+            let [ctrl, first_entry] = layout.probe_addrs(hash);
+            let start = ctrl - layout.ctrl_addr;
+            assert_eq!(first_entry, layout.ctrl_addr - (start + 1) * entry_size);
+            if (bucket_of(entry).wrapping_sub(start) & layout.bucket_mask) < 16 {
+                in_first_group += 1;
+            }
+        }
+        assert!(
+            in_first_group * 10 >= ENTRIES * 9,
+            "{in_first_group} of {ENTRIES} keys in their probe's first group"
+        );
     }
 }

@@ -15,8 +15,8 @@ use crate::proto::StoreMode;
 use crate::segment::Extent;
 
 use item::{Meta, ValueAt};
-pub use keys::KeyHasher;
 use keys::Keys;
+pub use keys::{IndexLayout, KeyHasher};
 pub use stats::{ClassStats, ItemClass, StoreStats};
 
 /// Relative expiry times above this are absolute Unix times (memcached's rule: 30 days).
@@ -225,6 +225,23 @@ impl Store {
             detail: detail::PrefixStats::default(),
             config,
         }
+    }
+
+    /// Starts loading the records whose index entries match `hash` (a key's possible
+    /// records), reading none of them.
+    pub fn prefetch_records(&self, hash: u64) {
+        self.keys.prefetch_records(&self.arena, hash);
+    }
+
+    /// The index's layout now, if it has an entry to read it from (see [`IndexLayout`]).
+    pub fn index_layout(&self) -> Option<IndexLayout> {
+        self.keys.index_layout()
+    }
+
+    /// The index's layout when it has moved since the last call (a table that grew), for
+    /// the partition to publish as its prefetch hint.
+    pub fn take_moved_index_layout(&mut self) -> Option<IndexLayout> {
+        self.keys.take_moved_layout()
     }
 
     /// STAT `reset`: every counter back to zero, as memcached resets them; gauges (items,

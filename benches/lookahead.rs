@@ -1,0 +1,193 @@
+//! Look-ahead benchmark: ns per GET of pipelined batches of binary GETs, run against the
+//! partitions as a connection runs them (decode, lock the key's partition, look up, copy the
+//! value into the reply), with and without the look ahead (`server::lookahead`: the index lines
+//! of the whole batch prefetched, then each request's records a few requests ahead).
+//!
+//!   cargo bench --bench lookahead [-- --rounds N]
+//!
+//! Both ways run in the same process over the same stores and batches, alternating every chunk
+//! of batches (the order flipping each round), so a noisy host moves both alike. It prints the
+//! median over rounds of each and their ratio, for an index that fits the last-level cache
+//! (100,000 keys) and one that does not (2,000,000 keys). CPU time per request, not the
+//! server's: the kernel's TCP work, which dominates a real request, is not in these figures.
+
+use std::time::Instant;
+
+use headroom::arena::batch::install_core_batch;
+use headroom::arena::{Arena, ArenaConfig, MemoryPlan, NumaMode, UnlockedMapper};
+use headroom::proto::{decode_streaming, opcode, Decoded, Request, StoreMode};
+use headroom::server::lookahead::{Lookahead, FRAMES};
+use headroom::server::partition::Partitions;
+use headroom::store::{KeyHasher, Lookup, StoreConfig};
+use headroom::topology::Topology;
+
+const VALUE_BYTES: usize = 32;
+const PARTITIONS: usize = 32;
+const BATCHES_PER_CHUNK: usize = 2_000;
+
+fn median(mut values: Vec<f64>) -> f64 {
+    values.sort_by(|a, b| a.partial_cmp(b).unwrap());
+    values[values.len() / 2]
+}
+
+/// A small deterministic generator (xorshift64*), so every run asks for the same keys.
+struct Rng(u64);
+impl Rng {
+    fn below(&mut self, n: u64) -> u64 {
+        self.0 ^= self.0 >> 12;
+        self.0 ^= self.0 << 25;
+        self.0 ^= self.0 >> 27;
+        self.0.wrapping_mul(0x2545_f491_4f6c_dd1d) % n
+    }
+}
+
+fn key(i: u64) -> Vec<u8> {
+    format!("memtier-{i}").into_bytes()
+}
+
+/// A binary GET frame for `key`.
+fn get_frame(out: &mut Vec<u8>, key: &[u8]) {
+    out.extend_from_slice(&[0x80, opcode::GET]);
+    out.extend_from_slice(&(key.len() as u16).to_be_bytes());
+    out.extend_from_slice(&[0, 0, 0, 0]);
+    out.extend_from_slice(&(key.len() as u32).to_be_bytes());
+    out.extend_from_slice(&[0; 12]);
+    out.extend_from_slice(key);
+}
+
+/// Runs every GET of `batch` as a connection does; returns the value bytes copied.
+fn run_batch(
+    partitions: &Partitions,
+    batch: &[u8],
+    lookahead: Option<&mut Lookahead>,
+    out: &mut Vec<u8>,
+) -> usize {
+    let mut at = 0;
+    let mut lookahead = lookahead;
+    if let Some(l) = lookahead.as_deref_mut() {
+        l.reset();
+    }
+    while at < batch.len() {
+        if let Some(l) = lookahead.as_deref_mut() {
+            l.before_frame(partitions, batch, at);
+        }
+        let Decoded::Request {
+            request: Request::Get { key, .. },
+            consumed,
+            ..
+        } = decode_streaming(&batch[at..], 1 << 20, 256 << 10)
+        else {
+            panic!("a GET frame");
+        };
+        let (_, mut store) = partitions.lock_key(key);
+        if let Lookup::Small(hit) = store.lookup(key, None, 1, true) {
+            out.extend_from_slice(hit.value);
+        }
+        at += consumed;
+    }
+    out.len()
+}
+
+fn measure(keys: u64, rounds: usize) {
+    let topology = Topology::load().expect("topology");
+    let memory_bytes = (keys * 160).next_power_of_two().max(256 << 20);
+    let config = ArenaConfig {
+        numa: NumaMode::Explicit(topology.node_ids()[0]),
+        memory_bytes,
+        sub_memory_bytes: 0,
+        small_memory_bytes: None,
+        small_sub_memory_bytes: 0,
+        block_bytes: 2 << 20,
+        ram_head_bytes: 256 << 10,
+        small_min_alloc_bytes: 16,
+        io_chunk_bytes: 1 << 20,
+        stream_bytes: 0,
+        perverse: false,
+    };
+    let plan = MemoryPlan::new(&config, &topology);
+    let arena = match Arena::map_for_serving(plan.clone(), &topology, 1) {
+        Ok(arena) => arena,
+        Err(err) => {
+            eprintln!("note: {err}; measuring on unlocked memory instead");
+            Arena::map(plan, &UnlockedMapper, 1).expect("map")
+        }
+    };
+    install_core_batch();
+    let partitions = Partitions::new(&arena, KeyHasher::with_seed(1), PARTITIONS, |index| {
+        StoreConfig {
+            max_item_bytes: 1 << 20,
+            partition: index,
+            promotion_half_life_seconds: 10,
+        }
+    });
+    let value = [7u8; VALUE_BYTES];
+    for i in 0..keys {
+        let key = key(i);
+        let (_, mut store) = partitions.lock_key(&key);
+        store.store(StoreMode::Set, &key, &value, 0, 0, 0, 1);
+    }
+    let mut rng = Rng(0x9e37_79b9_7f4a_7c15);
+    let batches: Vec<Vec<u8>> = (0..BATCHES_PER_CHUNK)
+        .map(|_| {
+            let mut frames = Vec::new();
+            for _ in 0..FRAMES {
+                get_frame(&mut frames, &key(rng.below(keys)));
+            }
+            frames
+        })
+        .collect();
+    let mut lookahead = Lookahead::default();
+    let mut out = Vec::with_capacity(FRAMES * VALUE_BYTES);
+    let mut chunk = |with: bool| -> f64 {
+        let started = Instant::now();
+        let mut copied = 0;
+        for batch in &batches {
+            out.clear();
+            copied += run_batch(&partitions, batch, with.then_some(&mut lookahead), &mut out);
+        }
+        assert_eq!(
+            copied,
+            batches.len() * FRAMES * VALUE_BYTES,
+            "every GET a hit"
+        );
+        started.elapsed().as_nanos() as f64 / (batches.len() * FRAMES) as f64
+    };
+    chunk(false);
+    chunk(true);
+    let (mut without, mut with) = (Vec::new(), Vec::new());
+    for round in 0..rounds {
+        if round % 2 == 0 {
+            without.push(chunk(false));
+            with.push(chunk(true));
+        } else {
+            with.push(chunk(true));
+            without.push(chunk(false));
+        }
+    }
+    let ratios: Vec<f64> = with.iter().zip(&without).map(|(w, o)| w / o).collect();
+    println!(
+        "| {keys} | {:.1} | {:.1} | {:.2} |",
+        median(without),
+        median(with),
+        median(ratios)
+    );
+}
+
+fn main() {
+    let args: Vec<String> = std::env::args().collect();
+    let rounds = args
+        .iter()
+        .position(|a| a == "--rounds")
+        .and_then(|i| args.get(i + 1))
+        .and_then(|n| n.parse().ok())
+        .unwrap_or(31);
+    println!(
+        "Batches of {FRAMES} binary GETs of {VALUE_BYTES} B values, random keys, {PARTITIONS} \
+         partitions; median of {rounds} alternating rounds of {BATCHES_PER_CHUNK} batches"
+    );
+    println!("| keys | ns per GET, no look ahead | with it | with / without (median of pairs) |");
+    println!("| --- | --- | --- | --- |");
+    for keys in [100_000, 2_000_000] {
+        measure(keys, rounds);
+    }
+}
