@@ -15,40 +15,12 @@ use headroom::arena::{
     Arena, ArenaConfig, MemoryPlan, NumaMode, Relocation, Reserved, UnlockedMapper,
 };
 use headroom::config::ByteSize;
+
+mod common;
+use common::{arena, median};
 use headroom::topology::Topology;
 
 const KEY_BYTES: u32 = 14;
-
-fn median(mut values: Vec<f64>) -> f64 {
-    values.sort_by(|a, b| a.partial_cmp(b).unwrap());
-    values[values.len() / 2]
-}
-
-fn arena(memory: u64, granule: u64) -> std::sync::Arc<Arena> {
-    let topology = Topology::load().expect("topology");
-    let config = ArenaConfig {
-        numa: NumaMode::Explicit(topology.node_ids()[0]),
-        memory_bytes: memory,
-        sub_memory_bytes: 0,
-        small_memory_bytes: None,
-        small_sub_memory_bytes: 0,
-        block_bytes: 2 << 20,
-        ram_head_bytes: 256 << 10,
-        small_min_alloc_bytes: granule,
-        io_chunk_bytes: 1 << 20,
-        stream_bytes: 0,
-        perverse: false,
-    };
-    let plan = MemoryPlan::new(&config, &topology);
-    // Locked, bound memory when the process may lock it; plain memory otherwise (said below).
-    match Arena::map_for_serving(plan.clone(), &topology, 1) {
-        Ok(arena) => arena,
-        Err(err) => {
-            eprintln!("note: {err}; measuring on unlocked memory instead");
-            Arena::map(plan, &UnlockedMapper, 1).expect("map")
-        }
-    }
-}
 
 /// ns per operation of `op`, run `count` times.
 fn time_ns(count: usize, mut op: impl FnMut(usize)) -> f64 {
@@ -351,13 +323,8 @@ fn memcached_bytes_per_item(server: &Memcached, value: u32, count: usize) -> (u6
 
 fn main() {
     let args: Vec<String> = std::env::args().collect();
-    let rounds = args
-        .iter()
-        .position(|a| a == "--rounds")
-        .and_then(|i| args.get(i + 1))
-        .and_then(|v| v.parse().ok())
-        .unwrap_or(5);
-    if args.iter().any(|a| a == "--test" || a == "--list") {
+    let rounds = common::arg(&args, "--rounds").unwrap_or(5);
+    if common::listing_only(&args) {
         return; // `cargo test --benches` compiles and lists; the figures come from `cargo bench`
     }
     let backing = arena(2 << 20, 16).regions()[0].backing.to_string();

@@ -19,17 +19,15 @@ use std::time::Instant;
 use headroom::bench::process::{self, Started};
 use io_uring::{cqueue, opcode, types, IoUring};
 
+mod common;
+use common::median;
+
 const KIB: usize = 1 << 10;
 const MIB: usize = 1 << 20;
 /// `IORING_SEND_ZC_REPORT_USAGE` and `IORING_NOTIF_USAGE_ZC_COPIED`.
 const SEND_ZC_REPORT_USAGE: u16 = 1 << 3;
 const NOTIF_USAGE_ZC_COPIED: u32 = 1 << 31;
 const NR_HUGEPAGES: &str = "/proc/sys/vm/nr_hugepages";
-
-fn median(mut values: Vec<f64>) -> f64 {
-    values.sort_by(|a, b| a.partial_cmp(b).unwrap());
-    values[values.len() / 2]
-}
 
 fn percentile(sorted: &[f64], p: f64) -> f64 {
     sorted[((sorted.len() - 1) as f64 * p).round() as usize]
@@ -463,11 +461,7 @@ fn offsets(rounds: usize, memories: &[&Memory]) {
 
 fn main() {
     let args: Vec<String> = std::env::args().collect();
-    let rounds = args
-        .iter()
-        .position(|a| a == "--rounds")
-        .and_then(|i| args.get(i + 1)?.parse().ok())
-        .unwrap_or(3);
+    let rounds = common::arg(&args, "--rounds").unwrap_or(3);
     let only = args
         .iter()
         .position(|a| a == "--only")

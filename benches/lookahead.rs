@@ -14,21 +14,17 @@
 use std::time::Instant;
 
 use headroom::arena::batch::install_core_batch;
-use headroom::arena::{Arena, ArenaConfig, MemoryPlan, NumaMode, UnlockedMapper};
 use headroom::proto::{decode_streaming, opcode, Decoded, Request, StoreMode};
 use headroom::server::lookahead::{Lookahead, FRAMES};
 use headroom::server::partition::Partitions;
 use headroom::store::{KeyHasher, Lookup, StoreConfig};
-use headroom::topology::Topology;
+
+mod common;
+use common::{arena, median};
 
 const VALUE_BYTES: usize = 32;
 const PARTITIONS: usize = 32;
 const BATCHES_PER_CHUNK: usize = 2_000;
-
-fn median(mut values: Vec<f64>) -> f64 {
-    values.sort_by(|a, b| a.partial_cmp(b).unwrap());
-    values[values.len() / 2]
-}
 
 /// A small deterministic generator (xorshift64*), so every run asks for the same keys.
 struct Rng(u64);
@@ -89,29 +85,7 @@ fn run_batch(
 }
 
 fn measure(keys: u64, rounds: usize) {
-    let topology = Topology::load().expect("topology");
-    let memory_bytes = (keys * 160).next_power_of_two().max(256 << 20);
-    let config = ArenaConfig {
-        numa: NumaMode::Explicit(topology.node_ids()[0]),
-        memory_bytes,
-        sub_memory_bytes: 0,
-        small_memory_bytes: None,
-        small_sub_memory_bytes: 0,
-        block_bytes: 2 << 20,
-        ram_head_bytes: 256 << 10,
-        small_min_alloc_bytes: 16,
-        io_chunk_bytes: 1 << 20,
-        stream_bytes: 0,
-        perverse: false,
-    };
-    let plan = MemoryPlan::new(&config, &topology);
-    let arena = match Arena::map_for_serving(plan.clone(), &topology, 1) {
-        Ok(arena) => arena,
-        Err(err) => {
-            eprintln!("note: {err}; measuring on unlocked memory instead");
-            Arena::map(plan, &UnlockedMapper, 1).expect("map")
-        }
-    };
+    let arena = arena((keys * 160).next_power_of_two().max(256 << 20), 16);
     install_core_batch();
     let partitions = Partitions::new(&arena, KeyHasher::with_seed(1), PARTITIONS, |index| {
         StoreConfig {
@@ -175,12 +149,10 @@ fn measure(keys: u64, rounds: usize) {
 
 fn main() {
     let args: Vec<String> = std::env::args().collect();
-    let rounds = args
-        .iter()
-        .position(|a| a == "--rounds")
-        .and_then(|i| args.get(i + 1))
-        .and_then(|n| n.parse().ok())
-        .unwrap_or(31);
+    if common::listing_only(&args) {
+        return; // `cargo test --benches` compiles and lists; the figures come from `cargo bench`
+    }
+    let rounds = common::arg(&args, "--rounds").unwrap_or(31);
     println!(
         "Batches of {FRAMES} binary GETs of {VALUE_BYTES} B values, random keys, {PARTITIONS} \
          partitions; median of {rounds} alternating rounds of {BATCHES_PER_CHUNK} batches"

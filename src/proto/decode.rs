@@ -210,7 +210,7 @@ fn be64(b: &[u8]) -> u64 {
 /// frame without one), at most `most` frames, and returns the offset after the last. A look
 /// ahead for prefetching, not a decoder: it stops at the first partial or malformed frame and
 /// checks nothing but the lengths it needs.
-pub fn frame_keys(buf: &[u8], most: usize, mut key: impl FnMut(&[u8])) -> usize {
+pub fn frame_keys<'a>(buf: &'a [u8], most: usize, mut key: impl FnMut(&'a [u8])) -> usize {
     let mut at = 0;
     for _ in 0..most {
         let Some(header) = buf.get(at..at + HEADER_BYTES) else {

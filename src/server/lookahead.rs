@@ -53,15 +53,21 @@ impl Lookahead {
     }
 
     fn look_from(&mut self, partitions: &Partitions, buf: &[u8], at: usize) {
-        let (mut len, hashes) = (0, &mut self.hashes);
+        let mut keys: [&[u8]; FRAMES] = [&[]; FRAMES];
+        let mut len = 0;
         let ahead = frame_keys(&buf[at..], FRAMES, |key| {
-            hashes[len] = (!key.is_empty()).then(|| partitions.hasher().hash(key));
+            keys[len] = key;
             len += 1;
         });
-        // A lone request would wait for its prefetch at once: nothing to overlap.
-        if len > 1 {
-            for hash in hashes[..len].iter().flatten() {
-                partitions.prefetch_index(*hash);
+        // A lone request would wait for its prefetch at once: nothing to overlap, and no
+        // hash to spend on the unpipelined path.
+        if len < 2 {
+            len = 0;
+        }
+        for (hash, key) in self.hashes.iter_mut().zip(&keys[..len]) {
+            *hash = (!key.is_empty()).then(|| partitions.hasher().hash(key));
+            if let Some(hash) = *hash {
+                partitions.prefetch_index(hash);
             }
         }
         self.len = len;
