@@ -37,7 +37,7 @@ impl KeyHasher {
 ///
 /// hashbrown's tables are one allocation, entries in reverse order below the control bytes:
 /// bucket `i`'s control byte is at `ctrl_addr + i` and its entry ends `i` entries below
-/// `ctrl_addr`; a probe starts at bucket `hash & bucket_mask`. `Keys::index_layout_holds`'s test
+/// `ctrl_addr`; a probe starts at bucket `hash & bucket_mask`. `index_layout_matches_hashbrowns_table`
 /// checks this against every full bucket, so a hashbrown that changes it fails a test rather
 /// than quietly prefetching the wrong lines.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -47,15 +47,28 @@ pub struct IndexLayout {
 }
 
 impl IndexLayout {
-    /// The addresses of the control group and the entry `hash`'s probe reads first.
-    pub fn probe_addrs(&self, hash: u64) -> [usize; 2] {
+    /// Lines a probe for `hash` reads first: both ends of its first control group (16 bytes
+    /// that may straddle two lines) and the entries of that group's first eight buckets (one
+    /// line's worth, so one or two lines). A key sits in its probe's first few buckets unless
+    /// the table is nearly full; the first bucket's entry alone missed about half the time.
+    pub fn probe_addrs(&self, hash: u64) -> [usize; 4] {
         let bucket = hash as usize & self.bucket_mask;
-        let entry = self
-            .ctrl_addr
-            .wrapping_sub((bucket + 1) * std::mem::size_of::<HeadLoc>());
-        [self.ctrl_addr.wrapping_add(bucket), entry]
+        let entry = |bucket: usize| {
+            self.ctrl_addr
+                .wrapping_sub(((bucket & self.bucket_mask) + 1) * std::mem::size_of::<HeadLoc>())
+        };
+        [
+            self.ctrl_addr.wrapping_add(bucket),
+            self.ctrl_addr.wrapping_add(bucket + GROUP_BYTES - 1),
+            entry(bucket),
+            entry(bucket + ENTRIES_PER_LINE - 1),
+        ]
     }
 }
+
+/// hashbrown's SSE2 control group.
+const GROUP_BYTES: usize = 16;
+const ENTRIES_PER_LINE: usize = 64 / std::mem::size_of::<HeadLoc>();
 
 /// `table`'s [`IndexLayout`], read off its first full bucket's address.
 fn layout_of(table: &HashTable<HeadLoc>) -> Option<IndexLayout> {
@@ -542,7 +555,7 @@ mod tests {
             None,
             "an empty table has no entry to read it from"
         );
-        const ENTRIES: u32 = 5_000;
+        const ENTRIES: u32 = 3_100;
         for offset in 0..ENTRIES {
             let loc = HeadLoc {
                 block: BlockId(3),
@@ -561,22 +574,39 @@ mod tests {
                 assert_eq!(bucket_of(entry), bucket, "bucket {bucket}'s entry address");
             }
         }
-        // A probe reads a group of (at most) 16 control bytes from its start: nearly every key
-        // at this load sits in that first group.
-        let mut in_first_group = 0;
+        // A probe reads a group of 16 control bytes from its start, then the entries of the
+        // buckets that match: every key's first group must be prefetched, and nearly every
+        // key's entry, at the load a partition runs at (3,100 in 4,096 buckets).
+        let line = |addr: usize| addr / 64;
+        let (mut in_first_group, mut entry_prefetched) = (0, 0);
         for offset in 0..ENTRIES {
             let hash = mix(offset as u64);
             let entry = table.find(hash, |l| l.offset == offset).expect("inserted");
-            let [ctrl, first_entry] = layout.probe_addrs(hash);
-            let start = ctrl - layout.ctrl_addr;
-            assert_eq!(first_entry, layout.ctrl_addr - (start + 1) * entry_size);
+            let lines = layout.probe_addrs(hash).map(line);
+            let start = hash as usize & layout.bucket_mask;
+            for byte in start..start + 16 {
+                assert!(
+                    lines.contains(&line(layout.ctrl_addr + byte)),
+                    "control byte {byte} of the first group of a probe from {start}"
+                );
+            }
             if (bucket_of(entry).wrapping_sub(start) & layout.bucket_mask) < 16 {
                 in_first_group += 1;
+            }
+            let entry_addr = entry as *const HeadLoc as usize;
+            if lines.contains(&line(entry_addr))
+                && lines.contains(&line(entry_addr + entry_size - 1))
+            {
+                entry_prefetched += 1;
             }
         }
         assert!(
             in_first_group * 10 >= ENTRIES * 9,
             "{in_first_group} of {ENTRIES} keys in their probe's first group"
+        );
+        assert!(
+            entry_prefetched * 10 >= ENTRIES * 9,
+            "{entry_prefetched} of {ENTRIES} keys' entries prefetched"
         );
     }
 }
