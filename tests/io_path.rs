@@ -179,6 +179,8 @@ fn a_stalled_reader_gives_its_chunks_back_when_cut() {
         io_sum(&mut c, "pool_chunks"),
         io_sum(&mut c, "pool_chunks_free")
     );
+    // Its socket's registered-file slot (ring path) was emptied with it.
+    assert!(io_sum(&mut c, "ring_files_registered") <= 1);
     drop(stalled);
     // The value is intact for the next reader.
     assert!(c.get(b"big").value == big);
@@ -244,4 +246,49 @@ fn idle_connections_beyond_the_rings_operation_bound_never_stall_a_shard() {
     }
     drop(idle);
     assert_eq!(server.stop().code(), Some(0));
+}
+
+#[test]
+fn connections_sockets_are_registered_files_while_served_and_only_then() {
+    if !is_root() {
+        println!("skipped: this machine's memlock limit may refuse the ring for non-root users");
+        return;
+    }
+    let server = Server::start(&["--threads", "1", "--io-ring", "on"]);
+    let mut c = server.client();
+    let registered = |c: &mut Client| io_sum(c, "ring_files_registered");
+    if registered(&mut c) == 0 {
+        println!("skipped: this kernel has no sparse registered-file table");
+        return;
+    }
+    assert_eq!(registered(&mut c), 1, "the stats connection");
+    // Three rounds of connections on reused slots (and reused descriptor numbers): each sees
+    // only its own replies, byte-exact, and a QUIT closes its socket.
+    for round in 0..3u64 {
+        let mut clients: Vec<Client> = (0..20).map(|_| server.client()).collect();
+        for (i, client) in clients.iter_mut().enumerate() {
+            let value = pattern(round * 100 + i as u64, 10 + i * 13);
+            let key = format!("r{round}c{i}");
+            assert_eq!(client.set(key.as_bytes(), &value, 0, 0).status, 0);
+            assert!(client.get(key.as_bytes()).value == value, "{key}");
+        }
+        assert_eq!(registered(&mut c), 21, "round {round}");
+        for client in &mut clients {
+            assert_eq!(
+                client
+                    .call(&common::server::frame(0x07, &[], &[], &[], 0, 0))
+                    .status,
+                0
+            );
+            assert!(client.recv().is_none(), "QUIT closes the socket");
+        }
+        drop(clients);
+        let deadline = std::time::Instant::now() + std::time::Duration::from_secs(5);
+        while registered(&mut c) != 1 && std::time::Instant::now() < deadline {
+            std::thread::sleep(std::time::Duration::from_millis(20));
+        }
+        assert_eq!(registered(&mut c), 1, "round {round}: slots emptied");
+    }
+    assert_eq!(io_sum(&mut c, "ring_files_full"), 0);
+    assert_eq!(io_sum(&mut c, "op_errors"), 0);
 }

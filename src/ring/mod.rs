@@ -21,17 +21,21 @@
 //!   completion: dropping the future that waits for it (a timeout, a closing connection)
 //!   cancels the operation but keeps the memory alive until the kernel is done with it.
 //! - **Sockets**: [`Ring::quiesce`] waits until no operation on a descriptor is left, so a
-//!   connection is closed only after everything on it has completed.
+//!   connection is closed only after everything on it has completed. A connection's socket is
+//!   registered in the ring's file table while it is served ([`Ring::register_fd`]), so its
+//!   operations skip the kernel's per-operation descriptor lookup and reference count; a slot
+//!   goes to another socket only once nothing that names it is in flight ([`files`]).
 //!
 //! This is one of the modules that may hold `unsafe` (it touches a ring); each block says why
 //! it is sound.
 
 pub mod buffers;
 pub mod doorbell;
+pub mod files;
 pub mod pool;
 
 use std::cell::{Cell, RefCell};
-use std::collections::{HashMap, VecDeque};
+use std::collections::VecDeque;
 use std::future::Future;
 use std::io;
 use std::os::fd::{AsRawFd, FromRawFd, OwnedFd, RawFd};
@@ -43,10 +47,14 @@ use io_uring::{cqueue, opcode, squeue, types, IoUring};
 
 pub use buffers::FixedBuffers;
 pub use doorbell::Doorbell;
+use files::FileTable;
 pub use pool::{PoolChunk, StreamPool};
 
 /// Most operations one shard's ring has in flight.
 pub const RING_IN_FLIGHT_MAX: usize = 256;
+/// Most slots of a ring's registered-file table (one per connection of the shard; a
+/// connection beyond them runs on its plain descriptor).
+const FILE_SLOTS_MAX: usize = 65_536;
 
 /// The kernel's largest completion queue (`IORING_MAX_CQ_ENTRIES`).
 const CQ_ENTRIES_MAX: usize = 65_536;
@@ -123,6 +131,10 @@ pub struct RingStats {
     pub entries_submitted: u64,
     /// `io_uring_enter` calls made only to run completions waiting for this thread.
     pub task_runs: u64,
+    /// Sockets in the registered-file table now.
+    pub files_registered: u64,
+    /// Connections that found the registered-file table full (they use their descriptor).
+    pub files_full: u64,
 }
 
 /// Zero-copy sends a connection probes before it trusts what their notifications say.
@@ -340,6 +352,8 @@ struct Slot {
     busy: bool,
     kind: OpKind,
     fd: RawFd,
+    /// The registered-file slot the operation names instead of `fd`.
+    file: Option<u32>,
     /// The operation's result (its first completion).
     result: Option<i32>,
     /// A notification is still to come (zero-copy sends).
@@ -359,6 +373,7 @@ impl Slot {
             busy: false,
             kind: OpKind::Send,
             fd: -1,
+            file: None,
             result: None,
             notification_due: false,
             detached: false,
@@ -391,8 +406,12 @@ pub struct Ring {
     /// Operations in flight other than receives (what [`RING_IN_FLIGHT_MAX`] bounds).
     bounded_in_flight: Cell<usize>,
     /// Operations in flight per descriptor, and who waits for one to reach zero.
-    fd_ops: RefCell<HashMap<RawFd, usize>>,
+    /// (Indexed by descriptor: they are small and dense, and this is looked up per operation.)
+    fd_ops: RefCell<Vec<usize>>,
     fd_waiters: RefCell<Vec<(RawFd, Waker)>>,
+    /// The registered-file table's slots (`None`: the kernel refused one; plain descriptors).
+    files: RefCell<Option<FileTable>>,
+    file_slots: usize,
     stats: RefCell<RingStats>,
     stopping: Cell<bool>,
     /// Entries queued since the last submission, and whether a flush task is on its way.
@@ -447,6 +466,20 @@ impl Ring {
             .submitter()
             .register_eventfd(eventfd.as_raw_fd())
             .map_err(|err| format!("registering the eventfd: {err}"))?;
+        // A sparse table (5.19+): slots are filled as connections arrive. The kernel refuses
+        // a table larger than the open-files limit.
+        let open_files_max =
+            nix::sys::resource::getrlimit(nix::sys::resource::Resource::RLIMIT_NOFILE)
+                .map_or(1024, |(soft, _)| soft.min(usize::MAX as u64) as usize);
+        let file_slots = receives_max.min(open_files_max).clamp(1, FILE_SLOTS_MAX);
+        let files = match uring.submitter().register_files_sparse(file_slots as u32) {
+            Ok(()) => Some(FileTable::new(file_slots as u32)),
+            Err(err) => {
+                tracing::info!(%err, "no registered-file table: sockets are named by descriptor");
+                None
+            }
+        };
+        let file_slots = if files.is_some() { file_slots } else { 0 };
         if !buffers.is_empty() {
             let iovecs: Vec<libc::iovec> = buffers
                 .pieces()
@@ -475,8 +508,10 @@ impl Ring {
             free: RefCell::new(Vec::new()),
             room_waiters: RefCell::new(VecDeque::new()),
             bounded_in_flight: Cell::new(0),
-            fd_ops: RefCell::new(HashMap::new()),
+            fd_ops: RefCell::new(Vec::new()),
             fd_waiters: RefCell::new(Vec::new()),
+            files: RefCell::new(files),
+            file_slots,
             stats: RefCell::new(RingStats::default()),
             stopping: Cell::new(false),
             queued: Cell::new(0),
@@ -491,7 +526,13 @@ impl Ring {
     }
 
     pub fn stats(&self) -> RingStats {
-        self.stats.borrow().clone()
+        let mut stats = self.stats.borrow().clone();
+        stats.files_registered = self
+            .files
+            .borrow()
+            .as_ref()
+            .map_or(0, |t| t.registered() as u64);
+        stats
     }
 
     /// Runs the completion driver and the flusher on the current glommio executor until
@@ -570,17 +611,94 @@ impl Ring {
         .await
     }
 
+    /// Slots in the registered-file table (0: none; every socket is named by descriptor).
+    pub fn file_slots(&self) -> usize {
+        self.file_slots
+    }
+
+    /// Puts `fd` in a slot of the registered-file table, so the operations on it name the slot.
+    /// Returns false, and the operations name the descriptor, when there is no table, no free
+    /// slot, or the kernel refuses. Undo with [`Ring::unregister_fd`] before `fd` is closed.
+    pub fn register_fd(&self, fd: RawFd) -> bool {
+        let mut files = self.files.borrow_mut();
+        let Some(table) = files.as_mut() else {
+            return false;
+        };
+        let Some(slot) = table.assign(fd) else {
+            self.stats.borrow_mut().files_full += 1;
+            return false;
+        };
+        match self
+            .uring
+            .borrow()
+            .submitter()
+            .register_files_update(slot, &[fd])
+        {
+            Ok(_) => true,
+            Err(err) => {
+                tracing::debug!(%err, fd, slot, "registering a socket in the file table");
+                table.unassign(fd);
+                false
+            }
+        }
+    }
+
+    /// Takes `fd` out of the registered-file table. Its slot is emptied now, or after the
+    /// last operation that names it completes; only then may another socket have it.
+    pub fn unregister_fd(&self, fd: RawFd) {
+        let slot = self
+            .files
+            .borrow_mut()
+            .as_mut()
+            .and_then(|t| t.unregister(fd));
+        if let Some(slot) = slot {
+            self.empty_file_slot(slot);
+        }
+    }
+
+    /// Empties `slot` in the kernel (dropping its reference to the socket) and frees it.
+    fn empty_file_slot(&self, slot: u32) {
+        match self
+            .uring
+            .borrow()
+            .submitter()
+            .register_files_update(slot, &[-1])
+        {
+            Ok(_) => {
+                if let Some(table) = self.files.borrow_mut().as_mut() {
+                    table.emptied(slot);
+                }
+            }
+            // Never reused: a slot the kernel may still fill must not name another socket.
+            Err(err) => {
+                tracing::error!(%err, slot, "emptying a registered-file slot; it stays out of use")
+            }
+        }
+    }
+
+    fn ops_on(&self, fd: RawFd) -> usize {
+        usize::try_from(fd)
+            .ok()
+            .and_then(|at| self.fd_ops.borrow().get(at).copied())
+            .unwrap_or(0)
+    }
+
     /// Whether any operation on `fd` is in flight (a notification still due included).
     pub fn busy(&self, fd: RawFd) -> bool {
-        self.fd_ops.borrow().get(&fd).copied().unwrap_or(0) > 0
+        self.ops_on(fd) > 0
     }
 
     /// Cancels every operation on `fd` (their completions still arrive).
     pub fn cancel_fd(&self, fd: RawFd) {
-        if self.fd_ops.borrow().get(&fd).copied().unwrap_or(0) == 0 {
+        if self.ops_on(fd) == 0 {
             return;
         }
-        let cancel = opcode::AsyncCancel2::new(types::CancelBuilder::fd(types::Fd(fd)).all())
+        let slot = self.files.borrow().as_ref().and_then(|t| t.slot(fd));
+        let target = match slot {
+            Some(slot) => types::CancelBuilder::fd(types::Fixed(slot)),
+            None => types::CancelBuilder::fd(types::Fd(fd)),
+        };
+        let cancel = opcode::AsyncCancel2::new(target.all())
             .build()
             .user_data(CANCEL_USER_DATA);
         self.queue(&cancel);
@@ -592,7 +710,7 @@ impl Ring {
     pub async fn quiesce(&self, fd: RawFd) {
         std::future::poll_fn(|cx| {
             self.reap();
-            if self.fd_ops.borrow().get(&fd).copied().unwrap_or(0) == 0 {
+            if self.ops_on(fd) == 0 {
                 Poll::Ready(())
             } else {
                 self.fd_waiters.borrow_mut().push((fd, cx.waker().clone()));
@@ -611,9 +729,9 @@ impl Ring {
         while sent < total {
             let at = sent;
             let (result, back) = self
-                .submit(OpKind::Send, fd, buf, None, |b| {
+                .submit(OpKind::Send, fd, buf, None, |b, target| {
                     // SAFETY (of the pointer arithmetic): `at < len` of the owned buffer.
-                    opcode::Send::new(types::Fd(fd), b.ptr().wrapping_add(at), (total - at) as u32)
+                    opcode::Send::new(target, b.ptr().wrapping_add(at), (total - at) as u32)
                         .flags(libc::MSG_NOSIGNAL)
                         .build()
                 })
@@ -648,23 +766,26 @@ impl Ring {
             let at = sent;
             let part = Buf::Lent(Rc::clone(&shared));
             let (result, _) = if zero_copy {
-                self.submit(OpKind::SendZc, fd, part, Some(Rc::clone(report)), |_| {
-                    let mut op = opcode::SendZc::new(
-                        types::Fd(fd),
-                        ptr.wrapping_add(at),
-                        (total - at) as u32,
-                    )
-                    .flags(libc::MSG_NOSIGNAL)
-                    .zc_flags(SEND_ZC_REPORT_USAGE);
-                    if let Some(index) = index {
-                        op = op.buf_index(Some(index));
-                    }
-                    op.build()
-                })
+                self.submit(
+                    OpKind::SendZc,
+                    fd,
+                    part,
+                    Some(Rc::clone(report)),
+                    |_, target| {
+                        let mut op =
+                            opcode::SendZc::new(target, ptr.wrapping_add(at), (total - at) as u32)
+                                .flags(libc::MSG_NOSIGNAL)
+                                .zc_flags(SEND_ZC_REPORT_USAGE);
+                        if let Some(index) = index {
+                            op = op.buf_index(Some(index));
+                        }
+                        op.build()
+                    },
+                )
                 .await
             } else {
-                self.submit(OpKind::Send, fd, part, None, |_| {
-                    opcode::Send::new(types::Fd(fd), ptr.wrapping_add(at), (total - at) as u32)
+                self.submit(OpKind::Send, fd, part, None, |_, target| {
+                    opcode::Send::new(target, ptr.wrapping_add(at), (total - at) as u32)
                         .flags(libc::MSG_NOSIGNAL)
                         .build()
                 })
@@ -718,9 +839,9 @@ impl Ring {
             pair.aim(sent);
             let msg: *const libc::msghdr = &pair.msg;
             let (result, back) = self
-                .submit(OpKind::Send, fd, Buf::Pair(pair), None, |_| {
+                .submit(OpKind::Send, fd, Buf::Pair(pair), None, |_, target| {
                     // The message lives in the boxed pair the slot owns until completion.
-                    opcode::SendMsg::new(types::Fd(fd), msg)
+                    opcode::SendMsg::new(target, msg)
                         .flags(libc::MSG_NOSIGNAL as u32)
                         .build()
                 })
@@ -747,9 +868,9 @@ impl Ring {
         assert!(at < buf.len(), "a receive needs room");
         let room = (buf.len() - at) as u32;
         let (result, back) = self
-            .submit(OpKind::Recv, fd, Buf::Owned(buf), None, |b| {
+            .submit(OpKind::Recv, fd, Buf::Owned(buf), None, |b, target| {
                 // SAFETY (of the pointer arithmetic): `at < len` of the owned buffer.
-                opcode::Recv::new(types::Fd(fd), b.ptr().wrapping_add(at) as *mut u8, room).build()
+                opcode::Recv::new(target, b.ptr().wrapping_add(at) as *mut u8, room).build()
             })
             .await;
         match back {
@@ -772,10 +893,16 @@ impl Ring {
         stamped.aim(at);
         let msg: *mut libc::msghdr = &mut stamped.msg;
         let (result, back) = self
-            .submit(OpKind::Recv, fd, Buf::Stamped(stamped), None, |_| {
-                // The message lives in the box the slot owns until completion.
-                opcode::RecvMsg::new(types::Fd(fd), msg).build()
-            })
+            .submit(
+                OpKind::Recv,
+                fd,
+                Buf::Stamped(stamped),
+                None,
+                |_, target| {
+                    // The message lives in the box the slot owns until completion.
+                    opcode::RecvMsg::new(target, msg).build()
+                },
+            )
             .await;
         match back {
             Some(Buf::Stamped(r)) => (result, r),
@@ -820,13 +947,15 @@ impl Ring {
         assert!(len <= chunk.len());
         let index = chunk.buf_index();
         let (result, back) = self
-            .submit(kind, fd, Buf::Chunk(chunk), None, |b| {
-                let (fd, len) = (types::Fd(fd), len as u32);
+            .submit(kind, fd, Buf::Chunk(chunk), None, |b, target| {
+                let len = len as u32;
                 match kind {
-                    OpKind::ReadFixed => opcode::ReadFixed::new(fd, b.ptr() as *mut u8, len, index)
-                        .offset(offset)
-                        .build(),
-                    OpKind::WriteFixed => opcode::WriteFixed::new(fd, b.ptr(), len, index)
+                    OpKind::ReadFixed => {
+                        opcode::ReadFixed::new(target, b.ptr() as *mut u8, len, index)
+                            .offset(offset)
+                            .build()
+                    }
+                    OpKind::WriteFixed => opcode::WriteFixed::new(target, b.ptr(), len, index)
                         .offset(offset)
                         .build(),
                     _ => unreachable!("chunk I/O is a fixed read or write"),
@@ -848,7 +977,7 @@ impl Ring {
         fd: RawFd,
         buf: Buf,
         report: Option<Rc<ZcReport>>,
-        entry: impl FnOnce(&Buf) -> squeue::Entry,
+        entry: impl FnOnce(&Buf, types::Fd) -> squeue::Entry,
     ) -> (io::Result<usize>, Option<Buf>) {
         if kind != OpKind::Recv {
             self.room().await;
@@ -866,6 +995,7 @@ impl Ring {
             slot.busy = true;
             slot.kind = kind;
             slot.fd = fd;
+            slot.file = None;
             slot.result = None;
             slot.notification_due = false;
             slot.detached = false;
@@ -874,12 +1004,32 @@ impl Ring {
             slot.report = report;
             (index, slot.generation)
         };
+        // A registered socket is named by its slot (what `types::Fixed` builds: the slot in
+        // the descriptor's place, and the fixed-file flag).
+        let file = self.files.borrow_mut().as_mut().and_then(|table| {
+            let slot = table.slot(fd)?;
+            table.op_started(slot);
+            Some(slot)
+        });
         let sqe = {
-            let slots = self.slots.borrow();
-            entry(slots[index].buf.as_ref().expect("just stored"))
-                .user_data(user_data(index, generation))
+            let mut slots = self.slots.borrow_mut();
+            slots[index].file = file;
+            let target = types::Fd(file.map_or(fd, |slot| slot as RawFd));
+            let sqe = entry(slots[index].buf.as_ref().expect("just stored"), target)
+                .user_data(user_data(index, generation));
+            match file {
+                Some(_) => sqe.flags(squeue::Flags::FIXED_FILE),
+                None => sqe,
+            }
         };
-        *self.fd_ops.borrow_mut().entry(fd).or_default() += 1;
+        {
+            let mut fd_ops = self.fd_ops.borrow_mut();
+            let at = usize::try_from(fd).expect("a descriptor");
+            if fd_ops.len() <= at {
+                fd_ops.resize(at + 1, 0);
+            }
+            fd_ops[at] += 1;
+        }
         {
             let mut stats = self.stats.borrow_mut();
             stats.in_flight += 1;
@@ -1081,11 +1231,21 @@ impl Ring {
             self.bounded_in_flight.set(self.bounded_in_flight.get() - 1);
         }
         let fd = slot.fd;
+        if let Some(file) = slot.file.take() {
+            let emptying = self
+                .files
+                .borrow_mut()
+                .as_mut()
+                .and_then(|t| t.op_finished(file));
+            if let Some(file) = emptying {
+                self.empty_file_slot(file);
+            }
+        }
         let mut fd_ops = self.fd_ops.borrow_mut();
-        let left = fd_ops.get_mut(&fd).expect("counted at submission");
+        let left = &mut fd_ops[fd as usize];
+        assert!(*left > 0, "an operation counted at submission");
         *left -= 1;
         if *left == 0 {
-            fd_ops.remove(&fd);
             let mut waiters = self.fd_waiters.borrow_mut();
             let mut i = 0;
             while i < waiters.len() {

@@ -860,6 +860,22 @@ pub const IO: &[(&str, Export)] = &[
             "io_uring_enter calls made only to run completions waiting for the thread.",
         )),
     ),
+    (
+        "ring_files_registered",
+        sample(gauge(
+            "ring_files_registered",
+            N,
+            "Sockets in the ring's registered-file table now.",
+        )),
+    ),
+    (
+        "ring_files_full",
+        sample(counter(
+            "ring_files_full",
+            N,
+            "Connections that found the registered-file table full and use their descriptor.",
+        )),
+    ),
 ];
 
 const TARGET_INFO: Metric = info(

@@ -84,6 +84,8 @@ impl IoSnapshot {
         put("ring_submits", ring.submits.to_string());
         put("ring_entries_submitted", ring.entries_submitted.to_string());
         put("ring_task_runs", ring.task_runs.to_string());
+        put("ring_files_registered", ring.files_registered.to_string());
+        put("ring_files_full", ring.files_full.to_string());
         out
     }
 }
@@ -127,9 +129,10 @@ impl ShardIo {
             }) {
                 Ok(ring) => {
                     let path = format!(
-                        "ring ({} bytes of arena in {} fixed buffers)",
+                        "ring ({} bytes of arena in {} fixed buffers, {} registered-file slots)",
                         ring.buffers().total_bytes(),
-                        ring.buffers().len()
+                        ring.buffers().len(),
+                        ring.file_slots()
                     );
                     (Some(ring), path)
                 }
@@ -230,6 +233,11 @@ impl Wire {
             && crate::sys::enable_receive_timestamps(fd)
                 .inspect_err(|err| tracing::debug!(%err, "no receive timestamps"))
                 .is_ok();
+        // Taken out again when this is dropped, which the connection's task does before it
+        // closes the socket.
+        if let Some(ring) = &ring {
+            ring.register_fd(fd);
+        }
         Wire {
             ring,
             fd,
@@ -366,6 +374,14 @@ impl Wire {
             }
         }
         ring.quiesce(self.fd).await;
+    }
+}
+
+impl Drop for Wire {
+    fn drop(&mut self) {
+        if let Some(ring) = &self.ring {
+            ring.unregister_fd(self.fd);
+        }
     }
 }
 
