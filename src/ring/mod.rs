@@ -392,6 +392,9 @@ fn user_data(index: usize, generation: u32) -> u64 {
     (u64::from(generation) << 32) | index as u64
 }
 
+/// Completions (user data, result, flags) and the wakers they wake.
+type ReapScratch = (Vec<(u64, i32, u32)>, Vec<Waker>);
+
 /// One shard's ring.
 pub struct Ring {
     uring: RefCell<IoUring>,
@@ -412,6 +415,8 @@ pub struct Ring {
     /// The registered-file table's slots (`None`: the kernel refused one; plain descriptors).
     files: RefCell<Option<FileTable>>,
     file_slots: usize,
+    /// What [`Ring::reap`] collects (completions, then wakers), kept for the next reap.
+    reap_scratch: RefCell<ReapScratch>,
     stats: RefCell<RingStats>,
     stopping: Cell<bool>,
     /// Entries queued since the last submission, and whether a flush task is on its way.
@@ -512,6 +517,7 @@ impl Ring {
             fd_waiters: RefCell::new(Vec::new()),
             files: RefCell::new(files),
             file_slots,
+            reap_scratch: RefCell::new(ReapScratch::default()),
             stats: RefCell::new(RingStats::default()),
             stopping: Cell::new(false),
             queued: Cell::new(0),
@@ -1135,7 +1141,10 @@ impl Ring {
     /// results and notifications, wakes waiters and frees finished slots. Returns how many it
     /// took.
     pub fn reap(&self) -> usize {
-        let mut completions = Vec::new();
+        // Scratch vectors kept between reaps, so reaping allocates nothing once they have
+        // grown (a reap runs at least once per executor pass). Taken out while in use: a reap
+        // re-entered from a waker or a release just starts with empty ones.
+        let (mut completions, mut wake) = std::mem::take(&mut *self.reap_scratch.borrow_mut());
         {
             let mut uring = self.uring.borrow_mut();
             if self.defer_taskrun && uring.submission().taskrun() {
@@ -1160,15 +1169,15 @@ impl Ring {
             );
         }
         if completions.is_empty() {
+            *self.reap_scratch.borrow_mut() = (completions, wake);
             return 0;
         }
         let taken = completions.len();
-        let mut wake = Vec::new();
         let mut release = Vec::new();
         {
             let mut slots = self.slots.borrow_mut();
             let mut stats = self.stats.borrow_mut();
-            for (data, result, flags) in completions {
+            for (data, result, flags) in completions.drain(..) {
                 if data == CANCEL_USER_DATA {
                     continue;
                 }
@@ -1212,9 +1221,10 @@ impl Ring {
         }
         // Outside the borrows: a release may run an owner's code, a waker may poll at once.
         drop(release);
-        for w in wake {
+        for w in wake.drain(..) {
             w.wake();
         }
+        *self.reap_scratch.borrow_mut() = (completions, wake);
         self.wake_room();
         taken
     }
