@@ -218,6 +218,8 @@ pub struct Wire {
     stamps: bool,
     /// When the bytes of the last completed read reached the socket (see [`Wire::arrived`]).
     arrived: Cell<Option<Instant>>,
+    /// Whether the socket is in the ring's registered-file table.
+    registered: Cell<bool>,
 }
 
 /// A receive timestamp further back than this is taken for a clock step, not a wait.
@@ -233,11 +235,11 @@ impl Wire {
             && crate::sys::enable_receive_timestamps(fd)
                 .inspect_err(|err| tracing::debug!(%err, "no receive timestamps"))
                 .is_ok();
-        // Taken out again when this is dropped, which the connection's task does before it
-        // closes the socket.
-        if let Some(ring) = &ring {
-            ring.register_fd(fd);
-        }
+        // Taken out again by `finish`, or when this is dropped, in both cases before the
+        // descriptor is closed (glommio's `close` only shuts the socket down; the descriptor
+        // goes when the stream is dropped): a descriptor number reused by the next
+        // connection must find no stale slot.
+        let registered = ring.as_ref().is_some_and(|ring| ring.register_fd(fd));
         Wire {
             ring,
             fd,
@@ -245,6 +247,14 @@ impl Wire {
             stamped: RefCell::new(None),
             stamps,
             arrived: Cell::new(None),
+            registered: Cell::new(registered),
+        }
+    }
+
+    /// Takes the socket out of the ring's registered-file table (once).
+    fn unregister(&self) {
+        if let (Some(ring), true) = (&self.ring, self.registered.replace(false)) {
+            ring.unregister_fd(self.fd);
         }
     }
 
@@ -351,8 +361,14 @@ impl Wire {
     /// socket may be closed. A connection being cut off (client gone, idle, shutdown) has its
     /// operations cancelled and the connection reset at once: zero-copy sends still queued
     /// would otherwise hold their memory until a stalled peer reads. A polite close (QUIT)
-    /// lets the peer take what was sent for up to [`POLITE_CLOSE_SECONDS`] first.
+    /// lets the peer take what was sent for up to [`POLITE_CLOSE_SECONDS`] first. Then the
+    /// socket leaves the ring's registered-file table, before the caller closes it.
     pub async fn finish(&self, cut: bool) {
+        self.quiesce(cut).await;
+        self.unregister();
+    }
+
+    async fn quiesce(&self, cut: bool) {
         let Some(ring) = &self.ring else {
             return;
         };
@@ -378,10 +394,10 @@ impl Wire {
 }
 
 impl Drop for Wire {
+    /// A connection whose task was dropped before `finish` (operations may still be in flight:
+    /// the ring empties the slot after the last one).
     fn drop(&mut self) {
-        if let Some(ring) = &self.ring {
-            ring.unregister_fd(self.fd);
-        }
+        self.unregister();
     }
 }
 
