@@ -40,10 +40,17 @@ fn is_root() -> bool {
     nix::unistd::geteuid().is_root()
 }
 
-#[test]
-fn the_ring_path_is_on_by_default_and_counted() {
+/// Whether a test that needs the ring may run here (says why not when it may not).
+fn ring_allowed() -> bool {
     if !is_root() {
         println!("skipped: this machine's memlock limit may refuse the ring for non-root users");
+    }
+    is_root()
+}
+
+#[test]
+fn the_ring_path_is_on_by_default_and_counted() {
+    if !ring_allowed() {
         return;
     }
     let server = Server::start(&["--threads", "2", "--io-ring", "on"]);
@@ -188,8 +195,7 @@ fn a_stalled_reader_gives_its_chunks_back_when_cut() {
 
 #[test]
 fn a_connection_stops_zero_copy_once_the_kernel_says_it_copies() {
-    if !is_root() {
-        println!("skipped: this machine's memlock limit may refuse the ring for non-root users");
+    if !ring_allowed() {
         return;
     }
     let server = Server::start(&["--threads", "1", "--io-ring", "on", "--zero-copy-min", "4K"]);
@@ -250,8 +256,7 @@ fn idle_connections_beyond_the_rings_operation_bound_never_stall_a_shard() {
 
 #[test]
 fn connections_sockets_are_registered_files_while_served_and_only_then() {
-    if !is_root() {
-        println!("skipped: this machine's memlock limit may refuse the ring for non-root users");
+    if !ring_allowed() {
         return;
     }
     let server = Server::start(&["--threads", "1", "--io-ring", "on"]);

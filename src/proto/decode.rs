@@ -206,6 +206,15 @@ fn be64(b: &[u8]) -> u64 {
     u64::from_be_bytes(b[..8].try_into().expect("8 bytes"))
 }
 
+/// A frame header's key, extras and body lengths.
+fn lengths(header: &[u8]) -> (usize, usize, usize) {
+    (
+        be16(&header[2..]) as usize,
+        header[4] as usize,
+        be32(&header[8..]) as usize,
+    )
+}
+
 /// Calls `key` with the key of each whole request frame at the start of `buf` (empty for a
 /// frame without one), at most `most` frames, and returns the offset after the last. A look
 /// ahead for prefetching, not a decoder: it stops at the first partial or malformed frame and
@@ -219,9 +228,9 @@ pub fn frame_keys<'a>(buf: &'a [u8], most: usize, mut key: impl FnMut(&'a [u8]))
         if header[0] != REQUEST_MAGIC {
             break;
         }
-        let key_len = be16(&header[2..]) as usize;
-        let key_at = at + HEADER_BYTES + header[4] as usize;
-        let end = at + HEADER_BYTES + be32(&header[8..]) as usize;
+        let (key_len, extras_len, body_len) = lengths(header);
+        let key_at = at + HEADER_BYTES + extras_len;
+        let end = at + HEADER_BYTES + body_len;
         match buf.get(key_at..key_at + key_len) {
             Some(k) if key_at + key_len <= end && end <= buf.len() => {
                 key(k);
@@ -264,9 +273,7 @@ pub fn decode_streaming(
         };
     }
     let opcode = buf[1];
-    let key_len = be16(&buf[2..]) as usize;
-    let extras_len = buf[4] as usize;
-    let body_len = be32(&buf[8..]) as usize;
+    let (key_len, extras_len, body_len) = lengths(buf);
     let opaque = be32(&buf[12..]);
     let cas = be64(&buf[16..]);
     let frame_len = HEADER_BYTES as u64 + body_len as u64;

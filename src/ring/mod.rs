@@ -652,12 +652,14 @@ impl Ring {
     /// Takes `fd` out of the registered-file table. Its slot is emptied now, or after the
     /// last operation that names it completes; only then may another socket have it.
     pub fn unregister_fd(&self, fd: RawFd) {
-        let slot = self
-            .files
-            .borrow_mut()
-            .as_mut()
-            .and_then(|t| t.unregister(fd));
-        if let Some(slot) = slot {
+        self.update_files(|table| table.unregister(fd));
+    }
+
+    /// Applies `change` to the registered-file table, then empties the slot it says is done
+    /// with (outside the table's borrow: emptying updates it again).
+    fn update_files(&self, change: impl FnOnce(&mut FileTable) -> Option<u32>) {
+        let done = self.files.borrow_mut().as_mut().and_then(change);
+        if let Some(slot) = done {
             self.empty_file_slot(slot);
         }
     }
@@ -1242,14 +1244,7 @@ impl Ring {
         }
         let fd = slot.fd;
         if let Some(file) = slot.file.take() {
-            let emptying = self
-                .files
-                .borrow_mut()
-                .as_mut()
-                .and_then(|t| t.op_finished(file));
-            if let Some(file) = emptying {
-                self.empty_file_slot(file);
-            }
+            self.update_files(|table| table.op_finished(file));
         }
         let mut fd_ops = self.fd_ops.borrow_mut();
         let left = &mut fd_ops[fd as usize];
