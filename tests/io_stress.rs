@@ -184,7 +184,12 @@ fn readers_see_whole_versions_while_writers_overwrite_delete_and_compact() {
         .any(|(n, v)| n.ends_with("_path") && v.starts_with("ring"))
     {
         assert!(sum("_heads_lent") > 0, "no value went out zero-copy");
-        assert!(sum("_ops_send_zc") > 0);
+        // Lent bytes on huge pages (a hugetlb pool on this machine) go out as plain sends by
+        // design (docs/io.md); otherwise they go zero-copy.
+        assert!(
+            sum("_ops_send_zc") > 0 || sum("_lent_sends_huge_pages") > 0,
+            "lent heads went out neither zero-copy nor as plain sends from huge pages"
+        );
     }
     assert_eq!(server.stop().code(), Some(0));
 }
