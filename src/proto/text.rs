@@ -124,6 +124,28 @@ pub fn is_binary(first_byte: u8) -> bool {
     first_byte == REQUEST_MAGIC
 }
 
+/// The key of the text command at the start of `buf`, if its first word is a command whose
+/// second word is its key (`get`, `set`, `mg`, ...) and that key is whole in `buf`. A look
+/// ahead for prefetching, not a decoder: it checks nothing else (a meta key sent in base64
+/// comes back encoded).
+pub fn first_key(buf: &[u8]) -> Option<&[u8]> {
+    const KEYED: [&[u8]; 16] = [
+        b"get", b"gets", b"set", b"add", b"replace", b"append", b"prepend", b"cas", b"incr",
+        b"decr", b"delete", b"touch", b"mg", b"ms", b"md", b"ma",
+    ];
+    let line = &buf[..buf.len().min(LINE_MAX_BYTES)];
+    let command_end = memchr::memchr(b' ', line)?;
+    if !KEYED.contains(&&line[..command_end]) {
+        return None;
+    }
+    let rest = &line[command_end + 1..];
+    let key_end = rest
+        .iter()
+        .position(|&b| matches!(b, b' ' | b'\r' | b'\n'))?;
+    let key = &rest[..key_end];
+    (1..=KEY_MAX_BYTES).contains(&key.len()).then_some(key)
+}
+
 /// The outcome of decoding the front of a buffer.
 // Keys decoded from base64 live inline (no allocation), which makes the command variants large.
 #[allow(clippy::large_enum_variant)]

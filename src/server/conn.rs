@@ -204,7 +204,8 @@ fn sasl(ctx: &ShardCtx, authenticated: &mut bool, request: &Request) -> (Status,
 impl Conn {
     /// Runs every whole command buffered, in the connection's protocol, up to the output cap.
     /// Returns what to do next.
-    async fn process(&mut self, ctx: &Rc<ShardCtx>) -> After {
+    /// `now`: the time the commands run at, in Unix seconds.
+    async fn process(&mut self, ctx: &Rc<ShardCtx>, now: u32) -> After {
         let protocol = match self.protocol {
             Some(protocol) => protocol,
             None => {
@@ -221,8 +222,8 @@ impl Conn {
             }
         };
         match protocol {
-            Protocol::Binary => self.process_binary(ctx).await,
-            Protocol::Text => self.process_text(ctx).await,
+            Protocol::Binary => self.process_binary(ctx, now).await,
+            Protocol::Text => self.process_text(ctx, now).await,
         }
     }
 
@@ -246,12 +247,11 @@ impl Conn {
     }
 
     /// The binary protocol's [`Conn::process`].
-    async fn process_binary(&mut self, ctx: &Rc<ShardCtx>) -> After {
+    async fn process_binary(&mut self, ctx: &Rc<ShardCtx>, now: u32) -> After {
         let max_item = ctx.shared.settings.max_item_bytes as usize;
         // Values above ram_head live in segments: they are streamed, never buffered whole.
         let stream_from = ctx.shared.settings.arena.ram_head_bytes as usize;
         let lend_from = ctx.io.lend_from();
-        let now = unix_now();
         loop {
             if !self.skip_buffered() {
                 return After::Read;
@@ -671,7 +671,10 @@ async fn serve_frames(
         };
         info.state.set("conn_parse_cmd");
         arrived = wire.arrived();
-        info.last_command.set(std::time::Instant::now());
+        info.last_command.set(arrived);
+        // The first pass after a read runs at the read's time (see `Wire::unix_now`); a pass
+        // after other waits (a large value, the output cap) reads the clock.
+        let mut now = Some(wire.unix_now());
         match read {
             Io::Done(n) => {
                 conn.filled += n;
@@ -684,7 +687,7 @@ async fn serve_frames(
             Io::Closed | Io::Stopped => return Ended::Cut,
         }
         loop {
-            let after = conn.process(ctx).await;
+            let after = conn.process(ctx, now.take().unwrap_or_else(unix_now)).await;
             info.state.set("conn_write");
             // Replies in order: bytes up to each large value, the large value streamed, ...
             let mut written = 0;

@@ -8,10 +8,18 @@
 //! [`crate::store::IndexLayout`]), then, just before running request `i`, the records of request
 //! `i + RECORD_DISTANCE` (this probes the index, by now in cache, under that key's partition
 //! lock, briefly, like any lookup). Nothing here changes what a request does or sees.
+//!
+//! Connections that are not pipelining get the same across connections: [`ReceiveLookahead`]
+//! sees each receive as the shard's ring reaps it, before the connection it wakes runs.
 
-use crate::proto::frame_keys;
+use std::cell::RefCell;
+use std::sync::Arc;
+
+use crate::proto::{first_key, frame_keys, is_binary};
+use crate::ring::ReceiveWatch;
 
 use super::partition::Partitions;
+use super::Shared;
 
 /// Frames looked ahead at once: a memtier pipeline's depth, within the CPU's outstanding-miss
 /// budget (two lines a frame).
@@ -74,5 +82,87 @@ impl Lookahead {
         self.next = 0;
         // A partial frame: look again once it has run (it is whole by then).
         self.end = at + ahead.max(1);
+    }
+}
+
+/// The look ahead across connections. Shown every receive as the shard's ring reaps it, it
+/// prefetches the index lines of the receive's first request; once the reap has seen them all
+/// (and it saw two or more), the records those requests will compare keys with. The tasks the
+/// reap wakes run next, so a pass that serves several connections waits for memory about once,
+/// not two or three times a request. It never waits for a partition: one held is skipped.
+pub struct ReceiveLookahead {
+    shared: Arc<Shared>,
+    /// The hashes of this reap's first requests, and how many.
+    hashes: RefCell<([u64; FRAMES], usize)>,
+}
+
+impl ReceiveLookahead {
+    pub fn new(shared: Arc<Shared>) -> ReceiveLookahead {
+        ReceiveLookahead {
+            shared,
+            hashes: RefCell::new(([0; FRAMES], 0)),
+        }
+    }
+}
+
+/// The key of the request at the start of `bytes`, in either protocol, if it has one whole.
+fn first_request_key(bytes: &[u8]) -> Option<&[u8]> {
+    if is_binary(*bytes.first()?) {
+        let mut first = None;
+        frame_keys(bytes, 1, |key| first = Some(key));
+        first.filter(|key| !key.is_empty())
+    } else {
+        first_key(bytes)
+    }
+}
+
+impl ReceiveWatch for ReceiveLookahead {
+    fn received(&self, bytes: &[u8]) {
+        let Some(key) = first_request_key(bytes) else {
+            return;
+        };
+        let partitions = &self.shared.partitions;
+        let hash = partitions.hasher().hash(key);
+        partitions.prefetch_index(hash);
+        let (hashes, len) = &mut *self.hashes.borrow_mut();
+        if *len < FRAMES {
+            hashes[*len] = hash;
+            *len += 1;
+        }
+    }
+
+    fn reaped(&self) {
+        let (hashes, len) = std::mem::take(&mut *self.hashes.borrow_mut());
+        // A lone request's task runs next: its index lines come in while it is woken, and
+        // probing for its record here would only move its wait.
+        if len < 2 {
+            return;
+        }
+        for &hash in &hashes[..len] {
+            self.shared.partitions.prefetch_records_if_free(hash);
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn the_first_request_key_is_found_in_either_protocol() {
+        let mut get = vec![0x80, 0x00, 0, 3, 0, 0, 0, 0, 0, 0, 0, 3, 0, 0, 0, 0];
+        get.extend_from_slice(&[0; 8]);
+        get.extend_from_slice(b"abc");
+        assert_eq!(first_request_key(&get), Some(&b"abc"[..]));
+        // A frame cut short names no key.
+        assert_eq!(first_request_key(&get[..get.len() - 1]), None);
+        assert_eq!(first_request_key(b"get abc\r\n"), Some(&b"abc"[..]));
+        assert_eq!(first_request_key(b"set k 0 0 1\r\nx\r\n"), Some(&b"k"[..]));
+        assert_eq!(first_request_key(b"mg key v\r\n"), Some(&b"key"[..]));
+        assert_eq!(first_request_key(b"stats items\r\n"), None);
+        assert_eq!(first_request_key(b"get abc"), None, "a key not yet ended");
+        assert_eq!(first_request_key(b""), None);
+        let long = [b"get ".as_slice(), &[b'k'; 251], b"\r\n"].concat();
+        assert_eq!(first_request_key(&long), None, "longer than a key can be");
     }
 }

@@ -484,6 +484,11 @@ async fn shard_main(
     let listener = listen::into_glommio(listener);
     crate::arena::batch::install_core_batch();
     let io = wire::ShardIo::setup(&shared, id);
+    if let Some(ring) = &io.ring {
+        ring.watch_receives(Box::new(lookahead::ReceiveLookahead::new(Arc::clone(
+            &shared,
+        ))));
+    }
     let ctx = Rc::new(ShardCtx::new(id, Arc::clone(&shared), senders, peers, io));
     shard::spawn_receivers(&ctx, receivers);
     warm::restore(&ctx).await;

@@ -261,6 +261,19 @@ impl Partitions {
             .prefetch_records(hash);
     }
 
+    /// [`Partitions::prefetch_records`] when the partition is free and this thread holds none;
+    /// otherwise nothing (a look ahead never waits for a lock). Not counted as an acquisition:
+    /// it reads the index and changes nothing.
+    pub fn prefetch_records_if_free(&self, hash: u64) {
+        if HOLDING.with(|h| h.get()) {
+            return;
+        }
+        let part = &self.parts[KeyHasher::partition_of(hash, self.parts.len())];
+        if let Ok(store) = part.store.try_lock() {
+            store.prefetch_records(hash);
+        }
+    }
+
     /// The partition of `key`, locked.
     pub fn lock_key(&self, key: &[u8]) -> (usize, Held<'_>) {
         let index = self.of_key(key);

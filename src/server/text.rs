@@ -880,12 +880,11 @@ fn authenticate(ctx: &ShardCtx, command: &TextCommand) -> Auth {
 impl Conn {
     /// Runs every whole text or meta command buffered, up to the output cap. Returns what to
     /// do next.
-    pub(super) async fn process_text(&mut self, ctx: &Rc<ShardCtx>) -> After {
+    pub(super) async fn process_text(&mut self, ctx: &Rc<ShardCtx>, now: u32) -> After {
         let max_item = ctx.shared.settings.max_item_bytes as usize;
         // Values above ram_head live in segments: they are streamed, never buffered whole.
         let stream_from = ctx.shared.settings.arena.ram_head_bytes as usize;
         let lend_from = ctx.io.lend_from();
-        let now = unix_now();
         loop {
             if let Some(dump) = self.metadump.take() {
                 self.metadump = continue_metadump(ctx, dump, &mut self.out).await;

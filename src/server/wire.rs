@@ -12,14 +12,14 @@ use std::io;
 use std::os::fd::{AsRawFd, RawFd};
 use std::rc::Rc;
 use std::sync::atomic::Ordering;
-use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
+use std::time::{Duration, Instant};
 
 use futures_lite::AsyncWriteExt;
 use glommio::net::TcpStream;
 
 use crate::arena::BlockId;
 use crate::ring::buffers::FIXED_BUFFER_MAX_BYTES;
-use crate::ring::{Buf, FixedBuffers, Lent, Ring, Stamped, StreamPool, ZcReport};
+use crate::ring::{Buf, FixedBuffers, Lent, ReapClock, Ring, Stamped, StreamPool, ZcReport};
 
 use super::shard::ShardCtx;
 use super::Shared;
@@ -265,6 +265,16 @@ impl Wire {
         self.arrived.get().unwrap_or_else(Instant::now)
     }
 
+    /// Seconds since the Unix epoch, for the requests a connection runs now. On the ring path
+    /// the clock its last completion's reap read (a connection runs after an I/O completes:
+    /// at most one executor pass old), else the clock.
+    pub fn unix_now(&self) -> u32 {
+        match &self.ring {
+            Some(ring) => ring.reaped_at().unix_s(),
+            None => super::unix_now(),
+        }
+    }
+
     /// Whether this connection's bytes go through the ring.
     pub fn on_ring(&self) -> bool {
         self.ring.is_some()
@@ -286,15 +296,18 @@ impl Wire {
                 stamped.buf = std::mem::take(buf);
                 let (result, mut back) = ring.recv_stamped(self.fd, stamped, at).await;
                 *buf = std::mem::take(&mut back.buf);
-                if let Some(received_ns) = back.received_ns() {
-                    self.arrived.set(Some(arrival(received_ns)));
-                }
+                let reaped = ring.reaped_at();
+                self.arrived.set(Some(match back.received_ns() {
+                    Some(received_ns) => arrival(received_ns, reaped),
+                    None => reaped.instant,
+                }));
                 self.stamped.replace(Some(back));
                 result
             }
             Some(ring) => {
                 let (result, back) = ring.recv(self.fd, std::mem::take(buf), at).await;
                 *buf = back;
+                self.arrived.set(Some(ring.reaped_at().instant));
                 result
             }
             None => futures_lite::AsyncReadExt::read(stream, &mut buf[at..]).await,
@@ -401,15 +414,12 @@ impl Drop for Wire {
     }
 }
 
-/// The monotonic instant of a receive timestamp (`CLOCK_REALTIME` nanoseconds): now, less
-/// how long ago the realtime clock says it was. A timestamp in the future or implausibly old
-/// (the realtime clock stepped) counts as now.
-fn arrival(received_ns: u64) -> Instant {
-    let now = Instant::now();
-    let real_now_ns = SystemTime::now()
-        .duration_since(UNIX_EPOCH)
-        .map_or(0, |d| d.as_nanos() as u64);
-    let waited = Duration::from_nanos(real_now_ns.saturating_sub(received_ns));
+/// The monotonic instant of a receive timestamp (`CLOCK_REALTIME` nanoseconds): the reap that
+/// took the receive, less how long before it the realtime clock says the bytes came. A
+/// timestamp in the future or implausibly old (the realtime clock stepped) counts as the reap.
+fn arrival(received_ns: u64, reaped: ReapClock) -> Instant {
+    let now = reaped.instant;
+    let waited = Duration::from_nanos(reaped.unix_ns.saturating_sub(received_ns));
     if waited > STAMP_AGE_MAX {
         return now;
     }
