@@ -46,6 +46,14 @@ pub(super) enum After {
     Close,
 }
 
+/// The last replies of a pass, sent together with the connection's next receive (ring path).
+enum Pending {
+    /// Reply bytes.
+    Bytes(Vec<u8>),
+    /// The replies up to a lent value, then the value, sent from where it lies.
+    Lent(Vec<u8>, super::deferred::HeldLent),
+}
+
 /// The protocol a connection speaks, from its first byte.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 enum Protocol {
@@ -630,13 +638,30 @@ async fn serve_frames(
     let mut arrived;
     // On the ring path the last replies of a pass go out with the next receive: both queued,
     // one submission for the pair (and for every other connection's of the same pass).
-    let mut pending: Option<Vec<u8>> = None;
+    let mut pending: Option<Pending> = None;
     // The other reply buffer: one is in flight while the next pass fills the other.
     let mut spare: Vec<u8> = Vec::new();
     loop {
         info.state.set(conn.waiting_state());
         let read = match pending.take() {
-            Some(bytes) => {
+            Some(Pending::Lent(head, lent)) => {
+                let (len, head_len) = (lent.len(), head.len());
+                let Conn { buf, filled, .. } = &mut conn;
+                let (sent, read) = futures_lite::future::zip(
+                    with_limits(ctx, idle, async {
+                        wire.write_head_and_lent_queued(head, lent.into_lent())
+                            .await
+                            .map(|()| len.max(1))
+                    }),
+                    with_limits(ctx, idle, wire.read(stream, buf, *filled)),
+                )
+                .await;
+                if lent_sent(ctx, sent, head_len, len).is_err() {
+                    return Ended::Cut;
+                }
+                read
+            }
+            Some(Pending::Bytes(bytes)) => {
                 let len = bytes.len();
                 let Conn { buf, filled, .. } = &mut conn;
                 let mut back = None;
@@ -692,7 +717,9 @@ async fn serve_frames(
             // Replies in order: bytes up to each large value, the large value streamed, ...
             let mut written = 0;
             conn.held_bytes = 0;
-            for (at, part) in std::mem::take(&mut conn.held) {
+            let held = std::mem::take(&mut conn.held);
+            let parts = held.len();
+            for (i, (at, part)) in held.into_iter().enumerate() {
                 let sent = match part {
                     Held::Large(get) => {
                         if let Err(ended) =
@@ -705,7 +732,14 @@ async fn serve_frames(
                     // The replies before it, its header included, leave with it.
                     Held::Lent(lent) => {
                         let head = conn.out[written..at].to_vec();
-                        send_lent(ctx, stream, wire, idle, head, lent).await
+                        let last = i + 1 == parts && at == conn.out.len();
+                        if last && matches!(after, After::Read) && wire.on_ring() {
+                            // The pass's last reply: it goes out with the next receive.
+                            pending = Some(Pending::Lent(head, lent));
+                            Ok(())
+                        } else {
+                            send_lent(ctx, stream, wire, idle, head, lent).await
+                        }
                     }
                 };
                 written = at;
@@ -717,11 +751,11 @@ async fn serve_frames(
             let end = conn.out.len();
             if matches!(after, After::Read) && wire.on_ring() && end > written {
                 // Sent together with the next receive (above); the buffer itself when whole.
-                pending = Some(if written == 0 {
+                pending = Some(Pending::Bytes(if written == 0 {
                     std::mem::replace(&mut conn.out, std::mem::take(&mut spare))
                 } else {
                     conn.out[written..end].to_vec()
-                });
+                }));
             } else if let Err(ended) =
                 write_out(ctx, stream, wire, idle, &mut conn.out, written, end).await
             {
@@ -813,13 +847,19 @@ async fn send_lent(
 ) -> std::io::Result<()> {
     let (len, head_len) = (lent.len(), head.len());
     let lent = lent.into_lent();
-    match with_limits(ctx, idle, async {
+    let sent = with_limits(ctx, idle, async {
         wire.write_head_and_lent(stream, head, lent)
             .await
             .map(|()| len.max(1))
     })
-    .await
-    {
+    .await;
+    lent_sent(ctx, sent, head_len, len)
+}
+
+/// Counts a lent send that went out (`head_len` bytes of replies, then `len` lent), or says how
+/// it failed.
+fn lent_sent(ctx: &ShardCtx, sent: Io, head_len: usize, len: usize) -> std::io::Result<()> {
+    match sent {
         Io::Done(_) => {
             ctx.counters.borrow_mut().bytes_written += (head_len + len) as u64;
             let mut counters = ctx.io.counters.borrow_mut();

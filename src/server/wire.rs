@@ -357,17 +357,30 @@ impl Wire {
         head: Vec<u8>,
         lent: Lent,
     ) -> io::Result<()> {
-        match &self.ring {
-            Some(ring) if ring.lent_goes_plain(lent.as_slice().as_ptr(), &self.zc) => {
-                ring.send_pair_all(self.fd, head, lent).await
-            }
-            _ => {
-                if !head.is_empty() {
-                    self.write(stream, head).await?;
-                }
-                self.write_lent(stream, lent).await
-            }
+        if self.ring.is_some() {
+            return self.write_head_and_lent_queued(head, lent).await;
         }
+        if !head.is_empty() {
+            self.write(stream, head).await?;
+        }
+        self.write_lent(stream, lent).await
+    }
+
+    /// [`Wire::write_head_and_lent`] on the ring path, which needs no stream: queued with the
+    /// pass's other entries, so it can go out together with the connection's next receive.
+    pub async fn write_head_and_lent_queued(&self, head: Vec<u8>, lent: Lent) -> io::Result<()> {
+        let ring = self
+            .ring
+            .as_ref()
+            .expect("queued writes are the ring path's");
+        if ring.lent_goes_plain(lent.as_slice().as_ptr(), &self.zc) {
+            return ring.send_pair_all(self.fd, head, lent).await;
+        }
+        if !head.is_empty() {
+            ring.send_all(self.fd, head).await?;
+        }
+        ring.send_lent_all(self.fd, Buf::Lent(Rc::new(lent)), &self.zc)
+            .await
     }
 
     /// Waits until no ring operation on the socket is left, notifications included, so the
