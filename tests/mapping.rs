@@ -114,6 +114,22 @@ fn hugetlb_path_takes_pages_from_the_nodes_pool() {
     );
     let topology = Topology::from_sysfs("/sys".as_ref()).unwrap();
     let node = topology.node_ids()[0];
+    // Pages a process of an earlier test still holds (a server exiting, on a machine that had
+    // a pool reserved) leave this pool short until it is gone: wait for them, up to a bound.
+    let free_path =
+        format!("/sys/devices/system/node/node{node}/hugepages/hugepages-2048kB/free_hugepages");
+    let free = || -> u64 {
+        std::fs::read_to_string(&free_path)
+            .ok()
+            .and_then(|text| text.trim().parse().ok())
+            .unwrap_or(0)
+    };
+    let deadline = std::time::Instant::now() + std::time::Duration::from_secs(10);
+    while free() < 4 && std::time::Instant::now() < deadline {
+        std::thread::sleep(std::time::Duration::from_millis(50));
+    }
+    // The plan takes the pool's free pages from the topology: read it again.
+    let topology = Topology::from_sysfs("/sys".as_ref()).unwrap();
     match map_and_verify(&topology, node, 8 << 20) {
         Backing::HugeTlb { page_bytes } => assert_eq!(page_bytes, 2 << 20),
         other => panic!("expected hugetlb with 8 pages reserved, got {other}"),
