@@ -456,14 +456,13 @@ pub struct Ring {
     flusher: RefCell<Option<Waker>>,
     /// Completions wait for this thread to enter with GETEVENTS (`IORING_SETUP_DEFER_TASKRUN`).
     defer_taskrun: bool,
-    /// When the last reap that took completions ran (see [`Ring::reaped_at`]).
+    /// When the last reap that took a receive ran (see [`Ring::reaped_at`]).
     reaped_at: Cell<ReapClock>,
     /// Shown the bytes of every receive reaped (see [`Ring::watch_receives`]).
     receive_watch: RefCell<Option<Box<dyn ReceiveWatch>>>,
 }
 
-/// The clocks read once by a reap that took completions, for every task those completions
-/// wake: a connection resumed by one reads its time here instead of the clock (a request
+/// The clocks read once by a reap that took receives, for every task those receives wake: a connection resumed by one reads its time here instead of the clock (a request
 /// read the clock five times, 3-4 % of a small request's CPU).
 #[derive(Clone, Copy, Debug)]
 pub struct ReapClock {
@@ -589,9 +588,9 @@ impl Ring {
         }))
     }
 
-    /// The clocks as the last reap that took completions read them. A task woken by a
-    /// completion runs after the reap that took it, so for that task this is at most one
-    /// executor pass old: the time its I/O completed.
+    /// The clocks as the last reap that took a receive read them. A task woken by a receive
+    /// runs after the reap that took it, so for that task this is at most one executor pass
+    /// old: the time its bytes came in.
     pub fn reaped_at(&self) -> ReapClock {
         self.reaped_at.get()
     }
@@ -1255,10 +1254,12 @@ impl Ring {
             return 0;
         }
         let taken = completions.len();
-        self.reaped_at.set(ReapClock::now());
         let mut release = Vec::new();
         let watch = self.receive_watch.borrow();
         let mut received = false;
+        // Read at the reap's first receive: only a connection resumed by a receive uses it, so a
+        // reap of sends and notifications alone reads no clock.
+        let mut clock_read = false;
         {
             let mut slots = self.slots.borrow_mut();
             let mut stats = self.stats.borrow_mut();
@@ -1294,6 +1295,10 @@ impl Ring {
                         stats.bytes[k] += result as u64;
                     } else {
                         stats.errors += 1;
+                    }
+                    if slot.kind == OpKind::Recv && !clock_read {
+                        self.reaped_at.set(ReapClock::now());
+                        clock_read = true;
                     }
                     if let (OpKind::Recv, Some(watch), 1..) = (slot.kind, &*watch, result) {
                         let bytes = slot.buf.as_ref().and_then(|b| b.received(result as usize));

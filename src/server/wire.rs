@@ -265,9 +265,9 @@ impl Wire {
         self.arrived.get().unwrap_or_else(Instant::now)
     }
 
-    /// Seconds since the Unix epoch, for the requests a connection runs now. On the ring path
-    /// the clock its last completion's reap read (a connection runs after an I/O completes:
-    /// at most one executor pass old), else the clock.
+    /// Seconds since the Unix epoch, for the requests a connection runs right after a read. On
+    /// the ring path the clock the reap that took the receive read (at most one executor pass
+    /// old), else the clock.
     pub fn unix_now(&self) -> u32 {
         match &self.ring {
             Some(ring) => ring.reaped_at().unix_s(),
