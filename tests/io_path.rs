@@ -297,3 +297,35 @@ fn connections_sockets_are_registered_files_while_served_and_only_then() {
     assert_eq!(io_sum(&mut c, "ring_files_full"), 0);
     assert_eq!(io_sum(&mut c, "op_errors"), 0);
 }
+
+#[test]
+fn a_sleeping_shard_wakes_for_a_lone_clients_request_not_for_a_timer() {
+    // One client, one request at a time, a pause before each: the shard sleeps between them
+    // and must wake for the receive itself. With DEFER_TASKRUN the ring's eventfd signal for
+    // a receive came an RCU grace period late on kernel 6.18.44, so every request waited about
+    // 16 ms for an unrelated wake-up; a healthy round trip here is tens of microseconds. The
+    // bound is 100 times that, so a loaded machine cannot fail it, a timer-paced wake must.
+    let server = Server::start(&["--threads", "1"]);
+    let mut c = server.client();
+    assert_eq!(c.set(b"lone", b"value", 0, 0).status, 0);
+    let mut round_trips: Vec<std::time::Duration> = (0..41)
+        .map(|_| {
+            std::thread::sleep(std::time::Duration::from_millis(2));
+            let started = std::time::Instant::now();
+            assert!(c.get(b"lone").value == b"value");
+            started.elapsed()
+        })
+        .collect();
+    round_trips.sort();
+    let median = round_trips[round_trips.len() / 2];
+    println!(
+        "round trips: median {median:?}, fastest {:?}, slowest {:?}",
+        round_trips[0],
+        round_trips[round_trips.len() - 1]
+    );
+    assert!(
+        median < std::time::Duration::from_millis(4),
+        "a lone request waited {median:?} (median): the shard slept through its receive"
+    );
+    assert_eq!(server.stop().code(), Some(0));
+}

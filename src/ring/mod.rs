@@ -454,8 +454,9 @@ pub struct Ring {
     flush_scheduled: Cell<bool>,
     /// The flusher task, while it waits for a flush to be asked.
     flusher: RefCell<Option<Waker>>,
-    /// Completions wait for this thread to enter with GETEVENTS (`IORING_SETUP_DEFER_TASKRUN`).
-    defer_taskrun: bool,
+    /// Completions wait for this thread to run them, and the kernel says when some do
+    /// (`IORING_SETUP_COOP_TASKRUN` with `TASKRUN_FLAG`): a reap that sees the flag enters.
+    taskrun_flag: bool,
     /// When the last reap that took a receive ran (see [`Ring::reaped_at`]).
     reaped_at: Cell<ReapClock>,
     /// Shown the bytes of every receive reaped (see [`Ring::watch_receives`]).
@@ -499,17 +500,20 @@ impl Ring {
         let entries = RING_IN_FLIGHT_MAX as u32;
         let cq_entries =
             (RING_IN_FLIGHT_MAX * 4 + receives_max.saturating_mul(2)).min(CQ_ENTRIES_MAX) as u32;
-        // Completions run only when this thread asks for them (DEFER_TASKRUN, one issuer):
-        // a receive then completes when the shard reaps, not inside the softirq that brought
-        // its data (where it would fight the sender for the socket's lock). Older kernels get
-        // the default.
-        let deferred = IoUring::builder()
+        // Completions run on this thread, at its next entry into the kernel, without an
+        // interrupt (COOP_TASKRUN, one issuer): a receive completes in the shard's own context,
+        // not inside the softirq that brought its data (where it would fight the sender for
+        // the socket's lock), and the eventfd is signalled from there. Not DEFER_TASKRUN: its
+        // eventfd signal for a receive came an RCU grace period late here (16 ms on kernel
+        // 6.18.44), so a sleeping shard answered a lone client 60 times a second
+        // (docs/io.md). Older kernels get the default.
+        let cooperative = IoUring::builder()
             .setup_cqsize(cq_entries)
             .setup_single_issuer()
-            .setup_defer_taskrun()
+            .setup_coop_taskrun()
             .setup_taskrun_flag()
             .build(entries);
-        let (uring, defer_taskrun) = match deferred {
+        let (uring, taskrun_flag) = match cooperative {
             Ok(uring) => (uring, true),
             Err(_) => (
                 IoUring::builder()
@@ -582,7 +586,7 @@ impl Ring {
             queued: Cell::new(0),
             flush_scheduled: Cell::new(false),
             flusher: RefCell::new(None),
-            defer_taskrun,
+            taskrun_flag,
             reaped_at: Cell::new(ReapClock::now()),
             receive_watch: RefCell::new(None),
         }))
@@ -1157,7 +1161,7 @@ impl Ring {
         // Completions the kernel posts inside this very call (a send that fits the socket
         // buffer) are reaped right after it: they need no eventfd signal to wake the driver.
         uring.completion().disable_eventfd();
-        let submitted = if self.defer_taskrun {
+        let submitted = if self.taskrun_flag {
             // The same call runs the completions waiting for us.
             // SAFETY: no signal mask or argument is passed.
             unsafe {
@@ -1228,7 +1232,7 @@ impl Ring {
         let (mut completions, mut wake) = std::mem::take(&mut *self.reap_scratch.borrow_mut());
         {
             let mut uring = self.uring.borrow_mut();
-            if self.defer_taskrun && uring.submission().taskrun() {
+            if self.taskrun_flag && uring.submission().taskrun() {
                 self.stats.borrow_mut().task_runs += 1;
                 // Completions are waiting to be run on this thread: one enter runs them.
                 // SAFETY: no signal mask or argument is passed.
