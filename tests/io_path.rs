@@ -4,6 +4,8 @@
 
 mod common;
 
+use std::time::{Duration, Instant};
+
 use common::pattern;
 use common::server::{fresh_data_dir, Client, Server};
 
@@ -76,7 +78,7 @@ fn the_ring_path_is_on_by_default_and_counted() {
     assert_eq!(io_sum(&mut c, "op_errors"), 0);
     assert_eq!(io_sum(&mut c, "fallbacks"), 0);
     // Every chunk came home (after the last notification).
-    std::thread::sleep(std::time::Duration::from_millis(100));
+    std::thread::sleep(Duration::from_millis(100));
     assert_eq!(
         io_sum(&mut c, "pool_chunks"),
         io_sum(&mut c, "pool_chunks_free")
@@ -174,7 +176,7 @@ fn a_stalled_reader_gives_its_chunks_back_when_cut() {
     assert_eq!(c.set_streamed(0x01, b"big", &big, 0).status, 0);
     let mut stalled = server.client();
     stalled.send(&common::server::frame(0x00, &[], b"big", &[], 0, 1));
-    std::thread::sleep(std::time::Duration::from_secs(4));
+    std::thread::sleep(Duration::from_secs(4));
     let mut c = server.client();
     assert_eq!(
         c.stat("", "curr_connections"),
@@ -288,9 +290,9 @@ fn connections_sockets_are_registered_files_while_served_and_only_then() {
             assert!(client.recv().is_none(), "QUIT closes the socket");
         }
         drop(clients);
-        let deadline = std::time::Instant::now() + std::time::Duration::from_secs(5);
-        while registered(&mut c) != 1 && std::time::Instant::now() < deadline {
-            std::thread::sleep(std::time::Duration::from_millis(20));
+        let deadline = Instant::now() + Duration::from_secs(5);
+        while registered(&mut c) != 1 && Instant::now() < deadline {
+            std::thread::sleep(Duration::from_millis(20));
         }
         assert_eq!(registered(&mut c), 1, "round {round}: slots emptied");
     }
@@ -308,10 +310,10 @@ fn a_sleeping_shard_wakes_for_a_lone_clients_request_not_for_a_timer() {
     let server = Server::start(&["--threads", "1"]);
     let mut c = server.client();
     assert_eq!(c.set(b"lone", b"value", 0, 0).status, 0);
-    let mut round_trips: Vec<std::time::Duration> = (0..41)
+    let mut round_trips: Vec<Duration> = (0..41)
         .map(|_| {
-            std::thread::sleep(std::time::Duration::from_millis(2));
-            let started = std::time::Instant::now();
+            std::thread::sleep(Duration::from_millis(2));
+            let started = Instant::now();
             assert!(c.get(b"lone").value == b"value");
             started.elapsed()
         })
@@ -324,7 +326,7 @@ fn a_sleeping_shard_wakes_for_a_lone_clients_request_not_for_a_timer() {
         round_trips[round_trips.len() - 1]
     );
     assert!(
-        median < std::time::Duration::from_millis(4),
+        median < Duration::from_millis(4),
         "a lone request waited {median:?} (median): the shard slept through its receive"
     );
     assert_eq!(server.stop().code(), Some(0));

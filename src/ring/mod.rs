@@ -463,8 +463,9 @@ pub struct Ring {
     receive_watch: RefCell<Option<Box<dyn ReceiveWatch>>>,
 }
 
-/// The clocks read once by a reap that took receives, for every task those receives wake: a connection resumed by one reads its time here instead of the clock (a request
-/// read the clock five times, 3-4 % of a small request's CPU).
+/// The clocks read once by a reap that took receives, for every task those receives wake: a
+/// connection resumed by one reads its time here instead of the clock (a request read the
+/// clock five times, 3-4 % of a small request's CPU).
 #[derive(Clone, Copy, Debug)]
 pub struct ReapClock {
     pub instant: std::time::Instant,
