@@ -394,3 +394,151 @@ fn promotion_brings_hot_heads_home() {
     check_all(&mut c);
     assert_eq!(server.stop().code(), Some(0));
 }
+
+/// The multi-core stress workload (`tests/common/stress.rs`, which `tests/partition_stress.rs`
+/// runs on the host) on a two-node plan, with promotion exchanging blocks under it. Fixed
+/// heads fill node 0's head blocks and spill onto node 1; readers make one block's heads hot
+/// after another (a new block every second, scores halving every second), so promotion keeps
+/// finding foreign blocks hotter than local ones while connections on both shards hammer the
+/// contested keys. Every GET is byte-exact: a head that moved while it was pinned for a send
+/// would come out torn. Needs two CPUs on node 0: `scripts/test-numa-vm` runs it in a VM of
+/// its own.
+#[test]
+fn every_core_hammers_one_key_set_while_promotion_runs() {
+    use common::stress::{check, expire_then_evict, hammer, value, Hammer};
+    use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+    use std::sync::Arc;
+
+    if !in_vm() {
+        return;
+    }
+    let binary = "/test/headroom";
+    assert!(
+        std::path::Path::new(binary).exists(),
+        "{binary} is missing: scripts/test-numa-vm passes it with NUMA_VM_FILES"
+    );
+    let topo = topology();
+    let node0_cpus = topo.node(0).map_or(0, |n| n.cpus.len());
+    assert!(
+        node0_cpus >= 2,
+        "node 0 has {node0_cpus} CPU(s); the stress needs a shard on each of two (NUMA_VM_CPUS_PER_NODE=2)"
+    );
+    let seed = common::seeds("numa_vm stress", 1)[0];
+    let dir = std::path::PathBuf::from("/tmp/stress");
+    std::fs::create_dir_all(&dir).unwrap();
+    // Fixed heads: 4 blocks on node 0 and 8 on node 1, shared by two shards.
+    let server = common::server::Server::start_binary(
+        binary,
+        &[],
+        &dir,
+        &[
+            "--numa",
+            "0",
+            "--threads",
+            "2",
+            "--memory",
+            "8M",
+            "--sub-memory",
+            "16M",
+            "--small-memory",
+            "4M",
+            "--io-pool",
+            "2M",
+            "--segment",
+            "mem:size=32M,numa=0",
+            "--promotion-interval",
+            "20",
+            "--promotion-half-life",
+            "1",
+        ],
+    );
+    const HEAD: usize = 256 << 10;
+    let mut c = server.client();
+    let heads: Vec<String> = (0..48).map(|i| format!("h{i:02}")).collect();
+    for (i, key) in heads.iter().enumerate() {
+        let r = c.set(key.as_bytes(), &value(key, 0, i, HEAD), 0, 0);
+        assert_eq!(r.status, 0, "SET {key}");
+    }
+    // Group the heads by the block they landed in, foreign blocks first.
+    let mut blocks: Vec<(bool, String, Vec<String>)> = Vec::new();
+    for key in &heads {
+        let text = server.admin(&format!("where {key}")).unwrap();
+        let words: Vec<&str> = text.split_whitespace().collect();
+        let field = |name: &str| words[words.iter().position(|w| *w == name).unwrap() + 1];
+        let block = field("slot").split('+').next().unwrap().to_string();
+        let local = field("rank") == "0";
+        match blocks.iter_mut().find(|b| b.1 == block) {
+            Some(b) => b.2.push(key.clone()),
+            None => blocks.push((local, block, vec![key.clone()])),
+        }
+    }
+    blocks.sort_by_key(|b| b.0);
+    let foreign = blocks.iter().filter(|b| !b.0).count();
+    assert!(
+        foreign >= 2 && foreign < blocks.len(),
+        "the heads should fill local blocks and spill: {blocks:?}"
+    );
+    let groups: Arc<Vec<Vec<String>>> = Arc::new(blocks.into_iter().map(|b| b.2).collect());
+
+    let stop = Arc::new(AtomicBool::new(false));
+    let hits = Arc::new(AtomicU64::new(0));
+    let started = std::time::Instant::now();
+    let readers: Vec<_> = (0..2)
+        .map(|r| {
+            let (addr, stop, groups, hits) = (
+                server.addr,
+                Arc::clone(&stop),
+                Arc::clone(&groups),
+                Arc::clone(&hits),
+            );
+            std::thread::spawn(move || {
+                let mut c = common::server::Client::connect(addr);
+                let mut i = r;
+                while !stop.load(Ordering::Relaxed) {
+                    let group = &groups[started.elapsed().as_secs() as usize % groups.len()];
+                    let key = &group[i % group.len()];
+                    let got = c.get(key.as_bytes());
+                    if got.status == 0 {
+                        check(key, &got.value);
+                        hits.fetch_add(1, Ordering::Relaxed);
+                    }
+                    i += 1;
+                }
+            })
+        })
+        .collect();
+    let arena_stat = |c: &mut common::server::Client, name: &str| c.stat("arena", name);
+    let exchanges_before = arena_stat(&mut c, "promotion_exchanges");
+    let size = Hammer {
+        clients: 4,
+        keys: 24,
+        ops_per_client: 300,
+        large_value_bytes: HEAD,
+    };
+    hammer(&server, seed, size);
+    let exchanges = arena_stat(&mut c, "promotion_exchanges") - exchanges_before;
+    stop.store(true, Ordering::Relaxed);
+    for reader in readers {
+        reader.join().expect("a reader saw wrong bytes");
+    }
+    let skipped = arena_stat(&mut c, "promotion_skipped_pinned");
+    println!(
+        "stress on two nodes: {} s, {exchanges} block exchanges during the hammer, \
+         {skipped} blocks skipped for pins, {} hot-head hits",
+        started.elapsed().as_secs(),
+        hits.load(Ordering::Relaxed)
+    );
+    assert!(
+        exchanges > 0,
+        "promotion exchanged no block under the hammer"
+    );
+    // Every head is still exact, wherever it went.
+    for key in groups.iter().flatten() {
+        let got = c.get(key.as_bytes());
+        assert_eq!(got.status, 0, "{key} lost");
+        check(key, &got.value);
+    }
+    // 60 heads and 60 small values on top of the 48 heads: more than the 24 MiB of head blocks.
+    expire_then_evict(&server, 120, HEAD);
+    assert_eq!(server.stop().code(), Some(0));
+}

@@ -2,6 +2,7 @@
 #![allow(dead_code)]
 
 pub mod server;
+pub mod stress;
 
 use std::time::{SystemTime, UNIX_EPOCH};
 
