@@ -235,56 +235,6 @@ fn a_connection_stops_zero_copy_once_the_kernel_says_it_copies() {
     assert_eq!(io_sum(&mut c, "ops_send_zc"), zc_before + 1);
 }
 
-/// Fixed heads start on a page, so after a binary reply's 28 bytes of header and flags the
-/// kernel's copy into the socket would run 28 bytes ahead of its source: those replies are
-/// staged (`lent_sends_staged`), byte-exact, their pins released; values packed at other
-/// offsets go out from the arena as before.
-#[test]
-fn page_aligned_heads_after_a_short_header_are_staged_and_exact() {
-    if !ring_allowed() {
-        return;
-    }
-    let server = Server::start(&["--threads", "1", "--io-ring", "on", "--memory", "64M"]);
-    let mut c = server.client();
-    // Exactly --ram-head (256 KiB): fixed heads. 200 KiB and odd sizes: packed.
-    let fixed: Vec<Vec<u8>> = (0..12).map(|i| pattern(i, 256 << 10)).collect();
-    let packed: Vec<Vec<u8>> = (0..12)
-        .map(|i| pattern(100 + i, (200 << 10) + 37 * i as usize))
-        .collect();
-    for (i, value) in fixed.iter().enumerate() {
-        assert_eq!(c.set(format!("f{i}").as_bytes(), value, 0, 0).status, 0);
-    }
-    for (i, value) in packed.iter().enumerate() {
-        assert_eq!(c.set(format!("p{i}").as_bytes(), value, 0, 0).status, 0);
-    }
-    let rounds = 3;
-    for _ in 0..rounds {
-        for (i, value) in fixed.iter().enumerate() {
-            assert!(c.get(format!("f{i}").as_bytes()).value == *value, "f{i}");
-        }
-        for (i, value) in packed.iter().enumerate() {
-            assert!(c.get(format!("p{i}").as_bytes()).value == *value, "p{i}");
-        }
-    }
-    let gets = (rounds * (fixed.len() + packed.len())) as u64;
-    let staged = io_sum(&mut c, "lent_sends_staged");
-    let plain =
-        io_sum(&mut c, "lent_sends_huge_pages") + io_sum(&mut c, "lent_sends_kernel_copies");
-    // Every fixed head that went out plain was staged (the first few may be zero-copy
-    // probes on an arena without huge pages); packed ones only where their offset says so.
-    assert!(plain >= gets - 8, "{plain} plain sends of {gets}");
-    assert!(
-        staged >= (rounds * fixed.len()) as u64 - 8 && staged < gets,
-        "{staged} staged of {gets} GETs"
-    );
-    // Every pin ends (a lent send's with its completion, which may come just after the reply).
-    let deadline = Instant::now() + Duration::from_secs(5);
-    while c.stat("arena", "heads_pinned") > 0 {
-        assert!(Instant::now() < deadline, "a pin outlived its send");
-        std::thread::sleep(Duration::from_millis(10));
-    }
-}
-
 #[test]
 fn idle_connections_beyond_the_rings_operation_bound_never_stall_a_shard() {
     // One shard; each idle connection keeps a receive in flight on its ring. With receives

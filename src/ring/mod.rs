@@ -116,9 +116,6 @@ pub struct RingStats {
     /// Lent sends that went out as plain `SEND` because the connection's notifications said
     /// the kernel copies anyway (loopback, a device without scatter-gather).
     pub lent_sends_kernel_copies: u64,
-    /// Lent sends copied into a staging buffer first, because the kernel's copy of them into
-    /// the socket would run at a short distance ([`copy_runs_short`]).
-    pub lent_sends_staged: u64,
     pub in_flight: u64,
     pub in_flight_max: u64,
     /// Times a submission waited for room.
@@ -464,9 +461,6 @@ pub struct Ring {
     reaped_at: Cell<ReapClock>,
     /// Shown the bytes of every receive reaped (see [`Ring::watch_receives`]).
     receive_watch: RefCell<Option<Box<dyn ReceiveWatch>>>,
-    /// Buffers of staged sends ([`copy_runs_short`]), back from the kernel for the next one:
-    /// a reused buffer is still in this core's cache, where a fresh one is not.
-    staging: Rc<RefCell<Vec<Vec<u8>>>>,
 }
 
 /// The clocks read once by a reap that took receives, for every task those receives wake: a
@@ -588,7 +582,6 @@ impl Ring {
             files: RefCell::new(files),
             file_slots,
             reap_scratch: RefCell::new(ReapScratch::default()),
-            staging: Rc::default(),
             stats: RefCell::new(RingStats::default()),
             stopping: Cell::new(false),
             queued: Cell::new(0),
@@ -910,23 +903,12 @@ impl Ring {
     /// Sends `head` then the lent `tail` with `SENDMSG` (as many as the socket needs), without
     /// copying the tail: a reply's header and the value after it leave in one operation.
     /// Plain send semantics (no zero-copy notification): for where `SEND_ZC` does not pay.
-    /// A tail the kernel would copy a short distance ahead ([`copy_runs_short`]) is staged
-    /// with the head first, and its pin released.
     pub async fn send_pair_all(
         self: &Rc<Self>,
         fd: RawFd,
         head: Vec<u8>,
         tail: Lent,
     ) -> io::Result<()> {
-        let (head, tail) = if copy_runs_short(head.len(), tail.ptr) {
-            self.stats.borrow_mut().lent_sends_staged += 1;
-            (
-                Vec::new(),
-                Lent::staged(&self.staging, &head, tail.as_slice()),
-            )
-        } else {
-            (head, tail)
-        };
         let total = head.len() + tail.len;
         let mut pair = Box::new(Pair {
             head,
@@ -1434,58 +1416,6 @@ impl Lent {
     }
 }
 
-/// Bytes the kernel's copy into a socket may run ahead of its source, modulo a page, before
-/// it slows down (see [`copy_runs_short`]).
-const SHORT_COPY_DISTANCE_MAX: usize = 64;
-/// Where in its page a staged reply starts: its copy into the socket then runs half a page
-/// from its source, and so does the copy that stages a page-aligned value after a header.
-const STAGED_PAGE_OFFSET: usize = 2048;
-const PAGE_BYTES: usize = 4096;
-/// Staging buffers a ring keeps for reuse, and the largest it keeps.
-const STAGING_KEPT_MAX: usize = 4;
-const STAGING_KEPT_BYTES_MAX: usize = 4 << 20;
-
-/// Whether a plain send of `head_bytes` then the bytes at `tail` makes the kernel copy the
-/// tail to a destination 1 to 63 bytes ahead of it modulo 4 KiB. A reply starts the socket's
-/// page fragment at offset 0 once the previous replies are acknowledged, so a page-aligned
-/// value (a fixed head, a pool chunk) after a binary header (24 bytes, and 4 of flags) is
-/// copied 28 bytes ahead of where it is read. `rep movsb` then stalls on 4K aliasing; on this
-/// project's AMD test machine a 256 KiB copy took 4-5x as long with both CPUs copying
-/// (docs/benchmarks.md, "A copy that runs 28 bytes ahead").
-pub fn copy_runs_short(head_bytes: usize, tail: *const u8) -> bool {
-    let distance = (head_bytes % PAGE_BYTES + PAGE_BYTES - tail as usize % PAGE_BYTES) % PAGE_BYTES;
-    distance > 0 && distance < SHORT_COPY_DISTANCE_MAX
-}
-
-impl Lent {
-    /// `head` then `tail` copied into a buffer of `pool` (or a new one), starting
-    /// [`STAGED_PAGE_OFFSET`] into a page, so that neither this copy nor the kernel's runs a
-    /// short distance. The buffer goes back to the pool when the kernel is done with it.
-    fn staged(pool: &Rc<RefCell<Vec<Vec<u8>>>>, head: &[u8], tail: &[u8]) -> Lent {
-        let len = head.len() + tail.len();
-        let mut bytes = pool.borrow_mut().pop().unwrap_or_default();
-        bytes.clear();
-        bytes.reserve(len + PAGE_BYTES);
-        let base = bytes.as_ptr() as usize;
-        let start = (STAGED_PAGE_OFFSET + PAGE_BYTES - base % PAGE_BYTES) % PAGE_BYTES;
-        bytes.resize(start, 0);
-        bytes.extend_from_slice(head);
-        bytes.extend_from_slice(tail);
-        assert_eq!(bytes.as_ptr() as usize, base, "a staging buffer moved");
-        let ptr = bytes.as_ptr().wrapping_add(start);
-        let pool = Rc::clone(pool);
-        let release = Box::new(move || {
-            let mut kept = pool.borrow_mut();
-            if kept.len() < STAGING_KEPT_MAX && bytes.capacity() <= STAGING_KEPT_BYTES_MAX {
-                kept.push(bytes);
-            }
-        });
-        // SAFETY: the vector is owned by the release closure; its heap bytes neither move nor
-        // change until it runs.
-        unsafe { Lent::new(ptr, len, release) }
-    }
-}
-
 /// Waits for one operation's result; dropped early, it cancels the operation and leaves its
 /// memory to the slot until the kernel is done.
 struct Op {
@@ -1592,70 +1522,6 @@ mod tests {
         fn reaped(&self) {
             self.0.borrow_mut().push(Seen::Reaped);
         }
-    }
-
-    /// The distance rule: the kernel's copy of a tail after `head_bytes` runs short only when
-    /// the tail's destination lands 1 to 63 bytes past its source modulo a page.
-    #[test]
-    fn a_copy_runs_short_only_just_behind_its_destination() {
-        let page = 4096usize;
-        let at = |offset: usize| (page * 10 + offset) as *const u8;
-        // A page-aligned value after the 28 bytes of a binary GET reply's header and flags.
-        assert!(copy_runs_short(28, at(0)));
-        assert!(
-            copy_runs_short(28 + page, at(0)),
-            "the head's own pages do not count"
-        );
-        assert!(copy_runs_short(1, at(0)));
-        assert!(copy_runs_short(63, at(0)));
-        assert!(copy_runs_short(100, at(72)));
-        assert!(!copy_runs_short(0, at(0)), "the same offset runs in step");
-        assert!(!copy_runs_short(64, at(0)));
-        assert!(
-            !copy_runs_short(28, at(32)),
-            "a source ahead of its destination"
-        );
-        assert!(!copy_runs_short(28, at(2048)));
-        assert!(
-            copy_runs_short(10, at(page - 20)),
-            "across the page boundary: 30 ahead"
-        );
-    }
-
-    /// A staged send holds the head then the tail exactly, starts half a page in, and its
-    /// buffer goes back to the ring's pool (at most [`STAGING_KEPT_MAX`] of them) when the
-    /// kernel is done.
-    #[test]
-    fn staged_bytes_are_exact_start_half_a_page_in_and_come_back() {
-        let pool: Rc<RefCell<Vec<Vec<u8>>>> = Rc::default();
-        let head = b"header-bytes".to_vec();
-        let tail: Vec<u8> = (0..300_000u32).map(|i| (i * 7 + i / 251) as u8).collect();
-        let staged: Vec<Lent> = (0..STAGING_KEPT_MAX + 2)
-            .map(|_| Lent::staged(&pool, &head, &tail))
-            .collect();
-        for lent in &staged {
-            let bytes = lent.as_slice();
-            assert_eq!(&bytes[..head.len()], &head[..]);
-            assert!(bytes[head.len()..] == tail[..], "the tail is exact");
-            assert_eq!(lent.ptr as usize % PAGE_BYTES, STAGED_PAGE_OFFSET);
-            assert!(
-                !copy_runs_short(0, lent.ptr),
-                "the staged reply is not short itself"
-            );
-        }
-        assert!(
-            pool.borrow().is_empty(),
-            "buffers are the kernel's until released"
-        );
-        drop(staged);
-        assert_eq!(pool.borrow().len(), STAGING_KEPT_MAX);
-        let again = Lent::staged(&pool, b"", &tail[..1000]);
-        assert_eq!(again.as_slice(), &tail[..1000]);
-        assert_eq!(
-            pool.borrow().len(),
-            STAGING_KEPT_MAX - 1,
-            "a kept buffer was reused"
-        );
     }
 
     /// The watch is shown exactly the bytes each receive brought (where they landed, past the

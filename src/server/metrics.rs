@@ -785,15 +785,6 @@ pub const IO: &[(&str, Export)] = &[
         labelled(LENT_PLAIN_SENDS, &[("reason", "kernel_copies")]),
     ),
     (
-        "lent_sends_staged",
-        sample(counter(
-            "lent_sends_staged",
-            N,
-            "Plain lent sends copied into a staging buffer first: the kernel's copy of them \
-             into the socket would run a few bytes ahead of its source, which stalls.",
-        )),
-    ),
-    (
         "connections",
         sample(gauge(
             "shard_connections",

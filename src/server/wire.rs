@@ -75,7 +75,6 @@ impl IoSnapshot {
             "lent_sends_kernel_copies",
             ring.lent_sends_kernel_copies.to_string(),
         );
-        put("lent_sends_staged", ring.lent_sends_staged.to_string());
         put("in_flight", ring.in_flight.to_string());
         put("in_flight_max", ring.in_flight_max.to_string());
         put("ring_full_waits", ring.full_waits.to_string());
