@@ -54,6 +54,19 @@ fn config(numa: NumaMode) -> ArenaConfig {
     }
 }
 
+/// Starts the server binary `scripts/test-numa-vm` passes in (`/test/headroom`) with its data
+/// directory in `/tmp/NAME`.
+fn vm_server(name: &str, args: &[&str]) -> common::server::Server {
+    let binary = "/test/headroom";
+    assert!(
+        std::path::Path::new(binary).exists(),
+        "{binary} is missing: scripts/test-numa-vm passes it with NUMA_VM_FILES"
+    );
+    let dir = std::path::PathBuf::from("/tmp").join(name);
+    std::fs::create_dir_all(&dir).unwrap();
+    common::server::Server::start_binary(binary, &[], &dir, args)
+}
+
 /// Every page of every region sits on the region's node; returns (node, backing) per region.
 fn placements(arena: &Arena) -> Vec<(NodeId, &'static str)> {
     arena
@@ -267,18 +280,10 @@ fn promotion_brings_hot_heads_home() {
     if !in_vm() {
         return;
     }
-    let binary = "/test/headroom";
-    if !std::path::Path::new(binary).exists() {
-        panic!("{binary} is missing: scripts/test-numa-vm passes it with NUMA_VM_FILES");
-    }
     let _ = topology();
-    let dir = std::path::PathBuf::from("/tmp/promotion");
-    std::fs::create_dir_all(&dir).unwrap();
     // Fixed heads: 2 blocks on node 0, 4 on node 1 (8 heads of 256 KiB each); records apart.
-    let server = common::server::Server::start_binary(
-        binary,
-        &[],
-        &dir,
+    let server = vm_server(
+        "promotion",
         &[
             "--numa",
             "0",
@@ -405,18 +410,12 @@ fn promotion_brings_hot_heads_home() {
 /// its own.
 #[test]
 fn every_core_hammers_one_key_set_while_promotion_runs() {
-    use common::stress::{check, expire_then_evict, hammer, value, Hammer};
-    use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+    use common::stress::{check, expire_then_evict, hammer, value, CheckingReaders, Hammer};
     use std::sync::Arc;
 
     if !in_vm() {
         return;
     }
-    let binary = "/test/headroom";
-    assert!(
-        std::path::Path::new(binary).exists(),
-        "{binary} is missing: scripts/test-numa-vm passes it with NUMA_VM_FILES"
-    );
     let topo = topology();
     let node0_cpus = topo.node(0).map_or(0, |n| n.cpus.len());
     assert!(
@@ -424,13 +423,9 @@ fn every_core_hammers_one_key_set_while_promotion_runs() {
         "node 0 has {node0_cpus} CPU(s); the stress needs a shard on each of two (NUMA_VM_CPUS_PER_NODE=2)"
     );
     let seed = common::seeds("numa_vm stress", 1)[0];
-    let dir = std::path::PathBuf::from("/tmp/stress");
-    std::fs::create_dir_all(&dir).unwrap();
     // Fixed heads: 4 blocks on node 0 and 8 on node 1, shared by two shards.
-    let server = common::server::Server::start_binary(
-        binary,
-        &[],
-        &dir,
+    let server = vm_server(
+        "stress",
         &[
             "--numa",
             "0",
@@ -480,33 +475,12 @@ fn every_core_hammers_one_key_set_while_promotion_runs() {
     );
     let groups: Arc<Vec<Vec<String>>> = Arc::new(blocks.into_iter().map(|b| b.2).collect());
 
-    let stop = Arc::new(AtomicBool::new(false));
-    let hits = Arc::new(AtomicU64::new(0));
     let started = std::time::Instant::now();
-    let readers: Vec<_> = (0..2)
-        .map(|r| {
-            let (addr, stop, groups, hits) = (
-                server.addr,
-                Arc::clone(&stop),
-                Arc::clone(&groups),
-                Arc::clone(&hits),
-            );
-            std::thread::spawn(move || {
-                let mut c = common::server::Client::connect(addr);
-                let mut i = r;
-                while !stop.load(Ordering::Relaxed) {
-                    let group = &groups[started.elapsed().as_secs() as usize % groups.len()];
-                    let key = &group[i % group.len()];
-                    let got = c.get(key.as_bytes());
-                    if got.status == 0 {
-                        check(key, &got.value);
-                        hits.fetch_add(1, Ordering::Relaxed);
-                    }
-                    i += 1;
-                }
-            })
-        })
-        .collect();
+    let hot = Arc::clone(&groups);
+    let readers = CheckingReaders::start(server.addr, 2, move |r, i| {
+        let group = &hot[started.elapsed().as_secs() as usize % hot.len()];
+        group[(r + i) as usize % group.len()].clone()
+    });
     let arena_stat = |c: &mut common::server::Client, name: &str| c.stat("arena", name);
     let exchanges_before = arena_stat(&mut c, "promotion_exchanges");
     let size = Hammer {
@@ -517,16 +491,13 @@ fn every_core_hammers_one_key_set_while_promotion_runs() {
     };
     hammer(&server, seed, size);
     let exchanges = arena_stat(&mut c, "promotion_exchanges") - exchanges_before;
-    stop.store(true, Ordering::Relaxed);
-    for reader in readers {
-        reader.join().expect("a reader saw wrong bytes");
-    }
+    let hits = readers.stop();
     let skipped = arena_stat(&mut c, "promotion_skipped_pinned");
     println!(
         "stress on two nodes: {} s, {exchanges} block exchanges during the hammer, \
          {skipped} blocks skipped for pins, {} hot-head hits",
         started.elapsed().as_secs(),
-        hits.load(Ordering::Relaxed)
+        hits
     );
     assert!(
         exchanges > 0,

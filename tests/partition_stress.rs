@@ -10,11 +10,8 @@
 
 mod common;
 
-use std::sync::atomic::Ordering;
-use std::sync::Arc;
-
 use common::server::{Client, Server};
-use common::stress::{check, expire_then_evict, hammer, stat, value, Hammer};
+use common::stress::{check, expire_then_evict, hammer, stat, value, CheckingReaders, Hammer};
 
 #[test]
 fn every_core_hammers_one_key_set() {
@@ -46,24 +43,7 @@ fn every_core_hammers_one_key_set() {
 #[test]
 fn compaction_under_every_core() {
     let server = Server::start(&["--threads", "2", "--memory", "4M"]);
-    let stop = Arc::new(std::sync::atomic::AtomicBool::new(false));
-    let readers: Vec<_> = (0..2)
-        .map(|r| {
-            let (addr, stop) = (server.addr, Arc::clone(&stop));
-            std::thread::spawn(move || {
-                let mut c = Client::connect(addr);
-                let mut i = 0u64;
-                while !stop.load(Ordering::Relaxed) {
-                    let k = format!("c{}", (i * 5 + r) % 50);
-                    let got = c.get(k.as_bytes());
-                    if got.status == 0 {
-                        check(&k, &got.value);
-                    }
-                    i += 1;
-                }
-            })
-        })
-        .collect();
+    let readers = CheckingReaders::start(server.addr, 2, |r, i| format!("c{}", (i * 5 + r) % 50));
     let writers: Vec<_> = (0..4)
         .map(|w| {
             let addr = server.addr;
@@ -87,10 +67,7 @@ fn compaction_under_every_core() {
     for writer in writers {
         writer.join().expect("a writer failed");
     }
-    stop.store(true, Ordering::Relaxed);
-    for reader in readers {
-        reader.join().expect("a reader saw wrong bytes");
-    }
+    readers.stop();
     let mut c = server.client();
     assert!(stat(&mut c, "compactions") > 0, "nothing was compacted");
     assert_eq!(stat(&mut c, "evictions"), 0, "small live data was evicted");

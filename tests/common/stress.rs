@@ -68,6 +68,53 @@ pub fn check(key: &str, bytes: &[u8]) {
     );
 }
 
+/// Reader threads that GET keys in a loop until stopped, checking every hit byte for byte.
+pub struct CheckingReaders {
+    stop: Arc<AtomicBool>,
+    threads: Vec<std::thread::JoinHandle<u64>>,
+}
+
+impl CheckingReaders {
+    /// `count` readers, one connection each; reader `r`'s `i`-th GET asks for `key(r, i)`.
+    pub fn start(
+        addr: std::net::SocketAddr,
+        count: u64,
+        key: impl Fn(u64, u64) -> String + Send + Sync + 'static,
+    ) -> CheckingReaders {
+        let stop = Arc::new(AtomicBool::new(false));
+        let key = Arc::new(key);
+        let threads = (0..count)
+            .map(|r| {
+                let (stop, key) = (Arc::clone(&stop), Arc::clone(&key));
+                std::thread::spawn(move || {
+                    let mut c = Client::connect(addr);
+                    let (mut i, mut hits) = (0, 0);
+                    while !stop.load(Ordering::Relaxed) {
+                        let k = key(r, i);
+                        let got = c.get(k.as_bytes());
+                        if got.status == 0 {
+                            check(&k, &got.value);
+                            hits += 1;
+                        }
+                        i += 1;
+                    }
+                    hits
+                })
+            })
+            .collect();
+        CheckingReaders { stop, threads }
+    }
+
+    /// Stops the readers and returns their hits; panics if one saw wrong bytes.
+    pub fn stop(self) -> u64 {
+        self.stop.store(true, Ordering::Relaxed);
+        self.threads
+            .into_iter()
+            .map(|t| t.join().expect("a reader saw wrong bytes"))
+            .sum()
+    }
+}
+
 pub fn stat(c: &mut Client, name: &str) -> u64 {
     c.stat("", name)
 }
@@ -214,24 +261,9 @@ pub fn expire_then_evict(server: &Server, items: usize, large_value_bytes: usize
     // The sweep runs every second on each shard.
     std::thread::sleep(std::time::Duration::from_millis(2200));
 
-    let stop = Arc::new(AtomicBool::new(false));
-    let readers: Vec<_> = (0..2)
-        .map(|r| {
-            let (addr, stop) = (server.addr, Arc::clone(&stop));
-            std::thread::spawn(move || {
-                let mut c = Client::connect(addr);
-                let mut i = 0u64;
-                while !stop.load(Ordering::Relaxed) {
-                    let k = format!("p{}", (i * 7 + r) % items as u64);
-                    let got = c.get(k.as_bytes());
-                    if got.status == 0 {
-                        check(&k, &got.value);
-                    }
-                    i += 1;
-                }
-            })
-        })
-        .collect();
+    let readers = CheckingReaders::start(server.addr, 2, move |r, i| {
+        format!("p{}", (i * 7 + r) % items as u64)
+    });
     let mut writer = server.client();
     for n in 0..items {
         let k = format!("p{n}");
@@ -243,10 +275,7 @@ pub fn expire_then_evict(server: &Server, items: usize, large_value_bytes: usize
         let r = writer.set(k.as_bytes(), &value(&k, 99, n, len), 0, 0);
         assert!(r.status == 0 || r.status == 0x82, "SET {k}: {}", r.status);
     }
-    stop.store(true, Ordering::Relaxed);
-    for reader in readers {
-        reader.join().expect("a reader saw wrong bytes");
-    }
+    readers.stop();
     assert!(
         stat(&mut admin, "evictions") > 0,
         "the pressure phase evicted nothing"
