@@ -489,7 +489,33 @@ fn every_core_hammers_one_key_set_while_promotion_runs() {
         ops_per_client: 300,
         large_value_bytes: HEAD,
     };
+    // Churn: one more connection overwrites 50 packed keys (16-48 KiB) while the hammer runs, so
+    // the small-object arena fills with dead bytes and admission compacts under the hammer.
+    let hammering = Arc::new(std::sync::atomic::AtomicBool::new(true));
+    let churn = {
+        let (addr, hammering) = (server.addr, Arc::clone(&hammering));
+        std::thread::spawn(move || {
+            let mut c = common::server::Client::connect(addr);
+            let mut n = 0;
+            while hammering.load(std::sync::atomic::Ordering::Relaxed) {
+                let k = format!("c{}", n % 50);
+                let r = c.set(
+                    k.as_bytes(),
+                    &value(&k, 7, n, 16384 + n * 4099 % 32768),
+                    0,
+                    0,
+                );
+                assert_eq!(r.status, 0, "SET {k}");
+                n += 1;
+            }
+            n
+        })
+    };
+    let compactions_before = c.stat("", "compactions");
     hammer(&server, seed, size);
+    hammering.store(false, std::sync::atomic::Ordering::Relaxed);
+    let churned = churn.join().expect("the churn writer failed");
+    let compactions = c.stat("", "compactions") - compactions_before;
     let exchanges = arena_stat(&mut c, "promotion_exchanges") - exchanges_before;
     let hits = readers.stop();
     let skipped = arena_stat(&mut c, "promotion_skipped_pinned");
@@ -510,6 +536,15 @@ fn every_core_hammers_one_key_set_while_promotion_runs() {
         check(key, &got.value);
     }
     // 60 heads and 60 small values on top of the 48 heads: more than the 24 MiB of head blocks.
+    println!(
+        "stress on two nodes: {churned} churn SETs, {compactions} compactions during the hammer"
+    );
+    assert!(compactions > 0, "nothing was compacted under the hammer");
+    for k in (0..50).map(|k| format!("c{k}")) {
+        let got = c.get(k.as_bytes());
+        assert_eq!(got.status, 0, "{k} lost");
+        check(&k, &got.value);
+    }
     expire_then_evict(&server, 120, HEAD);
     assert_eq!(server.stop().code(), Some(0));
 }
