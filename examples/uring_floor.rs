@@ -1,0 +1,368 @@
+//! uring_floor: the io_uring floor of a memcached binary-protocol server on this machine.
+//!
+//! The companion of `tools/floor/floor.c` (the epoll floor): a responder with no store that
+//! answers exactly as that one does, but talks to the kernel the way Headroom's ring does, and
+//! does nothing else. Each thread owns one ring (`SINGLE_ISSUER`, `COOP_TASKRUN` and
+//! `TASKRUN_FLAG` where the kernel has them, as `src/ring/` sets it up) and its own
+//! `SO_REUSEPORT` listener. A connection's completed `RECV` is answered by a `SEND` of every
+//! reply it completed, queued together with the connection's next `RECV`. The thread submits
+//! all of a pass's entries and waits for the next completion in a single `io_uring_enter`.
+//! There is no executor, no task, no eventfd and no second ring.
+//!
+//! So it is the least CPU per request an io_uring server with one ring per thread can spend
+//! here: the difference between Headroom and this is Headroom's own machinery.
+//!
+//! Answers: every GET-family request (GET, GETQ, GETK, GETKQ) is a hit with a fixed 32-byte value
+//! and flags 0 (GETK and GETKQ echo the key); quiet mutations and QUITQ get no reply; every
+//! other request gets an empty success carrying its opcode and opaque (QUIT closes after it).
+//!
+//! Usage: `cargo run --release --example uring_floor -- PORT THREADS [ADDR]` (ADDR defaults to
+//! 127.0.0.1).
+
+use std::io;
+use std::net::{IpAddr, SocketAddr};
+use std::os::fd::{AsRawFd, FromRawFd, OwnedFd, RawFd};
+
+use io_uring::{opcode, squeue, types, IoUring};
+
+const HEADER_BYTES: usize = 24;
+const FLAGS_BYTES: usize = 4;
+const VALUE: &[u8; 32] = b"floor-responder-fixed-value-32by";
+const IN_BYTES: usize = 64 * 1024;
+const RING_ENTRIES: u32 = 1024;
+
+/// What a completion is for, in the low bits of its user data; the connection's slot above.
+const ACCEPT: u64 = 0;
+const RECV: u64 = 1;
+const SEND: u64 = 2;
+
+fn is_get(op: u8) -> bool {
+    matches!(op, 0x00 | 0x09 | 0x0c | 0x0d)
+}
+
+fn is_quiet_mutation(op: u8) -> bool {
+    matches!(op, 0x11..=0x16 | 0x18 | 0x19 | 0x1a)
+}
+
+/// Appends the reply to the request whose header starts `frame` (its key after its extras).
+fn reply(frame: &[u8], out: &mut Vec<u8>) {
+    let op = frame[1];
+    if is_quiet_mutation(op) || op == 0x17 {
+        return;
+    }
+    let start = out.len();
+    out.resize(start + HEADER_BYTES, 0);
+    out[start] = 0x81;
+    out[start + 1] = op;
+    out[start + 12..start + 16].copy_from_slice(&frame[12..16]);
+    if !is_get(op) {
+        return;
+    }
+    let key_len = if matches!(op, 0x0c | 0x0d) {
+        u16::from_be_bytes([frame[2], frame[3]]) as usize
+    } else {
+        0
+    };
+    out[start + 2..start + 4].copy_from_slice(&(key_len as u16).to_be_bytes());
+    out[start + 4] = FLAGS_BYTES as u8;
+    let body = (FLAGS_BYTES + key_len + VALUE.len()) as u32;
+    out[start + 8..start + 12].copy_from_slice(&body.to_be_bytes());
+    out[start + 23] = 1; // CAS
+    out.extend_from_slice(&0u32.to_be_bytes());
+    let key_at = HEADER_BYTES + frame[4] as usize;
+    out.extend_from_slice(&frame[key_at..key_at + key_len]);
+    out.extend_from_slice(VALUE);
+}
+
+struct Conn {
+    fd: OwnedFd,
+    input: Vec<u8>,
+    filled: usize,
+    /// Replies being sent (the kernel reads them until the send completes) and from where.
+    sending: Vec<u8>,
+    sent: usize,
+    /// Replies completed while a send was in flight: they go out when it is done.
+    waiting: Vec<u8>,
+    /// Whether a RECV is queued or in flight.
+    receiving: bool,
+    closing: bool,
+}
+
+struct Worker {
+    ring: IoUring,
+    listener: OwnedFd,
+    conns: Vec<Option<Conn>>,
+    free: Vec<usize>,
+}
+
+impl Worker {
+    fn push(&mut self, entry: squeue::Entry) {
+        // SAFETY: every buffer an entry names lives in a `Conn` that stays in its slot (and is
+        // not resized) until the entry's completion is reaped; the queue is drained by a
+        // submit before it can fill, since each pass queues at most two entries per completion.
+        unsafe {
+            while self.ring.submission().push(&entry).is_err() {
+                self.ring.submit().expect("io_uring_enter");
+            }
+        }
+    }
+
+    fn queue_accept(&mut self) {
+        let entry = opcode::AcceptMulti::new(types::Fd(self.listener.as_raw_fd()))
+            .build()
+            .user_data(ACCEPT);
+        self.push(entry);
+    }
+
+    fn queue_recv(&mut self, slot: usize) {
+        let conn = self.conns[slot].as_mut().expect("a live connection");
+        conn.receiving = true;
+        let room = &mut conn.input[conn.filled..];
+        let entry = opcode::Recv::new(
+            types::Fd(conn.fd.as_raw_fd()),
+            room.as_mut_ptr(),
+            room.len() as u32,
+        )
+        .build()
+        .user_data((slot as u64) << 2 | RECV);
+        self.push(entry);
+    }
+
+    fn queue_send(&mut self, slot: usize) {
+        let conn = self.conns[slot].as_mut().expect("a live connection");
+        let rest = &conn.sending[conn.sent..];
+        let entry = opcode::Send::new(
+            types::Fd(conn.fd.as_raw_fd()),
+            rest.as_ptr(),
+            rest.len() as u32,
+        )
+        .flags(libc::MSG_NOSIGNAL)
+        .build()
+        .user_data((slot as u64) << 2 | SEND);
+        self.push(entry);
+    }
+
+    fn accepted(&mut self, fd: RawFd) {
+        // SAFETY: a descriptor the kernel just returned from accept, owned from here on.
+        let fd = unsafe { OwnedFd::from_raw_fd(fd) };
+        set_int_option(fd.as_raw_fd(), libc::IPPROTO_TCP, libc::TCP_NODELAY, 1);
+        let conn = Conn {
+            fd,
+            input: vec![0; IN_BYTES],
+            filled: 0,
+            sending: Vec::with_capacity(4 * IN_BYTES),
+            sent: 0,
+            waiting: Vec::new(),
+            receiving: false,
+            closing: false,
+        };
+        let slot = match self.free.pop() {
+            Some(slot) => {
+                self.conns[slot] = Some(conn);
+                slot
+            }
+            None => {
+                self.conns.push(Some(conn));
+                self.conns.len() - 1
+            }
+        };
+        self.queue_recv(slot);
+    }
+
+    fn received(&mut self, slot: usize, result: i32) {
+        let conn = self.conns[slot].as_mut().expect("a live connection");
+        conn.receiving = false;
+        if result <= 0 {
+            conn.closing = true;
+            return self.close_if_idle(slot);
+        }
+        conn.filled += result as usize;
+        let in_flight = conn.sent < conn.sending.len();
+        let out = if in_flight {
+            &mut conn.waiting
+        } else {
+            conn.sending.clear();
+            conn.sent = 0;
+            &mut conn.sending
+        };
+        let mut at = 0;
+        while conn.filled - at >= HEADER_BYTES {
+            let frame = &conn.input[at..conn.filled];
+            let body = u32::from_be_bytes([frame[8], frame[9], frame[10], frame[11]]) as usize;
+            if frame[0] != 0x80 || HEADER_BYTES + body > IN_BYTES {
+                conn.closing = true;
+                break;
+            }
+            if frame.len() < HEADER_BYTES + body {
+                break;
+            }
+            reply(frame, out);
+            if matches!(frame[1], 0x07 | 0x17) {
+                conn.closing = true;
+            }
+            at += HEADER_BYTES + body;
+        }
+        conn.input.copy_within(at..conn.filled, 0);
+        conn.filled -= at;
+        let (send, closing) = (!in_flight && !conn.sending.is_empty(), conn.closing);
+        if send {
+            self.queue_send(slot);
+        }
+        if closing {
+            return self.close_if_idle(slot);
+        }
+        self.queue_recv(slot);
+    }
+
+    fn sent(&mut self, slot: usize, result: i32) {
+        let conn = self.conns[slot].as_mut().expect("a live connection");
+        if result < 0 {
+            conn.sending.clear();
+            conn.sent = 0;
+            conn.closing = true;
+            return self.close_if_idle(slot);
+        }
+        conn.sent += result as usize;
+        if conn.sent < conn.sending.len() {
+            return self.queue_send(slot);
+        }
+        conn.sending.clear();
+        conn.sent = 0;
+        if !conn.waiting.is_empty() {
+            std::mem::swap(&mut conn.sending, &mut conn.waiting);
+            return self.queue_send(slot);
+        }
+        self.close_if_idle(slot);
+    }
+
+    /// Frees a closing connection once no operation on it is left.
+    fn close_if_idle(&mut self, slot: usize) {
+        let conn = self.conns[slot].as_ref().expect("a live connection");
+        if conn.closing && !conn.receiving && conn.sent >= conn.sending.len() {
+            self.conns[slot] = None;
+            self.free.push(slot);
+        }
+    }
+
+    fn run(&mut self) -> io::Result<()> {
+        self.queue_accept();
+        let mut done = Vec::with_capacity(RING_ENTRIES as usize);
+        loop {
+            self.ring.submit_and_wait(1)?;
+            done.extend(
+                self.ring
+                    .completion()
+                    .map(|c| (c.user_data(), c.result(), c.flags())),
+            );
+            for (data, result, flags) in done.drain(..) {
+                let slot = (data >> 2) as usize;
+                match data & 3 {
+                    ACCEPT => {
+                        if result >= 0 {
+                            self.accepted(result);
+                        }
+                        if !io_uring::cqueue::more(flags) {
+                            self.queue_accept();
+                        }
+                    }
+                    RECV => self.received(slot, result),
+                    _ => self.sent(slot, result),
+                }
+            }
+        }
+    }
+}
+
+fn set_int_option(fd: RawFd, level: i32, name: i32, value: i32) {
+    // SAFETY: setsockopt reads an int from a live local.
+    unsafe {
+        libc::setsockopt(
+            fd,
+            level,
+            name,
+            (&value as *const i32).cast(),
+            std::mem::size_of::<i32>() as u32,
+        );
+    }
+}
+
+fn listener(addr: SocketAddr) -> io::Result<OwnedFd> {
+    let socket = nix::sys::socket::socket(
+        match addr {
+            SocketAddr::V4(_) => nix::sys::socket::AddressFamily::Inet,
+            SocketAddr::V6(_) => nix::sys::socket::AddressFamily::Inet6,
+        },
+        nix::sys::socket::SockType::Stream,
+        nix::sys::socket::SockFlag::SOCK_CLOEXEC,
+        None,
+    )?;
+    set_int_option(socket.as_raw_fd(), libc::SOL_SOCKET, libc::SO_REUSEADDR, 1);
+    set_int_option(socket.as_raw_fd(), libc::SOL_SOCKET, libc::SO_REUSEPORT, 1);
+    nix::sys::socket::bind(
+        socket.as_raw_fd(),
+        &nix::sys::socket::SockaddrStorage::from(addr),
+    )?;
+    nix::sys::socket::listen(&socket, nix::sys::socket::Backlog::new(1024)?)?;
+    Ok(socket)
+}
+
+fn ring() -> io::Result<IoUring> {
+    IoUring::builder()
+        .setup_single_issuer()
+        .setup_coop_taskrun()
+        .setup_taskrun_flag()
+        .build(RING_ENTRIES)
+        .or_else(|_| IoUring::new(RING_ENTRIES))
+}
+
+fn main() {
+    let args: Vec<String> = std::env::args().collect();
+    let usage = "usage: uring_floor PORT THREADS [ADDR]";
+    let (Some(port), Some(threads)) = (
+        args.get(1).and_then(|p| p.parse::<u16>().ok()),
+        args.get(2).and_then(|t| t.parse::<usize>().ok()),
+    ) else {
+        eprintln!("{usage}");
+        std::process::exit(2);
+    };
+    let ip: IpAddr = match args.get(3).map_or(Ok([127, 0, 0, 1].into()), |a| a.parse()) {
+        Ok(ip) => ip,
+        Err(err) => {
+            eprintln!("uring_floor: bad ADDR: {err}\n{usage}");
+            std::process::exit(2);
+        }
+    };
+    let addr = SocketAddr::new(ip, port);
+    let workers: Vec<_> = (0..threads.max(1))
+        .map(|_| {
+            let listener = listener(addr).unwrap_or_else(|err| {
+                eprintln!("uring_floor: {addr}: {err}");
+                std::process::exit(1);
+            });
+            std::thread::spawn(move || {
+                // Made on the thread that submits to it (`SINGLE_ISSUER` binds the creator).
+                let ring = ring().unwrap_or_else(|err| {
+                    eprintln!("uring_floor: io_uring_setup: {err}");
+                    std::process::exit(1);
+                });
+                let mut worker = Worker {
+                    ring,
+                    listener,
+                    conns: Vec::new(),
+                    free: Vec::new(),
+                };
+                if let Err(err) = worker.run() {
+                    eprintln!("uring_floor: {err}");
+                    std::process::exit(1);
+                }
+            })
+        })
+        .collect();
+    eprintln!(
+        "uring_floor: listening on {addr} with {} threads",
+        workers.len()
+    );
+    for worker in workers {
+        let _ = worker.join();
+    }
+}
