@@ -24,6 +24,7 @@ use std::net::{IpAddr, SocketAddr};
 use std::os::fd::{AsRawFd, FromRawFd, OwnedFd, RawFd};
 
 use io_uring::{opcode, squeue, types, IoUring};
+use nix::sys::socket::{setsockopt, sockopt};
 
 const HEADER_BYTES: usize = 24;
 const FLAGS_BYTES: usize = 4;
@@ -145,7 +146,7 @@ impl Worker {
     fn accepted(&mut self, fd: RawFd) {
         // SAFETY: a descriptor the kernel just returned from accept, owned from here on.
         let fd = unsafe { OwnedFd::from_raw_fd(fd) };
-        set_int_option(fd.as_raw_fd(), libc::IPPROTO_TCP, libc::TCP_NODELAY, 1);
+        let _ = setsockopt(&fd, sockopt::TcpNoDelay, &true);
         let conn = Conn {
             fd,
             input: vec![0; IN_BYTES],
@@ -273,19 +274,6 @@ impl Worker {
     }
 }
 
-fn set_int_option(fd: RawFd, level: i32, name: i32, value: i32) {
-    // SAFETY: setsockopt reads an int from a live local.
-    unsafe {
-        libc::setsockopt(
-            fd,
-            level,
-            name,
-            (&value as *const i32).cast(),
-            std::mem::size_of::<i32>() as u32,
-        );
-    }
-}
-
 fn listener(addr: SocketAddr) -> io::Result<OwnedFd> {
     let socket = nix::sys::socket::socket(
         match addr {
@@ -296,8 +284,8 @@ fn listener(addr: SocketAddr) -> io::Result<OwnedFd> {
         nix::sys::socket::SockFlag::SOCK_CLOEXEC,
         None,
     )?;
-    set_int_option(socket.as_raw_fd(), libc::SOL_SOCKET, libc::SO_REUSEADDR, 1);
-    set_int_option(socket.as_raw_fd(), libc::SOL_SOCKET, libc::SO_REUSEPORT, 1);
+    setsockopt(&socket, sockopt::ReuseAddr, &true)?;
+    setsockopt(&socket, sockopt::ReusePort, &true)?;
     nix::sys::socket::bind(
         socket.as_raw_fd(),
         &nix::sys::socket::SockaddrStorage::from(addr),
