@@ -98,9 +98,11 @@ struct Worker {
 
 impl Worker {
     fn push(&mut self, entry: squeue::Entry) {
-        // SAFETY: every buffer an entry names lives in a `Conn` that stays in its slot (and is
-        // not resized) until the entry's completion is reaped; the queue is drained by a
-        // submit before it can fill, since each pass queues at most two entries per completion.
+        // SAFETY: every buffer an entry names is the heap storage of a `Conn`'s `input` or
+        // `sending`, which is neither freed nor grown until the entry's completion is reaped
+        // (a `Conn` is dropped only with nothing in flight, and replies go to `waiting` while
+        // a send is); moving the `Conn` itself does not move that storage. A full queue is
+        // submitted first.
         unsafe {
             while self.ring.submission().push(&entry).is_err() {
                 self.ring.submit().expect("io_uring_enter");
