@@ -192,7 +192,12 @@ impl Worker {
         while conn.filled - at >= HEADER_BYTES {
             let frame = &conn.input[at..conn.filled];
             let body = u32::from_be_bytes([frame[8], frame[9], frame[10], frame[11]]) as usize;
-            if frame[0] != 0x80 || HEADER_BYTES + body > IN_BYTES {
+            let key_and_extras =
+                u16::from_be_bytes([frame[2], frame[3]]) as usize + frame[4] as usize;
+            // Not a request, or a key that overruns its body: the connection is closed, as
+            // `floor.c` does. A frame larger than the buffer is closed too (`floor.c` answers it
+            // and drops its body): the floors' loads send 32-byte values.
+            if frame[0] != 0x80 || HEADER_BYTES + body > IN_BYTES || key_and_extras > body {
                 conn.closing = true;
                 break;
             }
