@@ -16,8 +16,13 @@
 //! and flags 0 (GETK and GETKQ echo the key); quiet mutations and QUITQ get no reply; every
 //! other request gets an empty success carrying its opcode and opaque (QUIT closes after it).
 //!
-//! Usage: `cargo run --release --example uring_floor -- PORT THREADS [ADDR]` (ADDR defaults to
-//! 127.0.0.1).
+//! With `--eventfd-hop` a thread sleeps the way a Headroom shard does, to measure what that costs:
+//! the ring signals an eventfd, and when a pass finds nothing to do the thread waits in a second
+//! ring for a read of that eventfd (glommio's ring waiting for the eventfd reader). Entries are
+//! submitted with the eventfd off, as Headroom's ring submits them.
+//!
+//! Usage: `cargo run --release --example uring_floor -- PORT THREADS [ADDR] [--eventfd-hop]`
+//! (ADDR defaults to 127.0.0.1).
 
 use std::io;
 use std::net::{IpAddr, SocketAddr};
@@ -94,6 +99,35 @@ struct Worker {
     listener: OwnedFd,
     conns: Vec<Option<Conn>>,
     free: Vec<usize>,
+    hop: Option<EventfdHop>,
+}
+
+/// The second ring a thread sleeps in under `--eventfd-hop`, and the eventfd it reads there.
+struct EventfdHop {
+    outer: IoUring,
+    eventfd: OwnedFd,
+    /// Where the outer ring's read puts the eventfd's count (boxed: the kernel writes it).
+    count: Box<u64>,
+    read_queued: bool,
+}
+
+impl EventfdHop {
+    fn new(inner: &IoUring) -> io::Result<EventfdHop> {
+        // SAFETY: a plain eventfd call; the descriptor is owned at once.
+        let raw = unsafe { libc::eventfd(0, libc::EFD_CLOEXEC) };
+        if raw < 0 {
+            return Err(io::Error::last_os_error());
+        }
+        // SAFETY: `raw` is a fresh descriptor nobody else owns.
+        let eventfd = unsafe { OwnedFd::from_raw_fd(raw) };
+        inner.submitter().register_eventfd(eventfd.as_raw_fd())?;
+        Ok(EventfdHop {
+            outer: IoUring::new(8)?,
+            eventfd,
+            count: Box::new(0),
+            read_queued: false,
+        })
+    }
 }
 
 impl Worker {
@@ -252,11 +286,42 @@ impl Worker {
         }
     }
 
+    /// Under `--eventfd-hop`: submits the pass's entries with the eventfd off, and if nothing has
+    /// completed, sleeps in the outer ring until the eventfd is read.
+    fn submit_then_sleep_through_eventfd(&mut self) -> io::Result<()> {
+        self.ring.completion().disable_eventfd();
+        let submitted = self.ring.submit();
+        self.ring.completion().enable_eventfd();
+        submitted?;
+        if !self.ring.completion().is_empty() {
+            return Ok(());
+        }
+        let hop = self.hop.as_mut().expect("the eventfd hop");
+        if !hop.read_queued {
+            let count: *mut u64 = &mut *hop.count;
+            let read = opcode::Read::new(types::Fd(hop.eventfd.as_raw_fd()), count.cast(), 8)
+                .build()
+                .user_data(0);
+            // SAFETY: the read writes the boxed count, which lives as long as the outer ring.
+            unsafe { hop.outer.submission().push(&read) }.expect("an empty outer queue");
+            hop.read_queued = true;
+        }
+        hop.outer.submit_and_wait(1)?;
+        if hop.outer.completion().next().is_some() {
+            hop.read_queued = false;
+        }
+        Ok(())
+    }
+
     fn run(&mut self) -> io::Result<()> {
         self.queue_accept();
         let mut done = Vec::with_capacity(RING_ENTRIES as usize);
         loop {
-            self.ring.submit_and_wait(1)?;
+            if self.hop.is_some() {
+                self.submit_then_sleep_through_eventfd()?;
+            } else {
+                self.ring.submit_and_wait(1)?;
+            }
             done.extend(
                 self.ring
                     .completion()
@@ -311,8 +376,10 @@ fn ring() -> io::Result<IoUring> {
 }
 
 fn main() {
-    let args: Vec<String> = std::env::args().collect();
-    let usage = "usage: uring_floor PORT THREADS [ADDR]";
+    let mut args: Vec<String> = std::env::args().collect();
+    let hop = args.iter().any(|a| a == "--eventfd-hop");
+    args.retain(|a| a != "--eventfd-hop");
+    let usage = "usage: uring_floor PORT THREADS [ADDR] [--eventfd-hop]";
     let (Some(port), Some(threads)) = (
         args.get(1).and_then(|p| p.parse::<u16>().ok()),
         args.get(2).and_then(|t| t.parse::<usize>().ok()),
@@ -340,11 +407,17 @@ fn main() {
                     eprintln!("uring_floor: io_uring_setup: {err}");
                     std::process::exit(1);
                 });
+                let hop = hop.then(|| EventfdHop::new(&ring)).transpose();
+                let hop = hop.unwrap_or_else(|err| {
+                    eprintln!("uring_floor: eventfd hop: {err}");
+                    std::process::exit(1);
+                });
                 let mut worker = Worker {
                     ring,
                     listener,
                     conns: Vec::new(),
                     free: Vec::new(),
+                    hop,
                 };
                 if let Err(err) = worker.run() {
                     eprintln!("uring_floor: {err}");
