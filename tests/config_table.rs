@@ -57,6 +57,11 @@ fn every_invalid_combination_has_its_own_error_and_exit_2() {
         ),
         (
             ONE,
+            &["--receive-timestamps", "sometimes"],
+            "--receive-timestamps 'sometimes' must be on or off",
+        ),
+        (
+            ONE,
             &["--promotion-half-life", "0"],
             "--promotion-half-life must be at least 1 second",
         ),

@@ -53,6 +53,7 @@ fn counters_are_counted_once_and_summed_over_shards() {
     assert_eq!(settings["flush_enabled"], "yes");
     assert_eq!(settings["evictions"], "on");
     assert_eq!(settings["cas_enabled"], "yes");
+    assert_eq!(settings["receive_timestamps"], "on");
 }
 
 #[test]

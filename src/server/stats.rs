@@ -340,6 +340,10 @@ fn settings(ctx: &ShardCtx) -> Vec<(String, String)> {
         ("item_size_max", s.max_item_bytes.to_string()),
         ("idle_timeout", s.idle_timeout_seconds.to_string()),
         ("spin_before_park_us", s.spin_before_park_micros.to_string()),
+        (
+            "receive_timestamps",
+            if s.receive_timestamps { "on" } else { "off" }.to_string(),
+        ),
         ("promotion_interval_ms", s.promotion_interval_ms.to_string()),
         ("promotion_budget", s.promotion_budget_blocks.to_string()),
         (

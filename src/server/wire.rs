@@ -232,6 +232,7 @@ impl Wire {
         // The kernel's receive time starts a request's latency where the bytes arrived,
         // before this shard woke up to reap them (docs/server.md, "Latency").
         let stamps = ring.is_some()
+            && ctx.shared.settings.receive_timestamps
             && crate::sys::enable_receive_timestamps(fd)
                 .inspect_err(|err| tracing::debug!(%err, "no receive timestamps"))
                 .is_ok();
