@@ -28,10 +28,10 @@ use std::io;
 use std::net::{IpAddr, SocketAddr};
 use std::os::fd::{AsRawFd, FromRawFd, OwnedFd, RawFd};
 
+use headroom::proto::{opcode as op, HEADER_BYTES, REQUEST_MAGIC, RESPONSE_MAGIC};
 use io_uring::{opcode, squeue, types, IoUring};
 use nix::sys::socket::{setsockopt, sockopt};
 
-const HEADER_BYTES: usize = 24;
 const FLAGS_BYTES: usize = 4;
 const VALUE: &[u8; 32] = b"floor-responder-fixed-value-32by";
 const IN_BYTES: usize = 64 * 1024;
@@ -42,29 +42,40 @@ const ACCEPT: u64 = 0;
 const RECV: u64 = 1;
 const SEND: u64 = 2;
 
-fn is_get(op: u8) -> bool {
-    matches!(op, 0x00 | 0x09 | 0x0c | 0x0d)
+fn is_get(code: u8) -> bool {
+    matches!(code, op::GET | op::GETQ | op::GETK | op::GETKQ)
 }
 
-fn is_quiet_mutation(op: u8) -> bool {
-    matches!(op, 0x11..=0x16 | 0x18 | 0x19 | 0x1a)
+fn is_quiet_mutation(code: u8) -> bool {
+    matches!(
+        code,
+        op::SETQ
+            | op::ADDQ
+            | op::REPLACEQ
+            | op::DELETEQ
+            | op::INCREMENTQ
+            | op::DECREMENTQ
+            | op::FLUSHQ
+            | op::APPENDQ
+            | op::PREPENDQ
+    )
 }
 
 /// Appends the reply to the request whose header starts `frame` (its key after its extras).
 fn reply(frame: &[u8], out: &mut Vec<u8>) {
-    let op = frame[1];
-    if is_quiet_mutation(op) || op == 0x17 {
+    let code = frame[1];
+    if is_quiet_mutation(code) || code == op::QUITQ {
         return;
     }
     let start = out.len();
     out.resize(start + HEADER_BYTES, 0);
-    out[start] = 0x81;
-    out[start + 1] = op;
+    out[start] = RESPONSE_MAGIC;
+    out[start + 1] = code;
     out[start + 12..start + 16].copy_from_slice(&frame[12..16]);
-    if !is_get(op) {
+    if !is_get(code) {
         return;
     }
-    let key_len = if matches!(op, 0x0c | 0x0d) {
+    let key_len = if matches!(code, op::GETK | op::GETKQ) {
         u16::from_be_bytes([frame[2], frame[3]]) as usize
     } else {
         0
@@ -231,7 +242,8 @@ impl Worker {
             // Not a request, or a key that overruns its body: the connection is closed, as
             // `floor.c` does. A frame larger than the buffer is closed too (`floor.c` answers it
             // and drops its body): the floors' loads send 32-byte values.
-            if frame[0] != 0x80 || HEADER_BYTES + body > IN_BYTES || key_and_extras > body {
+            if frame[0] != REQUEST_MAGIC || HEADER_BYTES + body > IN_BYTES || key_and_extras > body
+            {
                 conn.closing = true;
                 break;
             }
@@ -239,7 +251,7 @@ impl Worker {
                 break;
             }
             reply(frame, out);
-            if matches!(frame[1], 0x07 | 0x17) {
+            if matches!(frame[1], op::QUIT | op::QUITQ) {
                 conn.closing = true;
             }
             at += HEADER_BYTES + body;
