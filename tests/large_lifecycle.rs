@@ -325,3 +325,21 @@ fn large_heads_give_way_to_small_sets() {
         "small SETs fail: large heads/records are unevictable"
     );
 }
+
+/// A client that asks for a large value and never reads, with no idle timeout: the stop lets
+/// a connection finish writing for a grace of one second, then shuts its socket down, so
+/// SIGTERM still stops the server.
+#[test]
+fn a_reader_that_never_reads_is_cut_off_after_the_stop() {
+    let server = Server::start(&["--threads", "1", "--segment", "mem:size=256M,numa=0"]);
+    let mut c = server.client();
+    assert_eq!(set_large(&mut c, b"big", 64 << 20).status, 0);
+    let mut d = server.client();
+    d.send(&frame(0x00, &[], b"big", &[], 0, 1));
+    // Long enough for the socket buffers to fill and the send to wait for room.
+    std::thread::sleep(Duration::from_millis(500));
+    let stopped = stops_within(server, Duration::from_secs(5));
+    drop(d);
+    drop(c);
+    assert!(stopped, "SIGTERM did not stop the server within 5 s");
+}

@@ -3,6 +3,8 @@
 
 mod common;
 
+use std::time::Duration;
+
 use common::server::{arith_extras, frame, set_extras, Response, Server};
 
 const GET: u8 = 0x00;
@@ -738,4 +740,92 @@ fn connections_beyond_the_limit_are_refused() {
     let mut d = server.client();
     assert_eq!(d.stat("", "rejected_connections"), 1);
     let _ = a.get(b"k");
+}
+
+/// Waits until every thread of `pid` is stopped (SIGSTOP returns before they are).
+fn wait_until_stopped(pid: u32) {
+    let deadline = std::time::Instant::now() + Duration::from_secs(10);
+    while !std::fs::read_dir(format!("/proc/{pid}/task"))
+        .unwrap()
+        .all(|task| {
+            let stat =
+                std::fs::read_to_string(task.unwrap().path().join("stat")).unwrap_or_default();
+            stat.rsplit_once(") ")
+                .is_some_and(|(_, rest)| rest.starts_with('T') || rest.starts_with('t'))
+        })
+    {
+        assert!(
+            std::time::Instant::now() < deadline,
+            "the server never stopped"
+        );
+        std::thread::sleep(Duration::from_millis(1));
+    }
+}
+
+/// A batch of requests the server has read when the stop comes is answered whole before the
+/// connection closes: the stop ends reading, not writing. The server is frozen (SIGSTOP) while
+/// a pipeline arrives and SIGTERM is sent, so it wakes to both at once; the first read takes
+/// hundreds of GETs whose replies take many passes (64 KiB each against the 1 MiB output cap),
+/// so the stop lands while they go out. Requests never read are dropped with the connection.
+#[test]
+fn a_batch_read_before_the_stop_is_answered_whole() {
+    use nix::sys::signal::{kill, Signal};
+    use nix::unistd::Pid;
+    use std::io::Read;
+    const GETS: u32 = 1000;
+    let value: Vec<u8> = (0..64 << 10).map(|i| (i % 251) as u8).collect();
+    for threads in ["1", "2"] {
+        let server = Server::start(&["--threads", threads]);
+        let mut c = server.client();
+        assert_eq!(c.set(b"kept", &value, 0, 0).status, 0);
+        let idle = server.client();
+        let pid = Pid::from_raw(server.pid() as i32);
+        kill(pid, Signal::SIGSTOP).unwrap();
+        wait_until_stopped(server.pid());
+        let mut pipeline = Vec::new();
+        for opaque in 0..GETS {
+            pipeline.extend(frame(0x00, &[], b"kept", &[], 0, opaque));
+        }
+        c.send(&pipeline);
+        std::thread::sleep(Duration::from_millis(100));
+        kill(pid, Signal::SIGTERM).unwrap();
+        kill(pid, Signal::SIGCONT).unwrap();
+        // Everything until the server closes (a reset, for the requests it never read).
+        let mut received = Vec::new();
+        let mut chunk = vec![0u8; 1 << 20];
+        loop {
+            match c.stream.read(&mut chunk) {
+                Ok(0) => break,
+                Ok(n) => received.extend_from_slice(&chunk[..n]),
+                Err(err) if err.kind() == std::io::ErrorKind::ConnectionReset => break,
+                Err(err) => panic!("{threads} shard(s): reading the replies failed: {err}"),
+            }
+        }
+        let reply_bytes = 24 + 4 + value.len();
+        let replies = received.len() / reply_bytes;
+        assert_eq!(
+            received.len() % reply_bytes,
+            0,
+            "{threads} shard(s): a reply was cut off after {replies} whole ones"
+        );
+        assert!(
+            replies >= 1,
+            "{threads} shard(s): no reply before the close"
+        );
+        for (opaque, reply) in received.chunks(reply_bytes).enumerate() {
+            assert_eq!(reply[0], 0x81, "reply {opaque}: magic");
+            assert_eq!(&reply[6..8], &[0, 0], "reply {opaque}: status");
+            assert_eq!(
+                reply[12..16],
+                (opaque as u32).to_be_bytes(),
+                "reply {opaque}: order"
+            );
+            assert!(reply[28..] == value[..], "reply {opaque}: wrong value");
+        }
+        eprintln!("{threads} shard(s): {replies} of {GETS} GETs answered whole before the close");
+        drop(idle);
+        // Waits for the exit the SIGTERM above began (a second one would cut it short).
+        let status = server.stop_with(Signal::SIGCONT);
+        assert_eq!(status.code(), Some(0), "the server exits cleanly");
+    }
 }

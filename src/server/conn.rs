@@ -500,13 +500,15 @@ impl Conn {
 /// What a read or a write came back with.
 pub(super) enum Io {
     Done(usize),
+    /// The peer left, the socket failed, or the server stops (`shard::shut_connections` shut
+    /// the socket down).
     Closed,
     TimedOut,
-    Stopped,
 }
 
-/// Runs one socket read or write, bounded by the idle timeout and cut short by shutdown.
-pub(super) async fn with_limits<F>(ctx: &ShardCtx, idle: Option<Duration>, io: F) -> Io
+/// Runs one socket read or write, bounded by the idle timeout. Shutdown needs no waiter here:
+/// it shuts the socket down, which ends the read or fails the write.
+pub(super) async fn with_limits<F>(idle: Option<Duration>, io: F) -> Io
 where
     F: std::future::Future<Output = std::io::Result<usize>>,
 {
@@ -516,19 +518,12 @@ where
             Ok(n) => Io::Done(n),
         }
     };
-    let limited = async {
-        match idle {
-            Some(limit) => glommio::timer::timeout(limit, async { Ok(io.await) })
-                .await
-                .unwrap_or(Io::TimedOut),
-            None => io.await,
-        }
-    };
-    futures_lite::future::or(limited, async {
-        ctx.stop.wait().await;
-        Io::Stopped
-    })
-    .await
+    match idle {
+        Some(limit) => glommio::timer::timeout(limit, async { Ok(io.await) })
+            .await
+            .unwrap_or(Io::TimedOut),
+        None => io.await,
+    }
 }
 
 /// Serves one connection until the client leaves, a protocol error closes it, it idles out,
@@ -550,7 +545,22 @@ pub async fn serve(ctx: Rc<ShardCtx>, mut stream: TcpStream) {
     ctx.conns.borrow_mut().remove(&info.fd);
     wire.finish(ended == Ended::Cut).await;
     if ended == Ended::Quit {
+        if ctx.stop.fired() {
+            replies_landed(info.fd).await;
+        }
         let _ = stream.close().await;
+    }
+}
+
+/// Waits, up to [`super::STOP_WRITE_GRACE`], until the peer has acknowledged every byte sent.
+/// At the stop a connection closes with requests it will not read still in its socket, and
+/// closing such a socket resets it, which throws away replies not yet delivered.
+async fn replies_landed(fd: i32) {
+    let deadline = std::time::Instant::now() + super::STOP_WRITE_GRACE;
+    while crate::sys::unacknowledged_bytes(fd).is_ok_and(|bytes| bytes > 0)
+        && std::time::Instant::now() < deadline
+    {
+        glommio::timer::sleep(Duration::from_millis(1)).await;
     }
 }
 
@@ -585,7 +595,7 @@ async fn write_out(
         out[from..to].to_vec()
     };
     let mut back = None;
-    let result = with_limits(ctx, idle, async {
+    let result = with_limits(idle, async {
         let b = wire.write(stream, bytes).await?;
         back = Some(b);
         Ok(len.max(1))
@@ -604,7 +614,7 @@ async fn write_out(
             idle_closed(ctx);
             Err(Ended::Cut)
         }
-        Io::Closed | Io::Stopped => Err(Ended::Cut),
+        Io::Closed => Err(Ended::Cut),
     }
 }
 
@@ -642,18 +652,29 @@ async fn serve_frames(
     // The other reply buffer: one is in flight while the next pass fills the other.
     let mut spare: Vec<u8> = Vec::new();
     loop {
+        // The server stops: no more reads (a connection that started after the stop was
+        // never shut down); the last pass's replies go out, then the connection closes.
+        if ctx.stop.fired() {
+            return match pending.take() {
+                Some(last) => match send_pending(ctx, stream, wire, idle, last).await {
+                    Ok(()) => Ended::Quit,
+                    Err(ended) => ended,
+                },
+                None => Ended::Quit,
+            };
+        }
         info.state.set(conn.waiting_state());
         let read = match pending.take() {
             Some(Pending::Lent(head, lent)) => {
                 let (len, head_len) = (lent.len(), head.len());
                 let Conn { buf, filled, .. } = &mut conn;
                 let (sent, read) = futures_lite::future::zip(
-                    with_limits(ctx, idle, async {
+                    with_limits(idle, async {
                         wire.write_head_and_lent_queued(head, lent.into_lent())
                             .await
                             .map(|()| len.max(1))
                     }),
-                    with_limits(ctx, idle, wire.read(stream, buf, *filled)),
+                    with_limits(idle, wire.read(stream, buf, *filled)),
                 )
                 .await;
                 if lent_sent(ctx, sent, head_len, len).is_err() {
@@ -666,13 +687,13 @@ async fn serve_frames(
                 let Conn { buf, filled, .. } = &mut conn;
                 let mut back = None;
                 let (written, read) = futures_lite::future::zip(
-                    with_limits(ctx, idle, async {
+                    with_limits(idle, async {
                         let sent = wire.write_queued(bytes).await?;
                         let n = sent.len().max(1);
                         back = Some(sent);
                         Ok(n)
                     }),
-                    with_limits(ctx, idle, wire.read(stream, buf, *filled)),
+                    with_limits(idle, wire.read(stream, buf, *filled)),
                 )
                 .await;
                 if let Some(mut sent) = back {
@@ -685,13 +706,13 @@ async fn serve_frames(
                         idle_closed(ctx);
                         return Ended::Cut;
                     }
-                    Io::Closed | Io::Stopped => return Ended::Cut,
+                    Io::Closed => return Ended::Cut,
                 }
                 read
             }
             None => {
                 let Conn { buf, filled, .. } = &mut conn;
-                with_limits(ctx, idle, wire.read(stream, buf, *filled)).await
+                with_limits(idle, wire.read(stream, buf, *filled)).await
             }
         };
         info.state.set("conn_parse_cmd");
@@ -709,7 +730,9 @@ async fn serve_frames(
                 idle_closed(ctx);
                 return Ended::Cut;
             }
-            Io::Closed | Io::Stopped => return Ended::Cut,
+            // The stop ended the read: what was sent still lands before the close.
+            Io::Closed if ctx.stop.fired() => return Ended::Quit,
+            Io::Closed => return Ended::Cut,
         }
         loop {
             let after = conn.process(ctx, now.take().unwrap_or_else(unix_now)).await;
@@ -808,9 +831,25 @@ async fn serve_frames(
                 break;
             }
         }
-        if ctx.stop.fired() {
-            return Ended::Cut;
+    }
+}
+
+/// Sends a pass's last replies on their own, without the next receive.
+async fn send_pending(
+    ctx: &ShardCtx,
+    stream: &mut TcpStream,
+    wire: &Wire,
+    idle: Option<Duration>,
+    pending: Pending,
+) -> Result<(), Ended> {
+    match pending {
+        Pending::Bytes(mut bytes) => {
+            let end = bytes.len();
+            write_out(ctx, stream, wire, idle, &mut bytes, 0, end).await
         }
+        Pending::Lent(head, lent) => send_lent(ctx, stream, wire, idle, head, lent)
+            .await
+            .map_err(|_| Ended::Cut),
     }
 }
 
@@ -847,7 +886,7 @@ async fn send_lent(
 ) -> std::io::Result<()> {
     let (len, head_len) = (lent.len(), head.len());
     let lent = lent.into_lent();
-    let sent = with_limits(ctx, idle, async {
+    let sent = with_limits(idle, async {
         wire.write_head_and_lent(stream, head, lent)
             .await
             .map(|()| len.max(1))
@@ -871,6 +910,6 @@ fn lent_sent(ctx: &ShardCtx, sent: Io, head_len: usize, len: usize) -> std::io::
             idle_closed(ctx);
             Err(std::io::ErrorKind::TimedOut.into())
         }
-        Io::Closed | Io::Stopped => Err(std::io::ErrorKind::UnexpectedEof.into()),
+        Io::Closed => Err(std::io::ErrorKind::UnexpectedEof.into()),
     }
 }

@@ -338,14 +338,13 @@ async fn step<F>(ctx: &ShardCtx, idle: Option<Duration>, io: F) -> io::Result<us
 where
     F: std::future::Future<Output = io::Result<usize>>,
 {
-    match with_limits(ctx, idle, io).await {
+    match with_limits(idle, io).await {
         Io::Done(n) => Ok(n),
         Io::TimedOut => {
             super::conn::idle_closed(ctx);
             Err(io::ErrorKind::TimedOut.into())
         }
         Io::Closed => Err(io::ErrorKind::UnexpectedEof.into()),
-        Io::Stopped => Err(io::ErrorKind::Interrupted.into()),
     }
 }
 

@@ -54,6 +54,9 @@ const EXECUTOR_IO_MEMORY_BYTES: usize = 64 << 10;
 /// How long start-up waits for every shard to report ready before it logs which have not (a
 /// large warm restore can take longer; it keeps waiting either way).
 const START_UP_PATIENCE: Duration = Duration::from_secs(10);
+/// How long a connection may go on writing its replies after the stop (its receive ended at
+/// once) before its socket is shut down both ways.
+pub(crate) const STOP_WRITE_GRACE: Duration = Duration::from_secs(1);
 /// This machine, as a failure domain (peers come with multi-host deployments).
 const LOCAL_HOST: crate::segment::HostId = 0;
 
@@ -522,6 +525,7 @@ async fn shard_main(
                 }
             }
             ctx.stop.fire();
+            shard::shut_connections(&ctx, std::net::Shutdown::Read);
         })
     };
     let admin =
@@ -535,8 +539,20 @@ async fn shard_main(
     }
     sweeper.await;
     promoter.await;
-    // Let this shard's connections finish their in-flight requests.
+    // Let this shard's connections finish their in-flight requests and write their replies;
+    // one still writing after the grace (a peer that does not read) is cut off.
+    let stopping = Instant::now();
+    let mut cut_off = false;
     while ctx.live_connections.get() > 0 {
+        if !cut_off && stopping.elapsed() >= STOP_WRITE_GRACE {
+            cut_off = true;
+            let writing = shard::shut_connections(&ctx, std::net::Shutdown::Both);
+            tracing::info!(
+                shard = id,
+                writing,
+                "connections still writing {STOP_WRITE_GRACE:?} after the stop are cut off"
+            );
+        }
         glommio::timer::sleep(Duration::from_millis(5)).await;
     }
     // Keep answering other shards until every shard's connections are done.

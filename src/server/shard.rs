@@ -409,6 +409,23 @@ pub fn spawn_receivers(ctx: &Rc<ShardCtx>, mut receivers: Receivers<Message>) {
     }
 }
 
+/// How the stop reaches this shard's client connections. A connection waits on its socket
+/// alone, with no stop waiter beside each read and write (that cost a map entry and a waker
+/// clone per I/O), so the stop goes through the sockets: `Read` at the stop ends every
+/// receive (0 bytes) and lets replies still being written go out; `Both`, after a grace, also
+/// fails a send stuck on a peer that does not read. Each connection then cuts itself off.
+/// A connection not yet registered here checks the stop event before its first read.
+/// Returns how many connections it reached.
+pub fn shut_connections(ctx: &ShardCtx, how: std::net::Shutdown) -> usize {
+    let conns = ctx.conns.borrow();
+    for &fd in conns.keys() {
+        if let Err(err) = crate::sys::shut_down(fd, how) {
+            tracing::debug!(shard = ctx.id, fd, %err, "shutting a connection down at stop");
+        }
+    }
+    conns.len()
+}
+
 /// Sleeps `period`; `false` when the shard is told to stop meanwhile.
 async fn tick_or_stop(ctx: &ShardCtx, period: Duration) -> bool {
     futures_lite::future::or(
