@@ -1370,6 +1370,10 @@ impl Ring {
     }
 
     fn wake_room(&self) {
+        // Runs at every reap and every finished operation; nearly always nobody waits.
+        if self.room_waiters.borrow().is_empty() {
+            return;
+        }
         let waiters: Vec<Waker> = self.room_waiters.borrow_mut().drain(..).collect();
         for w in waiters {
             w.wake();
@@ -1434,7 +1438,10 @@ impl Future for Op {
         let slot = &mut slots[self.index];
         debug_assert!(slot.busy && slot.generation == self.generation);
         let Some(result) = slot.result else {
-            slot.waker = Some(cx.waker().clone());
+            // A join polls every part when one is woken: keep the waker it already left.
+            if !slot.waker.as_ref().is_some_and(|w| w.will_wake(cx.waker())) {
+                slot.waker = Some(cx.waker().clone());
+            }
             return Poll::Pending;
         };
         self.done = true;
