@@ -21,8 +21,13 @@
 //! ring for a read of that eventfd (glommio's ring waiting for the eventfd reader). Entries are
 //! submitted with the eventfd off, as Headroom's ring submits them.
 //!
-//! Usage: `cargo run --release --example uring_floor -- PORT THREADS [ADDR] [--eventfd-hop]`
-//! (ADDR defaults to 127.0.0.1).
+//! With `--multishot` a connection's receive is armed once (`RECV` with `IORING_RECV_MULTISHOT`)
+//! and every arrival completes into a buffer the thread provides through a buffer ring; the
+//! thread copies the bytes into the connection's input and gives the buffer back at once. It
+//! measures what a receive re-armed per request costs against one that stays armed.
+//!
+//! Usage: `cargo run --release --example uring_floor -- PORT THREADS [ADDR] [--eventfd-hop]
+//! [--multishot]` (ADDR defaults to 127.0.0.1).
 
 use std::io;
 use std::net::{IpAddr, SocketAddr};
@@ -36,6 +41,11 @@ const FLAGS_BYTES: usize = 4;
 const VALUE: &[u8; 32] = b"floor-responder-fixed-value-32by";
 const IN_BYTES: usize = 64 * 1024;
 const RING_ENTRIES: u32 = 1024;
+/// Provided buffers under `--multishot`: how many, and the bytes of each.
+const PROVIDED_BUFFERS: u16 = 512;
+const PROVIDED_BUFFER_BYTES: usize = 4096;
+/// The buffer group the multishot receives take from.
+const BUFFER_GROUP: u16 = 0;
 
 /// What a completion is for, in the low bits of its user data; the connection's slot above.
 const ACCEPT: u64 = 0;
@@ -111,6 +121,84 @@ struct Worker {
     conns: Vec<Option<Conn>>,
     free: Vec<usize>,
     hop: Option<EventfdHop>,
+    provided: Option<ProvidedBuffers>,
+}
+
+/// The buffer ring a thread's multishot receives complete into (`--multishot`).
+struct ProvidedBuffers {
+    /// The ring of buffer entries the kernel reads (page-aligned, mapped).
+    entries: *mut types::BufRingEntry,
+    /// The next tail to publish.
+    tail: u16,
+    /// The buffers' memory, `PROVIDED_BUFFER_BYTES` each.
+    memory: Vec<u8>,
+}
+
+impl ProvidedBuffers {
+    fn new(ring: &IoUring) -> io::Result<ProvidedBuffers> {
+        let ring_bytes = PROVIDED_BUFFERS as usize * std::mem::size_of::<types::BufRingEntry>();
+        // SAFETY: an anonymous private mapping; the result is checked.
+        let base = unsafe {
+            libc::mmap(
+                std::ptr::null_mut(),
+                ring_bytes,
+                libc::PROT_READ | libc::PROT_WRITE,
+                libc::MAP_PRIVATE | libc::MAP_ANONYMOUS,
+                -1,
+                0,
+            )
+        };
+        if base == libc::MAP_FAILED {
+            return Err(io::Error::last_os_error());
+        }
+        let mut provided = ProvidedBuffers {
+            entries: base.cast(),
+            tail: 0,
+            memory: vec![0; PROVIDED_BUFFERS as usize * PROVIDED_BUFFER_BYTES],
+        };
+        // SAFETY: the mapping is page-aligned, zeroed, `PROVIDED_BUFFERS` entries long, and
+        // lives as long as the thread (it is never unmapped: the ring dies with the thread).
+        unsafe {
+            ring.submitter().register_buf_ring_with_flags(
+                base as u64,
+                PROVIDED_BUFFERS,
+                BUFFER_GROUP,
+                0,
+            )?;
+        }
+        for id in 0..PROVIDED_BUFFERS {
+            provided.give_back(id);
+        }
+        Ok(provided)
+    }
+
+    /// The bytes a completion put in buffer `id`.
+    fn bytes(&self, id: u16, len: usize) -> &[u8] {
+        let at = id as usize * PROVIDED_BUFFER_BYTES;
+        &self.memory[at..at + len]
+    }
+
+    /// Hands buffer `id` back to the kernel.
+    fn give_back(&mut self, id: u16) {
+        let mask = PROVIDED_BUFFERS - 1;
+        let at = id as usize * PROVIDED_BUFFER_BYTES;
+        // SAFETY: the entry indexed by the masked tail lies inside the mapping; the kernel reads
+        // an entry only once the tail published below covers it.
+        unsafe {
+            let entry = &mut *self.entries.add((self.tail & mask) as usize);
+            entry.set_addr(self.memory.as_mut_ptr().add(at) as u64);
+            entry.set_len(PROVIDED_BUFFER_BYTES as u32);
+            entry.set_bid(id);
+        }
+        self.tail = self.tail.wrapping_add(1);
+        // SAFETY: the tail field sits in the first entry of the live mapping; the kernel reads
+        // it concurrently, so it is published with a release store.
+        unsafe {
+            let tail =
+                types::BufRingEntry::tail(self.entries) as *const std::sync::atomic::AtomicU16;
+            (*tail).store(self.tail, std::sync::atomic::Ordering::Release);
+        }
+    }
 }
 
 /// The second ring a thread sleeps in under `--eventfd-hop`, and the eventfd it reads there.
@@ -165,6 +253,12 @@ impl Worker {
     fn queue_recv(&mut self, slot: usize) {
         let conn = self.conns[slot].as_mut().expect("a live connection");
         conn.receiving = true;
+        if self.provided.is_some() {
+            let entry = opcode::RecvMulti::new(types::Fd(conn.fd.as_raw_fd()), BUFFER_GROUP)
+                .build()
+                .user_data((slot as u64) << 2 | RECV);
+            return self.push(entry);
+        }
         let room = &mut conn.input[conn.filled..];
         let entry = opcode::Recv::new(
             types::Fd(conn.fd.as_raw_fd()),
@@ -217,14 +311,32 @@ impl Worker {
         self.queue_recv(slot);
     }
 
-    fn received(&mut self, slot: usize, result: i32) {
+    fn received(&mut self, slot: usize, result: i32, flags: u32) {
         let conn = self.conns[slot].as_mut().expect("a live connection");
-        conn.receiving = false;
+        // A multishot receive stays armed while its completions say more follow.
+        let armed = self.provided.is_some() && io_uring::cqueue::more(flags);
+        conn.receiving = armed;
+        if result == -libc::ENOBUFS && !armed {
+            // Every provided buffer was in use: arm again (they are given back at once).
+            return self.queue_recv(slot);
+        }
         if result <= 0 {
             conn.closing = true;
             return self.close_if_idle(slot);
         }
-        conn.filled += result as usize;
+        let len = result as usize;
+        if let Some(provided) = self.provided.as_mut() {
+            let id = io_uring::cqueue::buffer_select(flags).expect("a provided buffer");
+            if conn.filled + len > IN_BYTES {
+                // Like a frame larger than the input buffer (below): the floors' loads never.
+                provided.give_back(id);
+                conn.closing = true;
+                return self.close_if_idle(slot);
+            }
+            conn.input[conn.filled..conn.filled + len].copy_from_slice(provided.bytes(id, len));
+            provided.give_back(id);
+        }
+        conn.filled += len;
         let in_flight = conn.sent < conn.sending.len();
         let out = if in_flight {
             &mut conn.waiting
@@ -263,9 +375,18 @@ impl Worker {
             self.queue_send(slot);
         }
         if closing {
+            if armed {
+                // The armed receive ends (0 bytes) once the socket is shut down for reading.
+                let _ = nix::sys::socket::shutdown(
+                    conn_fd(&self.conns[slot]),
+                    nix::sys::socket::Shutdown::Read,
+                );
+            }
             return self.close_if_idle(slot);
         }
-        self.queue_recv(slot);
+        if !armed {
+            self.queue_recv(slot);
+        }
     }
 
     fn sent(&mut self, slot: usize, result: i32) {
@@ -350,12 +471,16 @@ impl Worker {
                             self.queue_accept();
                         }
                     }
-                    RECV => self.received(slot, result),
+                    RECV => self.received(slot, result, flags),
                     _ => self.sent(slot, result),
                 }
             }
         }
     }
+}
+
+fn conn_fd(conn: &Option<Conn>) -> RawFd {
+    conn.as_ref().expect("a live connection").fd.as_raw_fd()
 }
 
 fn listener(addr: SocketAddr) -> io::Result<OwnedFd> {
@@ -390,8 +515,9 @@ fn ring() -> io::Result<IoUring> {
 fn main() {
     let mut args: Vec<String> = std::env::args().collect();
     let hop = args.iter().any(|a| a == "--eventfd-hop");
-    args.retain(|a| a != "--eventfd-hop");
-    let usage = "usage: uring_floor PORT THREADS [ADDR] [--eventfd-hop]";
+    let multishot = args.iter().any(|a| a == "--multishot");
+    args.retain(|a| a != "--eventfd-hop" && a != "--multishot");
+    let usage = "usage: uring_floor PORT THREADS [ADDR] [--eventfd-hop] [--multishot]";
     let (Some(port), Some(threads)) = (
         args.get(1).and_then(|p| p.parse::<u16>().ok()),
         args.get(2).and_then(|t| t.parse::<usize>().ok()),
@@ -424,12 +550,18 @@ fn main() {
                     eprintln!("uring_floor: eventfd hop: {err}");
                     std::process::exit(1);
                 });
+                let provided = multishot.then(|| ProvidedBuffers::new(&ring)).transpose();
+                let provided = provided.unwrap_or_else(|err| {
+                    eprintln!("uring_floor: provided buffer ring: {err}");
+                    std::process::exit(1);
+                });
                 let mut worker = Worker {
                     ring,
                     listener,
                     conns: Vec::new(),
                     free: Vec::new(),
                     hop,
+                    provided,
                 };
                 if let Err(err) = worker.run() {
                     eprintln!("uring_floor: {err}");
