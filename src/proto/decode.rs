@@ -4,9 +4,9 @@
 //! vbucket (u16), total body length (u32), opaque (u32), CAS (u64)`, all big-endian, followed by
 //! extras, key and value. Shape rules (extras and key lengths per opcode) are memcached's.
 
-use super::{opcode as op, Status, KEY_MAX_BYTES, REQUEST_MAGIC, SASL_DATA_MAX_BYTES};
-
-const HEADER_BYTES: usize = 24;
+use super::{
+    opcode as op, Status, HEADER_BYTES, KEY_MAX_BYTES, REQUEST_MAGIC, SASL_DATA_MAX_BYTES,
+};
 
 /// How SET, ADD and REPLACE decide whether to store.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
