@@ -371,16 +371,14 @@ impl Worker {
         conn.input.copy_within(at..conn.filled, 0);
         conn.filled -= at;
         let (send, closing) = (!in_flight && !conn.sending.is_empty(), conn.closing);
+        let fd = conn.fd.as_raw_fd();
         if send {
             self.queue_send(slot);
         }
         if closing {
             if armed {
                 // The armed receive ends (0 bytes) once the socket is shut down for reading.
-                let _ = nix::sys::socket::shutdown(
-                    conn_fd(&self.conns[slot]),
-                    nix::sys::socket::Shutdown::Read,
-                );
+                let _ = nix::sys::socket::shutdown(fd, nix::sys::socket::Shutdown::Read);
             }
             return self.close_if_idle(slot);
         }
@@ -477,10 +475,6 @@ impl Worker {
             }
         }
     }
-}
-
-fn conn_fd(conn: &Option<Conn>) -> RawFd {
-    conn.as_ref().expect("a live connection").fd.as_raw_fd()
 }
 
 fn listener(addr: SocketAddr) -> io::Result<OwnedFd> {

@@ -341,23 +341,6 @@ pub fn block_device_bytes(file: &std::fs::File) -> io::Result<u64> {
     }
 }
 
-/// Shuts a socket down without closing its descriptor. Reading: a receive waiting on it
-/// returns 0 at once. Writing: a send waiting for room fails, and later sends fail.
-pub fn shut_down(fd: std::os::fd::RawFd, how: std::net::Shutdown) -> io::Result<()> {
-    let how = match how {
-        std::net::Shutdown::Read => libc::SHUT_RD,
-        std::net::Shutdown::Write => libc::SHUT_WR,
-        std::net::Shutdown::Both => libc::SHUT_RDWR,
-    };
-    // SAFETY: shutdown takes no pointers; a bad descriptor is an error, not undefined behaviour.
-    let rc = unsafe { libc::shutdown(fd, how) };
-    if rc == 0 {
-        Ok(())
-    } else {
-        Err(io::Error::last_os_error())
-    }
-}
-
 /// Bytes a TCP socket has queued to send that its peer has not acknowledged yet
 /// (`SIOCOUTQ`).
 pub fn unacknowledged_bytes(fd: std::os::fd::RawFd) -> io::Result<usize> {

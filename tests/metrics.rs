@@ -659,10 +659,9 @@ fn gets_over_200ms_across_a_stop(args: &[&str], attempts: u64) -> (bool, f64, St
         // The whole process is stopped while the GET's bytes reach its socket (loopback
         // delivers them in this thread's send), then let go: the shard reaps the receive only
         // then.
-        nix::sys::signal::kill(pid, nix::sys::signal::Signal::SIGSTOP).unwrap();
-        // A stop lands a moment after `kill` returns: a shard still running could take the
-        // GET first and be stopped before replying, and the stop would be in any latency.
-        wait_until_stopped(server.pid());
+        // (Waiting for every thread to stop: a shard still running could take the GET first
+        // and be stopped before replying, and the stop would be in any latency.)
+        server.freeze();
         c.send(&frame(headroom::proto::opcode::GET, &[], b"k", b"", 0, 0));
         std::thread::sleep(Duration::from_millis(300));
         nix::sys::signal::kill(pid, nix::sys::signal::Signal::SIGCONT).unwrap();
@@ -676,30 +675,6 @@ fn gets_over_200ms_across_a_stop(args: &[&str], attempts: u64) -> (bool, f64, St
     }
     assert_eq!(server.stop().code(), Some(0));
     (on_ring, over_200ms, stamps_setting)
-}
-
-/// Waits until every thread of process `pid` is stopped (state `T`).
-fn wait_until_stopped(pid: u32) {
-    let deadline = std::time::Instant::now() + Duration::from_secs(10);
-    loop {
-        let all_stopped = std::fs::read_dir(format!("/proc/{pid}/task"))
-            .unwrap()
-            .all(|task| {
-                let stat =
-                    std::fs::read_to_string(task.unwrap().path().join("stat")).unwrap_or_default();
-                // The state follows the command name's closing parenthesis.
-                stat.rsplit_once(") ")
-                    .is_some_and(|(_, rest)| rest.starts_with('T') || rest.starts_with('t'))
-            });
-        if all_stopped {
-            return;
-        }
-        assert!(
-            std::time::Instant::now() < deadline,
-            "the server never stopped"
-        );
-        std::thread::sleep(Duration::from_millis(1));
-    }
 }
 
 #[test]

@@ -742,26 +742,6 @@ fn connections_beyond_the_limit_are_refused() {
     let _ = a.get(b"k");
 }
 
-/// Waits until every thread of `pid` is stopped (SIGSTOP returns before they are).
-fn wait_until_stopped(pid: u32) {
-    let deadline = std::time::Instant::now() + Duration::from_secs(10);
-    while !std::fs::read_dir(format!("/proc/{pid}/task"))
-        .unwrap()
-        .all(|task| {
-            let stat =
-                std::fs::read_to_string(task.unwrap().path().join("stat")).unwrap_or_default();
-            stat.rsplit_once(") ")
-                .is_some_and(|(_, rest)| rest.starts_with('T') || rest.starts_with('t'))
-        })
-    {
-        assert!(
-            std::time::Instant::now() < deadline,
-            "the server never stopped"
-        );
-        std::thread::sleep(Duration::from_millis(1));
-    }
-}
-
 /// A batch of requests the server has read when the stop comes is answered whole before the
 /// connection closes: the stop ends reading, not writing. The server is frozen (SIGSTOP) while
 /// a pipeline arrives and SIGTERM is sent, so it wakes to both at once; the first read takes
@@ -780,8 +760,7 @@ fn a_batch_read_before_the_stop_is_answered_whole() {
         assert_eq!(c.set(b"kept", &value, 0, 0).status, 0);
         let idle = server.client();
         let pid = Pid::from_raw(server.pid() as i32);
-        kill(pid, Signal::SIGSTOP).unwrap();
-        wait_until_stopped(server.pid());
+        server.freeze();
         let mut pipeline = Vec::new();
         for opaque in 0..GETS {
             pipeline.extend(frame(0x00, &[], b"kept", &[], 0, opaque));

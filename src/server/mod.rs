@@ -525,7 +525,7 @@ async fn shard_main(
                 }
             }
             ctx.stop.fire();
-            shard::shut_connections(&ctx, std::net::Shutdown::Read);
+            shard::shut_connections(&ctx, nix::sys::socket::Shutdown::Read);
         })
     };
     let admin =
@@ -546,12 +546,14 @@ async fn shard_main(
     while ctx.live_connections.get() > 0 {
         if !cut_off && stopping.elapsed() >= STOP_WRITE_GRACE {
             cut_off = true;
-            let writing = shard::shut_connections(&ctx, std::net::Shutdown::Both);
-            tracing::info!(
-                shard = id,
-                writing,
-                "connections still writing {STOP_WRITE_GRACE:?} after the stop are cut off"
-            );
+            let writing = shard::shut_connections(&ctx, nix::sys::socket::Shutdown::Both);
+            if writing > 0 {
+                tracing::info!(
+                    shard = id,
+                    writing,
+                    "connections still writing {STOP_WRITE_GRACE:?} after the stop are cut off"
+                );
+            }
         }
         glommio::timer::sleep(Duration::from_millis(5)).await;
     }

@@ -416,10 +416,10 @@ pub fn spawn_receivers(ctx: &Rc<ShardCtx>, mut receivers: Receivers<Message>) {
 /// fails a send stuck on a peer that does not read. Each connection then cuts itself off.
 /// A connection not yet registered here checks the stop event before its first read.
 /// Returns how many connections it reached.
-pub fn shut_connections(ctx: &ShardCtx, how: std::net::Shutdown) -> usize {
+pub fn shut_connections(ctx: &ShardCtx, how: nix::sys::socket::Shutdown) -> usize {
     let conns = ctx.conns.borrow();
     for &fd in conns.keys() {
-        if let Err(err) = crate::sys::shut_down(fd, how) {
+        if let Err(err) = nix::sys::socket::shutdown(fd, how) {
             tracing::debug!(shard = ctx.id, fd, %err, "shutting a connection down at stop");
         }
     }

@@ -130,6 +130,33 @@ impl Server {
         child.wait().unwrap()
     }
 
+    /// Freezes the whole server (SIGSTOP) and returns once every one of its threads is
+    /// stopped: `kill` returns before they are, and a shard still running could take a request
+    /// sent meanwhile. SIGCONT (`signal`) lets it go.
+    #[allow(dead_code)] // not every test binary freezes a server
+    pub fn freeze(&self) {
+        self.signal(nix::sys::signal::SIGSTOP);
+        let deadline = std::time::Instant::now() + std::time::Duration::from_secs(10);
+        let all_stopped = || {
+            std::fs::read_dir(format!("/proc/{}/task", self.pid()))
+                .unwrap()
+                .all(|task| {
+                    let stat = std::fs::read_to_string(task.unwrap().path().join("stat"))
+                        .unwrap_or_default();
+                    // The state follows the command name's closing parenthesis.
+                    stat.rsplit_once(") ")
+                        .is_some_and(|(_, rest)| rest.starts_with('T') || rest.starts_with('t'))
+                })
+        };
+        while !all_stopped() {
+            assert!(
+                std::time::Instant::now() < deadline,
+                "the server never stopped"
+            );
+            std::thread::sleep(std::time::Duration::from_millis(1));
+        }
+    }
+
     /// Sends `signal` and leaves the server running.
     pub fn signal(&self, signal: nix::sys::signal::Signal) {
         nix::sys::signal::kill(nix::unistd::Pid::from_raw(self.pid() as i32), signal).unwrap();
