@@ -62,6 +62,11 @@ fn every_invalid_combination_has_its_own_error_and_exit_2() {
         ),
         (
             ONE,
+            &["--multishot-receive", "maybe"],
+            "--multishot-receive 'maybe' must be on or off",
+        ),
+        (
+            ONE,
             &["--promotion-half-life", "0"],
             "--promotion-half-life must be at least 1 second",
         ),

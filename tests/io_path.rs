@@ -183,7 +183,9 @@ fn a_stalled_reader_gives_its_chunks_back_when_cut() {
         1,
         "the stalled reader was not cut"
     );
-    assert_eq!(io_sum(&mut c, "in_flight"), 0);
+    // Nothing but the asking connection's own receive, where it stays armed.
+    let own_receive = u64::from(paths(&mut c)[0].ends_with("multishot receives)"));
+    assert_eq!(io_sum(&mut c, "in_flight"), own_receive);
     assert_eq!(
         io_sum(&mut c, "pool_chunks"),
         io_sum(&mut c, "pool_chunks_free")
@@ -330,4 +332,59 @@ fn a_sleeping_shard_wakes_for_a_lone_clients_request_not_for_a_timer() {
         "a lone request waited {median:?} (median): the shard slept through its receive"
     );
     assert_eq!(server.stop().code(), Some(0));
+}
+
+/// A connection's receive is armed once and serves every request after (multishot), armed
+/// again only after a large value's body was read past it; `--multishot-receive off`
+/// receives one read at a time.
+#[test]
+fn a_connections_receive_is_armed_once_unless_multishot_is_off() {
+    if !ring_allowed() {
+        return;
+    }
+    for multishot in ["on", "off"] {
+        let server = Server::start(&[
+            "--threads",
+            "1",
+            "--io-ring",
+            "on",
+            "--multishot-receive",
+            multishot,
+        ]);
+        let mut c = server.client();
+        let path = paths(&mut c).remove(0);
+        if multishot == "on" && !path.ends_with("multishot receives)") {
+            println!("skipped: no multishot receives here ({path})");
+            return;
+        }
+        let armed_before = io_sum(&mut c, "receives_armed");
+        let received_before = io_sum(&mut c, "ops_recv");
+        for i in 0..200u64 {
+            let value = pattern(i, 10 + i as usize);
+            assert_eq!(c.set(format!("k{i}").as_bytes(), &value, 0, 0).status, 0);
+            assert!(c.get(format!("k{i}").as_bytes()).value == value);
+        }
+        let armed = io_sum(&mut c, "receives_armed") - armed_before;
+        assert!(io_sum(&mut c, "ops_recv") - received_before >= 400);
+        // A large value's body is read by glommio past the paused receive, byte-exact, and
+        // the next request arms it again.
+        let big = pattern(9, (2 << 20) + 3);
+        assert_eq!(c.set_streamed(0x01, b"big", &big, 0).status, 0);
+        assert!(c.get(b"big").value == big);
+        let armed_after_large = io_sum(&mut c, "receives_armed") - armed_before;
+        match multishot {
+            "on" => {
+                assert_eq!(armed, 0, "armed by the connection's first read, before");
+                assert_eq!(armed_after_large, 1, "armed again after the large value");
+            }
+            _ => {
+                assert!(
+                    path.contains("one-shot receives (--multishot-receive off)"),
+                    "{path}"
+                );
+                assert_eq!(armed_after_large, 0);
+            }
+        }
+        assert_eq!(io_sum(&mut c, "op_errors"), 0);
+    }
 }

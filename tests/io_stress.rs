@@ -173,7 +173,16 @@ fn readers_see_whole_versions_while_writers_overwrite_delete_and_compact() {
             .map(|(_, v)| v.parse::<u64>().unwrap())
             .sum()
     };
-    assert_eq!(sum("_in_flight"), 0, "ring operations left in flight");
+    // Nothing but the asking connection's own receive, where it stays armed.
+    let own_receive = u64::from(
+        io.iter()
+            .any(|(n, v)| n.ends_with("_path") && v.ends_with("multishot receives)")),
+    );
+    assert_eq!(
+        sum("_in_flight"),
+        own_receive,
+        "ring operations left in flight"
+    );
     assert_eq!(
         sum("_pool_chunks"),
         sum("_pool_chunks_free"),

@@ -54,6 +54,8 @@ fn counters_are_counted_once_and_summed_over_shards() {
     assert_eq!(settings["evictions"], "on");
     assert_eq!(settings["cas_enabled"], "yes");
     assert_eq!(settings["receive_timestamps"], "on");
+    let multishot = std::env::var("HEADROOM_TEST_MULTISHOT").unwrap_or("on".into());
+    assert_eq!(settings["multishot_receive"], multishot);
 }
 
 #[test]

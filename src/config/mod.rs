@@ -208,6 +208,13 @@ pub struct Cli {
     #[arg(long, value_name = "on|off")]
     pub receive_timestamps: Option<String>,
 
+    /// On the ring path, each connection's receive is armed once and stays armed (multishot,
+    /// into buffers the shard provides): no receive is submitted per request. `off` submits
+    /// one receive per read. Kernels without buffer rings (before 6.0) get one-shot receives
+    /// either way [default: on].
+    #[arg(long, value_name = "on|off")]
+    pub multishot_receive: Option<String>,
+
     /// Benchmark only: map the preferred regions on the node farthest from the serving node,
     /// inverting memory locality while threads stay put.
     #[arg(long)]
@@ -342,6 +349,7 @@ pub struct FileConfig {
     pub io_ring: Option<String>,
     pub zero_copy_min: Option<ByteSize>,
     pub receive_timestamps: Option<String>,
+    pub multishot_receive: Option<String>,
     #[serde(default)]
     pub perverse: bool,
     pub listen: Option<String>,
@@ -698,6 +706,8 @@ pub struct Settings {
     pub zero_copy_min_bytes: u64,
     /// Ring path: sockets timestamp what they receive (`--receive-timestamps on`).
     pub receive_timestamps: bool,
+    /// Ring path: receives are multishot (`--multishot-receive on`).
+    pub multishot_receive: bool,
     pub dry_run: bool,
     pub log_level: String,
     pub log_format: LogFormat,
@@ -869,6 +879,12 @@ pub fn resolve_with_file(
         cli.receive_timestamps
             .as_ref()
             .or(file.receive_timestamps.as_ref()),
+    )?;
+    let multishot_receive = on_off(
+        "--multishot-receive",
+        cli.multishot_receive
+            .as_ref()
+            .or(file.multishot_receive.as_ref()),
     )?;
 
     let memory = cli.memory.or(file.memory).unwrap_or(DEFAULT_MEMORY).0;
@@ -1094,6 +1110,7 @@ pub fn resolve_with_file(
             .unwrap_or(DEFAULT_ZERO_COPY_MIN)
             .0,
         receive_timestamps,
+        multishot_receive,
         listen,
         metrics_listen,
         cpus: node_cpus[..threads].to_vec(),

@@ -32,6 +32,7 @@
 pub mod buffers;
 pub mod doorbell;
 pub mod files;
+pub mod multishot;
 pub mod pool;
 
 use std::cell::{Cell, RefCell};
@@ -48,6 +49,7 @@ use io_uring::{cqueue, opcode, squeue, types, IoUring};
 pub use buffers::FixedBuffers;
 pub use doorbell::Doorbell;
 use files::FileTable;
+use multishot::{Inbox, ProvidedBuffers, BUFFER_GROUP};
 pub use pool::{PoolChunk, StreamPool};
 
 /// Most operations one shard's ring has in flight.
@@ -135,6 +137,13 @@ pub struct RingStats {
     pub files_registered: u64,
     /// Connections that found the registered-file table full (they use their descriptor).
     pub files_full: u64,
+    /// Multishot receives armed (a connection's first read, and again after each pause or
+    /// end below).
+    pub receives_armed: u64,
+    /// Multishot receives that ended because every provided buffer was taken.
+    pub receives_out_of_buffers: u64,
+    /// Multishot receives cancelled because their connection held too much unread.
+    pub receives_paused: u64,
 }
 
 /// Zero-copy sends a connection probes before it trusts what their notifications say.
@@ -263,25 +272,31 @@ impl Stamped {
     /// When the kernel received the last bytes of the completed receive (`CLOCK_REALTIME`,
     /// nanoseconds since the epoch), if its control messages carried the timestamp.
     pub fn received_ns(&self) -> Option<u64> {
-        if self.msg.msg_controllen == 0 {
-            return None;
-        }
-        // SAFETY: the message header and its control space are ours, and the kernel set
-        // `msg_controllen` to what it wrote there; the CMSG macros stay within that length.
-        unsafe {
-            let mut c = libc::CMSG_FIRSTHDR(&self.msg);
-            while !c.is_null() {
-                if (*c).cmsg_level == libc::SOL_SOCKET && (*c).cmsg_type == libc::SCM_TIMESTAMPNS {
-                    let ts = std::ptr::read_unaligned(libc::CMSG_DATA(c) as *const libc::timespec);
-                    return u64::try_from(ts.tv_sec)
-                        .ok()
-                        .map(|s| s * 1_000_000_000 + ts.tv_nsec as u64);
-                }
-                c = libc::CMSG_NXTHDR(&self.msg, c);
-            }
-        }
-        None
+        timestamp_in(&self.msg)
     }
+}
+
+/// The `SCM_TIMESTAMPNS` time among `msg`'s control messages (ns since the epoch), if any.
+/// `msg` names control space that is aligned and `msg_controllen` bytes long.
+fn timestamp_in(msg: &libc::msghdr) -> Option<u64> {
+    if msg.msg_controllen == 0 {
+        return None;
+    }
+    // SAFETY: the caller's header names aligned control space of `msg_controllen` bytes (the
+    // kernel set that length to what it wrote there); the CMSG macros stay within it.
+    unsafe {
+        let mut c = libc::CMSG_FIRSTHDR(msg);
+        while !c.is_null() {
+            if (*c).cmsg_level == libc::SOL_SOCKET && (*c).cmsg_type == libc::SCM_TIMESTAMPNS {
+                let ts = std::ptr::read_unaligned(libc::CMSG_DATA(c) as *const libc::timespec);
+                return u64::try_from(ts.tv_sec)
+                    .ok()
+                    .map(|s| s * 1_000_000_000 + ts.tv_nsec as u64);
+            }
+            c = libc::CMSG_NXTHDR(msg, c);
+        }
+    }
+    None
 }
 
 /// A header and lent bytes behind one `SENDMSG`: the message header and its two iovecs live
@@ -394,6 +409,8 @@ struct Slot {
     buf: Option<Buf>,
     /// Where a zero-copy send's notification is reported.
     report: Option<Rc<ZcReport>>,
+    /// A multishot receive's connection: each completion's bytes go there.
+    inbox: Option<Rc<Inbox>>,
 }
 
 impl Slot {
@@ -410,6 +427,7 @@ impl Slot {
             waker: None,
             buf: None,
             report: None,
+            inbox: None,
         }
     }
 
@@ -461,6 +479,8 @@ pub struct Ring {
     reaped_at: Cell<ReapClock>,
     /// Shown the bytes of every receive reaped (see [`Ring::watch_receives`]).
     receive_watch: RefCell<Option<Box<dyn ReceiveWatch>>>,
+    /// The buffers multishot receives complete into (see [`Ring::provide_receive_buffers`]).
+    provided: RefCell<Option<ProvidedBuffers>>,
 }
 
 /// The clocks read once by a reap that took receives, for every task those receives wake: a
@@ -499,8 +519,12 @@ impl Ring {
         receives_max: usize,
     ) -> Result<Rc<Ring>, String> {
         let entries = RING_IN_FLIGHT_MAX as u32;
-        let cq_entries =
-            (RING_IN_FLIGHT_MAX * 4 + receives_max.saturating_mul(2)).min(CQ_ENTRIES_MAX) as u32;
+        // Multishot receives post one completion per arrival, each taking a provided buffer
+        // until the reap gives it back.
+        let cq_entries = (RING_IN_FLIGHT_MAX * 4
+            + receives_max.saturating_mul(2)
+            + usize::from(multishot::PROVIDED_BUFFERS))
+        .min(CQ_ENTRIES_MAX) as u32;
         // Completions run on this thread, at its next entry into the kernel, without an
         // interrupt (COOP_TASKRUN, one issuer): a receive completes in the shard's own context,
         // not inside the softirq that brought its data (where it would fight the sender for
@@ -590,6 +614,7 @@ impl Ring {
             taskrun_flag,
             reaped_at: Cell::new(ReapClock::now()),
             receive_watch: RefCell::new(None),
+            provided: RefCell::new(None),
         }))
     }
 
@@ -598,6 +623,20 @@ impl Ring {
     /// old: the time its bytes came in.
     pub fn reaped_at(&self) -> ReapClock {
         self.reaped_at.get()
+    }
+
+    /// Registers the buffers multishot receives complete into ([`Ring::recv_multishot`]).
+    /// Fails, with the reason, where the kernel has no buffer rings (before 5.19).
+    pub fn provide_receive_buffers(&self) -> Result<(), String> {
+        let provided = ProvidedBuffers::register(&self.uring.borrow())
+            .map_err(|err| format!("registering a provided-buffer ring: {err}"))?;
+        *self.provided.borrow_mut() = Some(provided);
+        Ok(())
+    }
+
+    /// Whether receives are multishot ([`Ring::provide_receive_buffers`] succeeded).
+    pub fn multishot(&self) -> bool {
+        self.provided.borrow().is_some()
     }
 
     /// Shows `watch` the bytes of every receive from now on, as each is reaped.
@@ -1002,6 +1041,121 @@ impl Ring {
         }
     }
 
+    /// Reads into `buf[at..]` from `fd`'s multishot receive (arming it when it is not
+    /// armed; see [`multishot`]): bytes already spilled in `inbox` at once, else the next
+    /// arrival, copied straight into `buf` as it is reaped. Returns the bytes read (0: the
+    /// peer closed or the socket was shut down). Needs [`Ring::multishot`]. If this future is
+    /// dropped midway, `buf` is put back whole.
+    pub async fn recv_multishot(
+        self: &Rc<Self>,
+        fd: RawFd,
+        inbox: &Rc<Inbox>,
+        buf: &mut Vec<u8>,
+        at: usize,
+    ) -> io::Result<usize> {
+        assert!(at < buf.len(), "a receive needs room");
+        let n = inbox.take_spilled(&mut buf[at..]);
+        if n > 0 {
+            return Ok(n);
+        }
+        if let Some(end) = inbox.ended() {
+            return end;
+        }
+        /// Puts the lent buffer back however the wait ends.
+        struct Lend<'a> {
+            inbox: &'a Inbox,
+            buf: &'a mut Vec<u8>,
+        }
+        impl Drop for Lend<'_> {
+            fn drop(&mut self) {
+                if let Some((buf, _)) = self.inbox.reclaim() {
+                    *self.buf = buf;
+                }
+            }
+        }
+        inbox.lend(std::mem::take(buf), at);
+        let lend = Lend { inbox, buf };
+        let end = std::future::poll_fn(|cx| {
+            if inbox.filled() {
+                return Poll::Ready(None);
+            }
+            if let Some(end) = inbox.ended() {
+                return Poll::Ready(Some(end));
+            }
+            // Not armed: the first read, or the receive paused, ran out of buffers, or
+            // stopped.
+            if !inbox.armed() {
+                self.arm(fd, inbox);
+            }
+            inbox.wait(cx.waker());
+            Poll::Pending
+        })
+        .await;
+        let got = inbox.reclaim().map(|(back, got)| {
+            *lend.buf = back;
+            got
+        });
+        drop(lend);
+        match end {
+            Some(end) => end,
+            None => Ok(got.expect("the lent buffer")),
+        }
+    }
+
+    /// Arms `fd`'s multishot receive into `inbox`.
+    fn arm(self: &Rc<Self>, fd: RawFd, inbox: &Rc<Inbox>) {
+        self.stats.borrow_mut().receives_armed += 1;
+        let msg = inbox.msg().map(|m| m as *const libc::msghdr);
+        let (index, generation) = self.start(
+            OpKind::Recv,
+            fd,
+            None,
+            None,
+            Some(Rc::clone(inbox)),
+            |_, target| match msg {
+                // The header lives in the inbox, which the slot holds until the last
+                // completion.
+                Some(msg) => opcode::RecvMsgMulti::new(target, msg, BUFFER_GROUP).build(),
+                None => opcode::RecvMulti::new(target, BUFFER_GROUP).build(),
+            },
+        );
+        // Nobody awaits it: the slot frees itself at its last completion.
+        self.slots.borrow_mut()[index].detached = true;
+        inbox.set_armed(user_data(index, generation));
+    }
+
+    /// Cancels `inbox`'s armed receive (its last completion still comes).
+    pub fn cancel_receive(&self, inbox: &Inbox) {
+        if let Some(user_data) = inbox.to_cancel() {
+            self.cancel(user_data);
+        }
+    }
+
+    /// Cancels `inbox`'s armed receive and waits for its last completion, so that nothing
+    /// more arrives there: the socket may then be read some other way (bytes already
+    /// spilled come first).
+    pub async fn pause_receive(&self, inbox: &Inbox) {
+        self.cancel_receive(inbox);
+        std::future::poll_fn(|cx| {
+            if !inbox.armed() {
+                return Poll::Ready(());
+            }
+            inbox.wait(cx.waker());
+            Poll::Pending
+        })
+        .await
+    }
+
+    /// Queues a cancellation of the operation with `user_data`.
+    fn cancel(&self, user_data: u64) {
+        let entry = opcode::AsyncCancel::new(user_data)
+            .build()
+            .user_data(CANCEL_USER_DATA);
+        self.queue(&entry);
+        self.schedule_flush();
+        self.stats.borrow_mut().cancels += 1;
+    }
+
     /// Reads `len` bytes at `offset` of `fd` into `chunk` (`READ_FIXED`; O_DIRECT wants the
     /// chunk, the offset and the length aligned). Returns the chunk and the bytes read.
     pub async fn read_fixed(
@@ -1071,10 +1225,32 @@ impl Ring {
         report: Option<Rc<ZcReport>>,
         entry: impl FnOnce(&Buf, types::Fd) -> squeue::Entry,
     ) -> (io::Result<usize>, Option<Buf>) {
+        let entry = |b: Option<&Buf>, target| entry(b.expect("an operation's buffer"), target);
         if kind != OpKind::Recv {
             self.room().await;
             self.bounded_in_flight.set(self.bounded_in_flight.get() + 1);
         }
+        let (index, generation) = self.start(kind, fd, Some(buf), report, None, entry);
+        Op {
+            ring: Rc::clone(self),
+            index,
+            generation,
+            done: false,
+        }
+        .await
+    }
+
+    /// Takes a slot for one operation, and queues its entry for the pass's submission.
+    /// Returns the slot's index and generation.
+    fn start(
+        &self,
+        kind: OpKind,
+        fd: RawFd,
+        buf: Option<Buf>,
+        report: Option<Rc<ZcReport>>,
+        inbox: Option<Rc<Inbox>>,
+        entry: impl FnOnce(Option<&Buf>, types::Fd) -> squeue::Entry,
+    ) -> (usize, u32) {
         let (index, generation) = {
             let mut slots = self.slots.borrow_mut();
             let index = self.free.borrow_mut().pop().unwrap_or_else(|| {
@@ -1092,8 +1268,9 @@ impl Ring {
             slot.notification_due = false;
             slot.detached = false;
             slot.waker = None;
-            slot.buf = Some(buf);
+            slot.buf = buf;
             slot.report = report;
+            slot.inbox = inbox;
             (index, slot.generation)
         };
         // A registered socket is named by its slot (what `types::Fixed` builds: the slot in
@@ -1107,8 +1284,8 @@ impl Ring {
             let mut slots = self.slots.borrow_mut();
             slots[index].file = file;
             let target = types::Fd(file.map_or(fd, |slot| slot as RawFd));
-            let sqe = entry(slots[index].buf.as_ref().expect("just stored"), target)
-                .user_data(user_data(index, generation));
+            let sqe =
+                entry(slots[index].buf.as_ref(), target).user_data(user_data(index, generation));
             match file {
                 Some(_) => sqe.flags(squeue::Flags::FIXED_FILE),
                 None => sqe,
@@ -1129,13 +1306,7 @@ impl Ring {
         }
         self.queue(&sqe);
         self.schedule_flush();
-        Op {
-            ring: Rc::clone(self),
-            index,
-            generation,
-            done: false,
-        }
-        .await
+        (index, generation)
     }
 
     /// Queues one entry for the next submission (submitting at once only when the queue is
@@ -1260,6 +1431,8 @@ impl Ring {
         }
         let taken = completions.len();
         let mut release = Vec::new();
+        // Multishot receives whose connections hold too much unread (cancelled below).
+        let mut pause = Vec::new();
         let watch = self.receive_watch.borrow();
         let mut received = false;
         // Read at the reap's first receive: only a connection resumed by a receive uses it, so a
@@ -1278,6 +1451,48 @@ impl Ring {
                     slot.busy && slot.generation == generation,
                     "a completion for an operation that is not in flight"
                 );
+                if let Some(inbox) = slot.inbox.clone() {
+                    // A multishot receive: one arrival, or its end (no more to come).
+                    let k = OpKind::ALL.len() - 1;
+                    debug_assert_eq!(OpKind::ALL[k], OpKind::Recv);
+                    if result >= 0 {
+                        stats.ops[k] += 1;
+                        stats.bytes[k] += result as u64;
+                    } else if result == -libc::ENOBUFS {
+                        stats.receives_out_of_buffers += 1;
+                    } else if result != -libc::ECANCELED {
+                        stats.errors += 1;
+                    }
+                    if !clock_read {
+                        self.reaped_at.set(ReapClock::now());
+                        clock_read = true;
+                    }
+                    // What the receive's end says: a stamped receive's last completion at the
+                    // end of the stream carries its header and no payload.
+                    let mut outcome = result;
+                    if let (1.., Some(id)) = (result, cqueue::buffer_select(flags)) {
+                        let mut provided = self.provided.borrow_mut();
+                        let provided = provided.as_mut().expect("a ring with multishot receives");
+                        let (payload, stamp) = inbox.parse(provided.bytes(id, result as usize));
+                        outcome = payload.len() as i32;
+                        if let (Some(watch), false) = (&*watch, payload.is_empty()) {
+                            watch.received(payload);
+                            received = true;
+                        }
+                        wake.extend(inbox.deliver(payload, stamp));
+                        provided.give_back(id);
+                        if let Some(armed) = inbox.over_high_water() {
+                            stats.receives_paused += 1;
+                            pause.push(armed);
+                        }
+                    }
+                    if !cqueue::more(flags) {
+                        slot.result = Some(result);
+                        wake.extend(inbox.disarmed(data, outcome));
+                        release.extend(self.free_slot(&mut slots, &mut stats, index));
+                    }
+                    continue;
+                }
                 if cqueue::notif(flags) {
                     stats.zc_notifications += 1;
                     let copied = result as u32 & NOTIF_USAGE_ZC_COPIED != 0;
@@ -1325,6 +1540,9 @@ impl Ring {
             watch.reaped();
         }
         drop(watch);
+        for armed in pause {
+            self.cancel(armed);
+        }
         // Outside the borrows: a release may run an owner's code, a waker may poll at once.
         drop(release);
         for w in wake.drain(..) {
@@ -1342,6 +1560,7 @@ impl Ring {
         slot.waker = None;
         let buf = slot.buf.take();
         slot.report = None;
+        slot.inbox = None;
         stats.in_flight -= 1;
         if slot.kind != OpKind::Recv {
             self.bounded_in_flight.set(self.bounded_in_flight.get() - 1);
@@ -1391,6 +1610,9 @@ impl Drop for Ring {
                 if let Some(buf) = slot.buf.take() {
                     std::mem::forget(buf);
                 }
+            }
+            if let Some(provided) = self.provided.borrow_mut().take() {
+                std::mem::forget(provided);
             }
         }
     }
@@ -1481,12 +1703,7 @@ impl Drop for Op {
             !slot.finished()
         };
         if cancel {
-            let entry = opcode::AsyncCancel::new(user_data(self.index, self.generation))
-                .build()
-                .user_data(CANCEL_USER_DATA);
-            self.ring.queue(&entry);
-            self.ring.schedule_flush();
-            self.ring.stats.borrow_mut().cancels += 1;
+            self.ring.cancel(user_data(self.index, self.generation));
         }
         // A result that already arrived (or arrives with this reap) frees the slot.
         let finished = {

@@ -797,7 +797,7 @@ async fn serve_frames(
                     let buffered = &conn.buf[conn.consumed..conn.filled];
                     match large::receive_set(
                         ctx,
-                        stream,
+                        (stream, wire),
                         (idle, conn.fd),
                         buffered,
                         &set,

@@ -9,7 +9,6 @@ use std::rc::Rc;
 use std::sync::Arc;
 use std::time::Duration;
 
-use futures_lite::AsyncReadExt;
 use glommio::net::TcpStream;
 
 use crate::placement::{LocalityHint, PlacementError, PlacementRequest, TargetId};
@@ -352,13 +351,13 @@ where
 async fn discard(
     ctx: &ShardCtx,
     idle: Option<Duration>,
-    stream: &mut TcpStream,
+    (stream, wire): (&mut TcpStream, &Wire),
     mut len: u64,
 ) -> io::Result<()> {
     let mut sink = vec![0u8; 64 << 10];
     while len > 0 {
         let want = (len as usize).min(sink.len());
-        let n = step(ctx, idle, stream.read(&mut sink[..want])).await?;
+        let n = step(ctx, idle, wire.read_into(stream, &mut sink[..want])).await?;
         len -= n as u64;
     }
     Ok(())
@@ -429,7 +428,7 @@ enum Interrupted {
 /// means the connection is to be closed.
 pub async fn receive_set(
     ctx: &Rc<ShardCtx>,
-    stream: &mut TcpStream,
+    (stream, wire): (&mut TcpStream, &Wire),
     (idle, fd): (Option<Duration>, i32),
     buffered: &[u8],
     op: &LargeSet,
@@ -464,7 +463,7 @@ pub async fn receive_set(
         refused
     };
     if let Some(refused) = refused {
-        discard(ctx, idle, stream, rest + trailer_rest).await?;
+        discard(ctx, idle, (stream, wire), rest + trailer_rest).await?;
         op.reply.write(out, Answer::Refused(refused), setx);
         return Ok(from_buffer + trailer_buffered);
     }
@@ -472,7 +471,7 @@ pub async fn receive_set(
         Ok(placed) => placed.replicas,
         Err(err) => {
             tracing::debug!(key_len = op.key.len(), value_len = op.value_len, %err, "large value not placed");
-            discard(ctx, idle, stream, rest + trailer_rest).await?;
+            discard(ctx, idle, (stream, wire), rest + trailer_rest).await?;
             op.reply.write(out, Answer::NotPlaced(err), setx);
             return Ok(from_buffer + trailer_buffered);
         }
@@ -506,7 +505,7 @@ pub async fn receive_set(
                     used += n;
                     filled += n;
                 } else {
-                    filled += step(ctx, idle, stream.read(&mut chunk[filled..want]))
+                    filled += step(ctx, idle, wire.read_into(stream, &mut chunk[filled..want]))
                         .await
                         .map_err(Interrupted::Connection)?;
                 }
@@ -544,9 +543,13 @@ pub async fn receive_set(
                 used += 1;
                 filled += 1;
             } else {
-                filled += step(ctx, idle, stream.read(&mut trailer[filled..want]))
-                    .await
-                    .map_err(Interrupted::Connection)?;
+                filled += step(
+                    ctx,
+                    idle,
+                    wire.read_into(stream, &mut trailer[filled..want]),
+                )
+                .await
+                .map_err(Interrupted::Connection)?;
             }
         }
         match segment_error.take() {

@@ -876,6 +876,30 @@ pub const IO: &[(&str, Export)] = &[
             "Connections that found the registered-file table full and use their descriptor.",
         )),
     ),
+    (
+        "receives_armed",
+        sample(counter(
+            "ring_receives_armed",
+            N,
+            "Multishot receives armed (a connection's first read, and again after a pause or an end).",
+        )),
+    ),
+    (
+        "receives_out_of_buffers",
+        sample(counter(
+            "ring_receives_out_of_buffers",
+            N,
+            "Multishot receives that ended because every provided buffer was taken.",
+        )),
+    ),
+    (
+        "receives_paused",
+        sample(counter(
+            "ring_receives_paused",
+            N,
+            "Multishot receives cancelled because their connection held too much unread.",
+        )),
+    ),
 ];
 
 const TARGET_INFO: Metric = info(

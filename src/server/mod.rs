@@ -142,6 +142,8 @@ pub struct Shared {
     restore_done: std::sync::Barrier,
     /// Whether a refused io_uring ring has been logged (it is said once).
     pub(crate) io_fallback_said: std::sync::atomic::AtomicBool,
+    /// Whether a shard has said why its receives are not multishot (said once).
+    pub(crate) multishot_fallback_said: std::sync::atomic::AtomicBool,
     /// The background expiry sweep runs (text `lru_crawler enable|disable`, memcached's name
     /// for its crawler; `crawl` and `metadump` need it on, as memcached's do).
     pub crawler_enabled: AtomicBool,
@@ -379,6 +381,7 @@ pub fn start(settings: Settings, topology: &Topology) -> Result<Running, ServerE
         finished: AtomicUsize::new(0),
         restored: AtomicUsize::new(0),
         io_fallback_said: std::sync::atomic::AtomicBool::new(false),
+        multishot_fallback_said: std::sync::atomic::AtomicBool::new(false),
         crawler_enabled: AtomicBool::new(true),
         targets,
         topology: topology.clone(),

@@ -344,6 +344,10 @@ fn settings(ctx: &ShardCtx) -> Vec<(String, String)> {
             "receive_timestamps",
             if s.receive_timestamps { "on" } else { "off" }.to_string(),
         ),
+        (
+            "multishot_receive",
+            if s.multishot_receive { "on" } else { "off" }.to_string(),
+        ),
         ("promotion_interval_ms", s.promotion_interval_ms.to_string()),
         ("promotion_budget", s.promotion_budget_blocks.to_string()),
         (

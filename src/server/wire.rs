@@ -5,7 +5,10 @@
 //! shard's io_uring ring: reply buffers with `SEND`, arena heads and pool chunks with
 //! `SEND_ZC`. On the plain path (`--io-ring off`, or a ring the kernel refused) glommio
 //! writes them. A connection uses one path for its whole life, so ring writes and glommio
-//! writes are never in flight together on one socket; reads are always glommio's.
+//! writes are never in flight together on one socket. On the ring path a connection's
+//! receive is armed once and stays armed (`ring::multishot`), or is one `RECV` per read
+//! (`--multishot-receive off`, or a kernel without buffer rings); a large value's body is
+//! read by glommio, with the multishot receive paused first.
 
 use std::cell::{Cell, RefCell};
 use std::io;
@@ -19,6 +22,7 @@ use glommio::net::TcpStream;
 
 use crate::arena::BlockId;
 use crate::ring::buffers::FIXED_BUFFER_MAX_BYTES;
+use crate::ring::multishot::Inbox;
 use crate::ring::{Buf, FixedBuffers, Lent, ReapClock, Ring, Stamped, StreamPool, ZcReport};
 
 use super::shard::ShardCtx;
@@ -86,6 +90,12 @@ impl IoSnapshot {
         put("ring_task_runs", ring.task_runs.to_string());
         put("ring_files_registered", ring.files_registered.to_string());
         put("ring_files_full", ring.files_full.to_string());
+        put("receives_armed", ring.receives_armed.to_string());
+        put(
+            "receives_out_of_buffers",
+            ring.receives_out_of_buffers.to_string(),
+        );
+        put("receives_paused", ring.receives_paused.to_string());
         out
     }
 }
@@ -118,7 +128,7 @@ impl ShardIo {
         } else {
             let piece = FIXED_BUFFER_MAX_BYTES
                 - FIXED_BUFFER_MAX_BYTES % settings.arena.block_bytes as usize;
-            match FixedBuffers::cut(
+            let ring = FixedBuffers::cut(
                 &arena.region_ranges(),
                 piece
                     .max(settings.arena.block_bytes as usize)
@@ -126,10 +136,24 @@ impl ShardIo {
             )
             .and_then(|buffers| {
                 Ring::new(buffers, arena.huge_page_ranges(), settings.max_connections)
-            }) {
+            });
+            match ring {
                 Ok(ring) => {
+                    let receives = if !settings.multishot_receive {
+                        "one-shot receives (--multishot-receive off)".to_string()
+                    } else {
+                        match ring.provide_receive_buffers() {
+                            Ok(()) => "multishot receives".to_string(),
+                            Err(reason) => {
+                                if !shared.multishot_fallback_said.swap(true, Ordering::AcqRel) {
+                                    tracing::info!(shard, %reason, "multishot receives are unavailable; one receive per read");
+                                }
+                                format!("one-shot receives ({reason})")
+                            }
+                        }
+                    };
                     let path = format!(
-                        "ring ({} bytes of arena in {} fixed buffers, {} registered-file slots)",
+                        "ring ({} bytes of arena in {} fixed buffers, {} registered-file slots, {receives})",
                         ring.buffers().total_bytes(),
                         ring.buffers().len(),
                         ring.file_slots()
@@ -212,6 +236,8 @@ pub struct Wire {
     fd: RawFd,
     /// What this connection's zero-copy notifications said.
     zc: Rc<ZcReport>,
+    /// Ring path with multishot receives: what the connection's receive brought.
+    inbox: Option<Rc<Inbox>>,
     /// Ring path: the receive's message header and control space, reused (none while a
     /// receive holds it), and whether the socket timestamps what it receives.
     stamped: RefCell<Option<Box<Stamped>>>,
@@ -241,8 +267,13 @@ impl Wire {
         // goes when the stream is dropped): a descriptor number reused by the next
         // connection must find no stale slot.
         let registered = ring.as_ref().is_some_and(|ring| ring.register_fd(fd));
+        let inbox = ring
+            .as_ref()
+            .filter(|ring| ring.multishot())
+            .map(|_| Rc::new(Inbox::new(stamps)));
         Wire {
             ring,
+            inbox,
             fd,
             zc: Rc::new(ZcReport::default()),
             stamped: RefCell::new(None),
@@ -291,8 +322,17 @@ impl Wire {
         at: usize,
     ) -> io::Result<usize> {
         self.arrived.set(None);
-        match &self.ring {
-            Some(ring) if self.stamps => {
+        match (&self.ring, &self.inbox) {
+            (Some(ring), Some(inbox)) => {
+                let result = ring.recv_multishot(self.fd, inbox, buf, at).await;
+                let reaped = ring.reaped_at();
+                self.arrived.set(Some(match inbox.received_ns() {
+                    Some(received_ns) => arrival(received_ns, reaped),
+                    None => reaped.instant,
+                }));
+                result
+            }
+            (Some(ring), None) if self.stamps => {
                 let mut stamped = self.stamped.take().unwrap_or_else(Stamped::new);
                 stamped.buf = std::mem::take(buf);
                 let (result, mut back) = ring.recv_stamped(self.fd, stamped, at).await;
@@ -305,14 +345,32 @@ impl Wire {
                 self.stamped.replace(Some(back));
                 result
             }
-            Some(ring) => {
+            (Some(ring), None) => {
                 let (result, back) = ring.recv(self.fd, std::mem::take(buf), at).await;
                 *buf = back;
                 self.arrived.set(Some(ring.reaped_at().instant));
                 result
             }
-            None => futures_lite::AsyncReadExt::read(stream, &mut buf[at..]).await,
+            (None, _) => futures_lite::AsyncReadExt::read(stream, &mut buf[at..]).await,
         }
+    }
+
+    /// Reads into `into` outside the connection's read buffer (a large value's body): with
+    /// glommio, after pausing a multishot receive and taking what it had brought first.
+    pub async fn read_into(&self, stream: &mut TcpStream, into: &mut [u8]) -> io::Result<usize> {
+        if let (Some(ring), Some(inbox)) = (&self.ring, &self.inbox) {
+            if inbox.armed() {
+                ring.pause_receive(inbox).await;
+            }
+            let n = inbox.take_spilled(into);
+            if n > 0 {
+                return Ok(n);
+            }
+            if let Some(end) = inbox.ended() {
+                return end;
+            }
+        }
+        futures_lite::AsyncReadExt::read(stream, into).await
     }
 
     /// Ring path: queues a send of all of `bytes` (with the pass's other entries) and hands
@@ -399,6 +457,10 @@ impl Wire {
         let Some(ring) = &self.ring else {
             return;
         };
+        // An armed receive would keep the socket busy for as long as it is open.
+        if let Some(inbox) = &self.inbox {
+            ring.cancel_receive(inbox);
+        }
         if !cut {
             let limit = std::time::Duration::from_secs(POLITE_CLOSE_SECONDS);
             let drained = glommio::timer::timeout(limit, async {

@@ -1,0 +1,378 @@
+//! Receives armed once per connection: a multishot `RECV` (or `RECVMSG`, to bring the
+//! kernel's receive timestamps) completes into buffers the shard provides through a buffer
+//! ring, each arrival one completion, with no entry submitted per receive. The ring copies
+//! each arrival into its connection's [`Inbox`] as it reaps it and hands the buffer straight
+//! back, so the buffers are never held by a connection that is not reading.
+//!
+//! - **Into the reader's buffer**: a connection waiting for bytes lends the inbox its read
+//!   buffer, and an arrival is copied there directly; bytes that find no waiting reader (or
+//!   more than its buffer holds) wait in the inbox's spill and are copied at the next read.
+//! - **Bounded**: a connection whose spill passes [`SPILL_HIGH_BYTES`] (its client sends
+//!   while it writes) has its receive cancelled: the socket buffer fills and TCP holds the
+//!   client back, as with one-shot receives. The next read that finds the spill empty arms
+//!   it again. What arrives before the cancel takes effect is bounded by the provided
+//!   buffers (each arrival holds one until a reap): [`SPILL_OVERSHOOT_MAX_BYTES`], shared
+//!   by all of a shard's connections.
+//! - **Out of buffers**: a receive that finds every provided buffer taken ends with
+//!   `ENOBUFS`; the next read arms it again (the reap has given every buffer back by then).
+//!
+//! This module touches memory the kernel writes (the buffer ring), so it holds `unsafe`;
+//! each block says why it is sound.
+
+use std::cell::RefCell;
+use std::io;
+use std::sync::atomic::{AtomicU16, Ordering};
+use std::task::Waker;
+
+use io_uring::{types, IoUring};
+
+/// Buffers a shard provides, and the bytes of each. Each completion takes one, and the reap
+/// gives it back, so they bound the arrivals between two reaps, not the connections.
+pub const PROVIDED_BUFFERS: u16 = 512;
+pub const PROVIDED_BUFFER_BYTES: usize = 8 << 10;
+/// The buffer group the receives take from (one group per ring).
+pub const BUFFER_GROUP: u16 = 0;
+/// Received bytes a connection may hold unread before its receive is paused.
+pub const SPILL_HIGH_BYTES: usize = 64 << 10;
+/// Most bytes that can still arrive once a spill has passed its bound: the rest of the reap
+/// that saw it pass, and one more reap's before the cancel reaches the kernel.
+pub const SPILL_OVERSHOOT_MAX_BYTES: usize = 2 * PROVIDED_BUFFERS as usize * PROVIDED_BUFFER_BYTES;
+/// Control space of a stamped receive: one `SCM_TIMESTAMPNS` message (its 16-byte header
+/// and 16-byte `timespec`), with room to spare.
+const CONTROL_BYTES: u32 = 64;
+
+/// The buffer ring one shard's receives complete into, and the memory it hands out.
+pub struct ProvidedBuffers {
+    /// The entries the kernel reads: a page-aligned anonymous mapping, `PROVIDED_BUFFERS`
+    /// entries long.
+    entries: *mut types::BufRingEntry,
+    /// The next tail to publish.
+    tail: u16,
+    /// The buffers, `PROVIDED_BUFFER_BYTES` each.
+    memory: Box<[u8]>,
+}
+
+impl ProvidedBuffers {
+    /// Maps the buffer ring, registers it with `uring` as [`BUFFER_GROUP`] and provides every
+    /// buffer. Fails where the kernel has no buffer rings (before 5.19).
+    pub fn register(uring: &IoUring) -> io::Result<ProvidedBuffers> {
+        let ring_bytes = PROVIDED_BUFFERS as usize * std::mem::size_of::<types::BufRingEntry>();
+        // SAFETY: an anonymous private mapping; the result is checked.
+        let base = unsafe {
+            libc::mmap(
+                std::ptr::null_mut(),
+                ring_bytes,
+                libc::PROT_READ | libc::PROT_WRITE,
+                libc::MAP_PRIVATE | libc::MAP_ANONYMOUS,
+                -1,
+                0,
+            )
+        };
+        if base == libc::MAP_FAILED {
+            return Err(io::Error::last_os_error());
+        }
+        let mut provided = ProvidedBuffers {
+            entries: base.cast(),
+            tail: 0,
+            memory: vec![0; PROVIDED_BUFFERS as usize * PROVIDED_BUFFER_BYTES].into_boxed_slice(),
+        };
+        // SAFETY: the mapping is page-aligned, zeroed and `PROVIDED_BUFFERS` entries long; it
+        // and the buffers stay until `Drop`, which the ring runs only once no receive is in
+        // flight (it leaks them otherwise).
+        let registered = unsafe {
+            uring.submitter().register_buf_ring_with_flags(
+                base as u64,
+                PROVIDED_BUFFERS,
+                BUFFER_GROUP,
+                0,
+            )
+        };
+        if let Err(err) = registered {
+            // SAFETY: the mapping made above, never registered.
+            unsafe { libc::munmap(base, ring_bytes) };
+            provided.entries = std::ptr::null_mut();
+            return Err(err);
+        }
+        for id in 0..PROVIDED_BUFFERS {
+            provided.give_back(id);
+        }
+        Ok(provided)
+    }
+
+    /// The `len` bytes a completion put in buffer `id`.
+    pub fn bytes(&self, id: u16, len: usize) -> &[u8] {
+        assert!(id < PROVIDED_BUFFERS && len <= PROVIDED_BUFFER_BYTES);
+        let at = id as usize * PROVIDED_BUFFER_BYTES;
+        &self.memory[at..at + len]
+    }
+
+    /// Hands buffer `id` back to the kernel.
+    pub fn give_back(&mut self, id: u16) {
+        assert!(id < PROVIDED_BUFFERS, "a provided buffer's id");
+        let mask = PROVIDED_BUFFERS - 1;
+        let at = id as usize * PROVIDED_BUFFER_BYTES;
+        let addr = self.memory[at..].as_mut_ptr() as u64;
+        // SAFETY: the masked tail indexes an entry inside the mapping; the kernel reads an
+        // entry only once the tail published below covers it.
+        unsafe {
+            let entry = &mut *self.entries.add((self.tail & mask) as usize);
+            entry.set_addr(addr);
+            entry.set_len(PROVIDED_BUFFER_BYTES as u32);
+            entry.set_bid(id);
+        }
+        self.tail = self.tail.wrapping_add(1);
+        // SAFETY: the tail field overlays the first entry of the live mapping; the kernel
+        // reads it concurrently, so it is published with a release store.
+        unsafe {
+            let tail = types::BufRingEntry::tail(self.entries) as *const AtomicU16;
+            (*tail).store(self.tail, Ordering::Release);
+        }
+    }
+}
+
+impl Drop for ProvidedBuffers {
+    fn drop(&mut self) {
+        if self.entries.is_null() {
+            return;
+        }
+        let ring_bytes = PROVIDED_BUFFERS as usize * std::mem::size_of::<types::BufRingEntry>();
+        // SAFETY: our own mapping; the ring that read it is gone or holds no receive.
+        unsafe { libc::munmap(self.entries.cast(), ring_bytes) };
+    }
+}
+
+/// What a connection's multishot receive brought and the connection has not read yet, and
+/// the state of that receive.
+pub struct Inbox {
+    state: RefCell<InboxState>,
+    /// The header a stamped receive is armed with: no name, [`CONTROL_BYTES`] of control
+    /// space. Every completion lays its buffer out by it, so it lives as long as the inbox.
+    msg: Option<Box<libc::msghdr>>,
+}
+
+#[derive(Default)]
+struct InboxState {
+    /// Received bytes not read yet: `spill[spill_at..]`.
+    spill: Vec<u8>,
+    spill_at: usize,
+    /// The reader's buffer while it waits: the buffer, where its bytes go, how many came.
+    target: Option<(Vec<u8>, usize, usize)>,
+    /// When the kernel received the latest bytes (`CLOCK_REALTIME` ns), if stamped.
+    received_ns: Option<u64>,
+    /// The armed receive's user data (`None`: not armed), and whether a cancel was asked.
+    armed: Option<u64>,
+    cancelling: bool,
+    /// The stream's end: 0 (the peer closed, or the socket was shut down) or `-errno`.
+    ended: Option<i32>,
+    waker: Option<Waker>,
+}
+
+impl Inbox {
+    /// An inbox for a receive that brings timestamps (`RECVMSG`) or not (`RECV`).
+    pub fn new(stamped: bool) -> Inbox {
+        let msg = stamped.then(|| {
+            // SAFETY: a zeroed msghdr is a valid empty one.
+            let mut msg: Box<libc::msghdr> = Box::new(unsafe { std::mem::zeroed() });
+            msg.msg_controllen = CONTROL_BYTES as _;
+            msg
+        });
+        Inbox {
+            state: RefCell::new(InboxState::default()),
+            msg,
+        }
+    }
+
+    /// The header a stamped receive is armed with (`None`: a plain `RECV`).
+    pub(super) fn msg(&self) -> Option<&libc::msghdr> {
+        self.msg.as_deref()
+    }
+
+    /// Splits a completed buffer into its payload and receive timestamp.
+    pub(super) fn parse<'a>(&self, raw: &'a [u8]) -> (&'a [u8], Option<u64>) {
+        let Some(msg) = &self.msg else {
+            return (raw, None);
+        };
+        match types::RecvMsgOut::parse(raw, msg) {
+            Ok(out) => {
+                // The payload ends the buffer (after the header, name and control space).
+                let len = out.payload_data().len();
+                (
+                    &raw[raw.len() - len..],
+                    control_timestamp(out.control_data()),
+                )
+            }
+            // The kernel lays every buffer out by the header; a short one carries nothing.
+            Err(()) => (&[], None),
+        }
+    }
+
+    /// Takes an arrival: into the waiting reader's buffer while nothing is spilled before
+    /// it, the rest into the spill. Returns the waker to wake.
+    pub(super) fn deliver(&self, payload: &[u8], received_ns: Option<u64>) -> Option<Waker> {
+        let mut s = self.state.borrow_mut();
+        if received_ns.is_some() {
+            s.received_ns = received_ns;
+        }
+        let mut rest = payload;
+        if s.spill_at == s.spill.len() {
+            if let Some((buf, at, got)) = s.target.as_mut() {
+                let room = &mut buf[*at + *got..];
+                let n = room.len().min(rest.len());
+                room[..n].copy_from_slice(&rest[..n]);
+                *got += n;
+                rest = &rest[n..];
+            }
+        }
+        if !rest.is_empty() {
+            if s.spill_at == s.spill.len() {
+                s.spill.clear();
+                s.spill_at = 0;
+            }
+            s.spill.extend_from_slice(rest);
+        }
+        s.waker.take()
+    }
+
+    /// The receive with `user_data` completed for the last time with `result` (its payload's
+    /// bytes, or `-errno`). Returns the waker to wake.
+    pub(super) fn disarmed(&self, user_data: u64, result: i32) -> Option<Waker> {
+        let mut s = self.state.borrow_mut();
+        debug_assert_eq!(s.armed, Some(user_data), "the inbox's own receive");
+        s.armed = None;
+        s.cancelling = false;
+        // Out of buffers, cancelled (paused or ending), or stopped with data: armed again at
+        // the next read. Anything else ends the stream.
+        if result == 0 || (result < 0 && result != -libc::ENOBUFS && result != -libc::ECANCELED) {
+            s.ended.get_or_insert(result);
+        }
+        s.waker.take()
+    }
+
+    /// The armed receive to cancel because the spill passed its bound, if not asked already.
+    pub(super) fn over_high_water(&self) -> Option<u64> {
+        let mut s = self.state.borrow_mut();
+        let unread = s.spill.len() - s.spill_at;
+        match s.armed {
+            Some(user_data) if unread > SPILL_HIGH_BYTES && !s.cancelling => {
+                s.cancelling = true;
+                Some(user_data)
+            }
+            _ => None,
+        }
+    }
+
+    /// The armed receive to cancel (the connection ends or reads elsewhere), if not asked.
+    pub(super) fn to_cancel(&self) -> Option<u64> {
+        let mut s = self.state.borrow_mut();
+        match s.armed {
+            Some(user_data) if !s.cancelling => {
+                s.cancelling = true;
+                Some(user_data)
+            }
+            _ => None,
+        }
+    }
+
+    pub(super) fn set_armed(&self, user_data: u64) {
+        let mut s = self.state.borrow_mut();
+        debug_assert!(s.armed.is_none(), "one receive per inbox");
+        s.armed = Some(user_data);
+    }
+
+    /// Whether a receive is armed (a cancelled one counts until its last completion).
+    pub fn armed(&self) -> bool {
+        self.state.borrow().armed.is_some()
+    }
+
+    /// When the kernel received the latest bytes taken (`CLOCK_REALTIME` ns), if stamped.
+    pub fn received_ns(&self) -> Option<u64> {
+        self.state.borrow().received_ns
+    }
+
+    /// Received bytes waiting in the spill.
+    pub fn spilled_bytes(&self) -> usize {
+        let s = self.state.borrow();
+        s.spill.len() - s.spill_at
+    }
+
+    /// Copies spilled bytes into `into`; 0 when none wait.
+    pub fn take_spilled(&self, into: &mut [u8]) -> usize {
+        let mut s = self.state.borrow_mut();
+        let s = &mut *s;
+        let unread = &s.spill[s.spill_at..];
+        let n = unread.len().min(into.len());
+        into[..n].copy_from_slice(&unread[..n]);
+        s.spill_at += n;
+        if s.spill_at == s.spill.len() && s.spill.capacity() > SPILL_HIGH_BYTES {
+            // A burst's spill is not kept for the connection's life.
+            s.spill = Vec::new();
+            s.spill_at = 0;
+        }
+        n
+    }
+
+    /// How the stream ended, once no spilled bytes are left before the end.
+    pub fn ended(&self) -> Option<io::Result<usize>> {
+        let s = self.state.borrow();
+        if s.spill_at < s.spill.len() {
+            return None;
+        }
+        s.ended.map(|result| match result {
+            0 => Ok(0),
+            e => Err(io::Error::from_raw_os_error(-e)),
+        })
+    }
+
+    /// Lends the reader's buffer, to be filled from `at` (see [`Inbox::reclaim`]).
+    pub fn lend(&self, buf: Vec<u8>, at: usize) {
+        let mut s = self.state.borrow_mut();
+        debug_assert!(s.target.is_none(), "one reader at a time");
+        s.target = Some((buf, at, 0));
+    }
+
+    /// Whether the lent buffer has received bytes.
+    pub fn filled(&self) -> bool {
+        self.state
+            .borrow()
+            .target
+            .as_ref()
+            .is_some_and(|&(_, _, got)| got > 0)
+    }
+
+    /// Takes the lent buffer back, with how many bytes came into it.
+    pub fn reclaim(&self) -> Option<(Vec<u8>, usize)> {
+        let mut s = self.state.borrow_mut();
+        s.target.take().map(|(buf, _, got)| (buf, got))
+    }
+
+    /// Who to wake at the next arrival or end.
+    pub fn wait(&self, waker: &Waker) {
+        let mut s = self.state.borrow_mut();
+        if !s.waker.as_ref().is_some_and(|w| w.will_wake(waker)) {
+            s.waker = Some(waker.clone());
+        }
+    }
+}
+
+/// The `SCM_TIMESTAMPNS` time in a receive's control messages (ns since the epoch).
+fn control_timestamp(control: &[u8]) -> Option<u64> {
+    if control.is_empty() || control.len() > CONTROL_BYTES as usize {
+        return None;
+    }
+    // Copied out first: in the provided buffer the messages need not be aligned for reading.
+    let mut aligned = [0u64; CONTROL_BYTES as usize / 8];
+    // SAFETY: `aligned` has room for `control` (checked above); the two do not overlap.
+    unsafe {
+        std::ptr::copy_nonoverlapping(
+            control.as_ptr(),
+            aligned.as_mut_ptr().cast::<u8>(),
+            control.len(),
+        )
+    };
+    // SAFETY: a zeroed msghdr is a valid empty one; it only names `aligned`, which the CMSG
+    // macros read within `msg_controllen`.
+    let mut msg: libc::msghdr = unsafe { std::mem::zeroed() };
+    msg.msg_control = aligned.as_mut_ptr().cast();
+    msg.msg_controllen = control.len() as _;
+    super::timestamp_in(&msg)
+}
