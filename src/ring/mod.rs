@@ -4,7 +4,7 @@
 //!
 //! - **Driving**: entries are queued, not submitted one by one: the first entry of a pass
 //!   schedules a flush task behind every task already runnable, so all the entries of one
-//!   executor pass (every connection's replies and next receives) go to the kernel in one
+//!   executor pass (every connection's replies, and one-shot receives) go to the kernel in one
 //!   `io_uring_enter`, with the ring's eventfd notifications off for its duration, and are
 //!   reaped right after it. Completions that come later (a receive's data) signal the eventfd,
 //!   which a driver task reads through glommio's own ring (so glommio sleeps until then), and

@@ -46,7 +46,8 @@ pub(super) enum After {
     Close,
 }
 
-/// The last replies of a pass, sent together with the connection's next receive (ring path).
+/// The last replies of a pass, sent while the connection waits for its next bytes (ring path;
+/// with one-shot receives, queued together with its next receive).
 enum Pending {
     /// Reply bytes.
     Bytes(Vec<u8>),
@@ -646,8 +647,9 @@ async fn serve_frames(
     };
     // When the bytes of the requests being run arrived (the read that brought them).
     let mut arrived;
-    // On the ring path the last replies of a pass go out with the next receive: both queued,
-    // one submission for the pair (and for every other connection's of the same pass).
+    // On the ring path the last replies of a pass are queued, and submitted with every other
+    // connection's of the same pass, while the connection waits for its next bytes (its
+    // multishot receive stays armed; a one-shot receive is queued in the same submission).
     let mut pending: Option<Pending> = None;
     // The other reply buffer: one is in flight while the next pass fills the other.
     let mut spare: Vec<u8> = Vec::new();
