@@ -210,8 +210,8 @@ pub struct Cli {
 
     /// On the ring path, each connection's receive is armed once and stays armed (multishot,
     /// into buffers the shard provides): no receive is submitted per request. `off` submits
-    /// one receive per read. Kernels without buffer rings (before 6.0) get one-shot receives
-    /// either way [default: on].
+    /// one receive per read. Kernels before 6.0 get one-shot receives either way
+    /// [default: on].
     #[arg(long, value_name = "on|off")]
     pub multishot_receive: Option<String>,
 

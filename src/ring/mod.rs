@@ -626,10 +626,9 @@ impl Ring {
     }
 
     /// Registers the buffers multishot receives complete into ([`Ring::recv_multishot`]).
-    /// Fails, with the reason, where the kernel has no buffer rings (before 5.19).
+    /// Fails, with the reason, where the kernel has no multishot receives (before 6.0).
     pub fn provide_receive_buffers(&self) -> Result<(), String> {
-        let provided = ProvidedBuffers::register(&self.uring.borrow())
-            .map_err(|err| format!("registering a provided-buffer ring: {err}"))?;
+        let provided = ProvidedBuffers::register(&self.uring.borrow())?;
         *self.provided.borrow_mut() = Some(provided);
         Ok(())
     }

@@ -41,90 +41,137 @@ pub const SPILL_OVERSHOOT_MAX_BYTES: usize = 2 * PROVIDED_BUFFERS as usize * PRO
 /// and 16-byte `timespec`), with room to spare.
 const CONTROL_BYTES: u32 = 64;
 
-/// The buffer ring one shard's receives complete into, and the memory it hands out.
+/// One entry of a buffer ring, as the kernel lays it out (`struct io_uring_buf`). The ring's
+/// tail overlays the first entry's `resv` (`struct io_uring_buf_ring`).
+#[repr(C)]
+struct RawBufEntry {
+    addr: u64,
+    len: u32,
+    bid: u16,
+    resv: u16,
+}
+
+/// The buffer ring one shard's receives complete into, and the memory it hands out. Both are
+/// anonymous mappings reached only through raw pointers: the kernel writes the buffers and
+/// reads the entries while this owns them, so no Rust reference spans either, except a shared
+/// one to the bytes of one buffer the kernel has completed into and not been given back.
 pub struct ProvidedBuffers {
-    /// The entries the kernel reads: a page-aligned anonymous mapping, `PROVIDED_BUFFERS`
-    /// entries long.
-    entries: *mut types::BufRingEntry,
+    /// `PROVIDED_BUFFERS` entries the kernel reads (page-aligned).
+    entries: *mut RawBufEntry,
     /// The next tail to publish.
     tail: u16,
     /// The buffers, `PROVIDED_BUFFER_BYTES` each.
-    memory: Box<[u8]>,
+    memory: *mut u8,
+}
+
+const ENTRIES_BYTES: usize = PROVIDED_BUFFERS as usize * std::mem::size_of::<RawBufEntry>();
+const MEMORY_BYTES: usize = PROVIDED_BUFFERS as usize * PROVIDED_BUFFER_BYTES;
+
+/// A private anonymous mapping of `bytes` (zeroed, page-aligned).
+fn map_anonymous(bytes: usize) -> io::Result<*mut u8> {
+    // SAFETY: an anonymous private mapping; the result is checked.
+    let base = unsafe {
+        libc::mmap(
+            std::ptr::null_mut(),
+            bytes,
+            libc::PROT_READ | libc::PROT_WRITE,
+            libc::MAP_PRIVATE | libc::MAP_ANONYMOUS,
+            -1,
+            0,
+        )
+    };
+    if base == libc::MAP_FAILED {
+        return Err(io::Error::last_os_error());
+    }
+    Ok(base.cast())
+}
+
+/// Whether the running kernel has multishot receives (`IORING_RECV_MULTISHOT`, Linux 6.0).
+/// Buffer rings came a release earlier, so registering one proves nothing: on 5.19 every
+/// multishot receive would fail with `EINVAL`.
+fn kernel_has_multishot_receives() -> Result<(), String> {
+    let uts = nix::sys::utsname::uname().map_err(|err| format!("uname: {err}"))?;
+    let release = uts.release().to_string_lossy().into_owned();
+    let mut parts = release
+        .split(|c: char| !c.is_ascii_digit())
+        .map(|p| p.parse::<u32>().unwrap_or(0));
+    let (major, minor) = (parts.next().unwrap_or(0), parts.next().unwrap_or(0));
+    if (major, minor) >= (6, 0) {
+        Ok(())
+    } else {
+        Err(format!(
+            "multishot receives need Linux 6.0; this kernel is {release}"
+        ))
+    }
 }
 
 impl ProvidedBuffers {
-    /// Maps the buffer ring, registers it with `uring` as [`BUFFER_GROUP`] and provides every
-    /// buffer. Fails where the kernel has no buffer rings (before 5.19).
-    pub fn register(uring: &IoUring) -> io::Result<ProvidedBuffers> {
-        let ring_bytes = PROVIDED_BUFFERS as usize * std::mem::size_of::<types::BufRingEntry>();
-        // SAFETY: an anonymous private mapping; the result is checked.
-        let base = unsafe {
-            libc::mmap(
-                std::ptr::null_mut(),
-                ring_bytes,
-                libc::PROT_READ | libc::PROT_WRITE,
-                libc::MAP_PRIVATE | libc::MAP_ANONYMOUS,
-                -1,
-                0,
-            )
-        };
-        if base == libc::MAP_FAILED {
-            return Err(io::Error::last_os_error());
-        }
+    /// Maps the buffer ring and its buffers, registers the ring with `uring` as
+    /// [`BUFFER_GROUP`] and provides every buffer. Fails, with the reason, on a kernel
+    /// without multishot receives (before 6.0) or when the kernel refuses the ring.
+    pub fn register(uring: &IoUring) -> Result<ProvidedBuffers, String> {
+        kernel_has_multishot_receives()?;
+        let mapped = |bytes| map_anonymous(bytes).map_err(|err| format!("mmap: {err}"));
         let mut provided = ProvidedBuffers {
-            entries: base.cast(),
+            entries: std::ptr::null_mut(),
             tail: 0,
-            memory: vec![0; PROVIDED_BUFFERS as usize * PROVIDED_BUFFER_BYTES].into_boxed_slice(),
+            memory: std::ptr::null_mut(),
         };
-        // SAFETY: the mapping is page-aligned, zeroed and `PROVIDED_BUFFERS` entries long; it
-        // and the buffers stay until `Drop`, which the ring runs only once no receive is in
-        // flight (it leaks them otherwise).
-        let registered = unsafe {
+        // Unmapped by `Drop` if anything below fails.
+        provided.entries = mapped(ENTRIES_BYTES)?.cast();
+        provided.memory = mapped(MEMORY_BYTES)?;
+        // SAFETY: the entries' mapping is page-aligned, zeroed and `PROVIDED_BUFFERS` entries
+        // long; it and the buffers stay until `Drop`, which the ring runs only once no receive
+        // is in flight (it leaks them otherwise).
+        unsafe {
             uring.submitter().register_buf_ring_with_flags(
-                base as u64,
+                provided.entries as u64,
                 PROVIDED_BUFFERS,
                 BUFFER_GROUP,
                 0,
             )
-        };
-        if let Err(err) = registered {
-            // SAFETY: the mapping made above, never registered.
-            unsafe { libc::munmap(base, ring_bytes) };
-            provided.entries = std::ptr::null_mut();
-            return Err(err);
         }
+        .map_err(|err| format!("registering a provided-buffer ring: {err}"))?;
         for id in 0..PROVIDED_BUFFERS {
             provided.give_back(id);
         }
         Ok(provided)
     }
 
-    /// The `len` bytes a completion put in buffer `id`.
+    /// The `len` bytes a completion put in buffer `id`. Valid until the buffer is given back.
     pub fn bytes(&self, id: u16, len: usize) -> &[u8] {
         assert!(id < PROVIDED_BUFFERS && len <= PROVIDED_BUFFER_BYTES);
-        let at = id as usize * PROVIDED_BUFFER_BYTES;
-        &self.memory[at..at + len]
+        // SAFETY: buffer `id` lies inside the mapping; the kernel completed into it and does
+        // not touch it again until `give_back(id)`, which takes `&mut self` and so ends this
+        // borrow first.
+        unsafe {
+            std::slice::from_raw_parts(self.memory.add(id as usize * PROVIDED_BUFFER_BYTES), len)
+        }
     }
 
     /// Hands buffer `id` back to the kernel.
     pub fn give_back(&mut self, id: u16) {
         assert!(id < PROVIDED_BUFFERS, "a provided buffer's id");
         let mask = PROVIDED_BUFFERS - 1;
-        let at = id as usize * PROVIDED_BUFFER_BYTES;
-        let addr = self.memory[at..].as_mut_ptr() as u64;
-        // SAFETY: the masked tail indexes an entry inside the mapping; the kernel reads an
-        // entry only once the tail published below covers it.
+        // SAFETY (of the pointer arithmetic): buffer `id` lies inside the mapping.
+        let addr = self
+            .memory
+            .wrapping_add(id as usize * PROVIDED_BUFFER_BYTES) as u64;
+        // SAFETY: the masked tail indexes an entry inside the mapping, one the kernel has
+        // consumed (as many entries as buffers) and reads again only once the tail published
+        // below covers it. Its fields are written through raw pointers: the kernel may read
+        // the tail, which overlays the first entry's `resv`, at any time.
         unsafe {
-            let entry = &mut *self.entries.add((self.tail & mask) as usize);
-            entry.set_addr(addr);
-            entry.set_len(PROVIDED_BUFFER_BYTES as u32);
-            entry.set_bid(id);
+            let entry = self.entries.add((self.tail & mask) as usize);
+            std::ptr::addr_of_mut!((*entry).addr).write(addr);
+            std::ptr::addr_of_mut!((*entry).len).write(PROVIDED_BUFFER_BYTES as u32);
+            std::ptr::addr_of_mut!((*entry).bid).write(id);
         }
         self.tail = self.tail.wrapping_add(1);
-        // SAFETY: the tail field overlays the first entry of the live mapping; the kernel
-        // reads it concurrently, so it is published with a release store.
+        // SAFETY: the tail is the first entry's `resv`, in the live mapping and 2-byte
+        // aligned; the kernel reads it concurrently, so it is published with a release store.
         unsafe {
-            let tail = types::BufRingEntry::tail(self.entries) as *const AtomicU16;
+            let tail = std::ptr::addr_of_mut!((*self.entries).resv) as *const AtomicU16;
             (*tail).store(self.tail, Ordering::Release);
         }
     }
@@ -132,12 +179,16 @@ impl ProvidedBuffers {
 
 impl Drop for ProvidedBuffers {
     fn drop(&mut self) {
-        if self.entries.is_null() {
-            return;
+        // SAFETY: our own mappings (null if never made); the ring that used them is gone or
+        // holds no receive (the ring leaks them otherwise).
+        unsafe {
+            if !self.entries.is_null() {
+                libc::munmap(self.entries.cast(), ENTRIES_BYTES);
+            }
+            if !self.memory.is_null() {
+                libc::munmap(self.memory.cast(), MEMORY_BYTES);
+            }
         }
-        let ring_bytes = PROVIDED_BUFFERS as usize * std::mem::size_of::<types::BufRingEntry>();
-        // SAFETY: our own mapping; the ring that read it is gone or holds no receive.
-        unsafe { libc::munmap(self.entries.cast(), ring_bytes) };
     }
 }
 

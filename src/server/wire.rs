@@ -7,7 +7,7 @@
 //! writes them. A connection uses one path for its whole life, so ring writes and glommio
 //! writes are never in flight together on one socket. On the ring path a connection's
 //! receive is armed once and stays armed (`ring::multishot`), or is one `RECV` per read
-//! (`--multishot-receive off`, or a kernel without buffer rings); a large value's body is
+//! (`--multishot-receive off`, or a kernel before 6.0); a large value's body is
 //! read by glommio, with the multishot receive paused first.
 
 use std::cell::{Cell, RefCell};
@@ -484,8 +484,12 @@ impl Wire {
 
 impl Drop for Wire {
     /// A connection whose task was dropped before `finish` (operations may still be in flight:
-    /// the ring empties the slot after the last one).
+    /// the ring empties the slot after the last one). An armed receive is cancelled: it would
+    /// otherwise keep the socket's slot, and so the socket, open for good.
     fn drop(&mut self) {
+        if let (Some(ring), Some(inbox)) = (&self.ring, &self.inbox) {
+            ring.cancel_receive(inbox);
+        }
         self.unregister();
     }
 }
