@@ -22,7 +22,8 @@
 //! submitted with the eventfd off, as Headroom's ring submits them.
 //!
 //! With `--multishot` a connection's receive is armed once (`RECV` with `IORING_RECV_MULTISHOT`)
-//! and every arrival completes into a buffer the thread provides through a buffer ring; the
+//! and every arrival completes into a buffer the thread provides through a buffer ring (the
+//! server's own, `headroom::ring::multishot::ProvidedBuffers`); the
 //! thread copies the bytes into the connection's input and gives the buffer back at once. It
 //! measures what a receive re-armed per request costs against one that stays armed.
 //!
@@ -34,6 +35,8 @@ use std::net::{IpAddr, SocketAddr};
 use std::os::fd::{AsRawFd, FromRawFd, OwnedFd, RawFd};
 
 use headroom::proto::{opcode as op, HEADER_BYTES, REQUEST_MAGIC, RESPONSE_MAGIC};
+// The server's own buffer ring (512 buffers of 8 KiB), so the floor measures what it runs.
+use headroom::ring::multishot::{ProvidedBuffers, BUFFER_GROUP};
 use io_uring::{opcode, squeue, types, IoUring};
 use nix::sys::socket::{setsockopt, sockopt};
 
@@ -41,11 +44,6 @@ const FLAGS_BYTES: usize = 4;
 const VALUE: &[u8; 32] = b"floor-responder-fixed-value-32by";
 const IN_BYTES: usize = 64 * 1024;
 const RING_ENTRIES: u32 = 1024;
-/// Provided buffers under `--multishot`: how many, and the bytes of each.
-const PROVIDED_BUFFERS: u16 = 512;
-const PROVIDED_BUFFER_BYTES: usize = 4096;
-/// The buffer group the multishot receives take from.
-const BUFFER_GROUP: u16 = 0;
 
 /// What a completion is for, in the low bits of its user data; the connection's slot above.
 const ACCEPT: u64 = 0;
@@ -122,83 +120,6 @@ struct Worker {
     free: Vec<usize>,
     hop: Option<EventfdHop>,
     provided: Option<ProvidedBuffers>,
-}
-
-/// The buffer ring a thread's multishot receives complete into (`--multishot`).
-struct ProvidedBuffers {
-    /// The ring of buffer entries the kernel reads (page-aligned, mapped).
-    entries: *mut types::BufRingEntry,
-    /// The next tail to publish.
-    tail: u16,
-    /// The buffers' memory, `PROVIDED_BUFFER_BYTES` each.
-    memory: Vec<u8>,
-}
-
-impl ProvidedBuffers {
-    fn new(ring: &IoUring) -> io::Result<ProvidedBuffers> {
-        let ring_bytes = PROVIDED_BUFFERS as usize * std::mem::size_of::<types::BufRingEntry>();
-        // SAFETY: an anonymous private mapping; the result is checked.
-        let base = unsafe {
-            libc::mmap(
-                std::ptr::null_mut(),
-                ring_bytes,
-                libc::PROT_READ | libc::PROT_WRITE,
-                libc::MAP_PRIVATE | libc::MAP_ANONYMOUS,
-                -1,
-                0,
-            )
-        };
-        if base == libc::MAP_FAILED {
-            return Err(io::Error::last_os_error());
-        }
-        let mut provided = ProvidedBuffers {
-            entries: base.cast(),
-            tail: 0,
-            memory: vec![0; PROVIDED_BUFFERS as usize * PROVIDED_BUFFER_BYTES],
-        };
-        // SAFETY: the mapping is page-aligned, zeroed, `PROVIDED_BUFFERS` entries long, and
-        // lives as long as the thread (it is never unmapped: the ring dies with the thread).
-        unsafe {
-            ring.submitter().register_buf_ring_with_flags(
-                base as u64,
-                PROVIDED_BUFFERS,
-                BUFFER_GROUP,
-                0,
-            )?;
-        }
-        for id in 0..PROVIDED_BUFFERS {
-            provided.give_back(id);
-        }
-        Ok(provided)
-    }
-
-    /// The bytes a completion put in buffer `id`.
-    fn bytes(&self, id: u16, len: usize) -> &[u8] {
-        let at = id as usize * PROVIDED_BUFFER_BYTES;
-        &self.memory[at..at + len]
-    }
-
-    /// Hands buffer `id` back to the kernel.
-    fn give_back(&mut self, id: u16) {
-        let mask = PROVIDED_BUFFERS - 1;
-        let at = id as usize * PROVIDED_BUFFER_BYTES;
-        // SAFETY: the entry indexed by the masked tail lies inside the mapping; the kernel reads
-        // an entry only once the tail published below covers it.
-        unsafe {
-            let entry = &mut *self.entries.add((self.tail & mask) as usize);
-            entry.set_addr(self.memory.as_mut_ptr().add(at) as u64);
-            entry.set_len(PROVIDED_BUFFER_BYTES as u32);
-            entry.set_bid(id);
-        }
-        self.tail = self.tail.wrapping_add(1);
-        // SAFETY: the tail field sits in the first entry of the live mapping; the kernel reads
-        // it concurrently, so it is published with a release store.
-        unsafe {
-            let tail =
-                types::BufRingEntry::tail(self.entries) as *const std::sync::atomic::AtomicU16;
-            (*tail).store(self.tail, std::sync::atomic::Ordering::Release);
-        }
-    }
 }
 
 /// The second ring a thread sleeps in under `--eventfd-hop`, and the eventfd it reads there.
@@ -544,7 +465,9 @@ fn main() {
                     eprintln!("uring_floor: eventfd hop: {err}");
                     std::process::exit(1);
                 });
-                let provided = multishot.then(|| ProvidedBuffers::new(&ring)).transpose();
+                let provided = multishot
+                    .then(|| ProvidedBuffers::register(&ring))
+                    .transpose();
                 let provided = provided.unwrap_or_else(|err| {
                     eprintln!("uring_floor: provided buffer ring: {err}");
                     std::process::exit(1);

@@ -62,6 +62,23 @@ fn write_slowly(mut peer: UnixStream, bytes: Vec<u8>, seed: u64) -> std::thread:
     })
 }
 
+/// Reads `fd`'s multishot receive through `buf` into `got` until the end of the stream.
+async fn read_to_end(
+    ring: &Rc<Ring>,
+    fd: std::os::fd::RawFd,
+    inbox: &Rc<Inbox>,
+    buf: &mut Vec<u8>,
+    got: &mut Vec<u8>,
+) {
+    loop {
+        let n = ring.recv_multishot(fd, inbox, buf, 0).await.unwrap();
+        if n == 0 {
+            return;
+        }
+        got.extend_from_slice(&buf[..n]);
+    }
+}
+
 /// Readers that read in seeded sizes at seeded offsets, stall, and now and then pause the
 /// receive to read the socket themselves, see exactly what their peers wrote, then the end.
 #[test]
@@ -190,13 +207,7 @@ fn a_reader_that_stops_reading_pauses_its_receive() {
                     .contains(&spilled),
                 "{spilled} bytes spilled"
             );
-            loop {
-                let n = ring.recv_multishot(fd, &inbox, &mut buf, 0).await.unwrap();
-                if n == 0 {
-                    break;
-                }
-                got.extend_from_slice(&buf[..n]);
-            }
+            read_to_end(&ring, fd, &inbox, &mut buf, &mut got).await;
             writer.join().unwrap();
             assert!(
                 got == expected,
@@ -240,16 +251,7 @@ fn receives_that_run_out_of_buffers_are_armed_again() {
                     let inbox = Rc::new(Inbox::new(c % 2 == 1));
                     let mut got = Vec::new();
                     let mut buf = vec![0; 1000];
-                    loop {
-                        let n = ring
-                            .recv_multishot(mine.as_raw_fd(), &inbox, &mut buf, 0)
-                            .await
-                            .unwrap();
-                        if n == 0 {
-                            break;
-                        }
-                        got.extend_from_slice(&buf[..n]);
-                    }
+                    read_to_end(&ring, mine.as_raw_fd(), &inbox, &mut buf, &mut got).await;
                     assert!(got == expected, "connection {c}");
                     *done.borrow_mut() += 1;
                 }));
