@@ -98,16 +98,12 @@ fn the_head_arrives_before_the_tail_is_read() {
 fn a_one_and_a_half_gib_value_round_trips_byte_exact() {
     // Streamed both ways and checked by a running hash, never held whole by the test.
     const LEN: u64 = 3 << 29; // 1.5 GiB
+    let segment_dir = common::fresh_temp_path("big");
     let server = Server::start(&[
         "--threads",
         "2",
         "--segment",
-        &format!(
-            "file:{}/big,size=2G",
-            std::env::temp_dir()
-                .join(format!("headroom-big-{}", std::process::id()))
-                .display()
-        ),
+        &format!("file:{}/big,size=2G", segment_dir.display()),
     ]);
     let mut c = server.client();
     let key = b"one-and-a-half";
@@ -142,7 +138,5 @@ fn a_one_and_a_half_gib_value_round_trips_byte_exact() {
         });
     }
     assert_eq!(got_hash, sent_hash, "1.5 GiB came back different");
-    let _ = std::fs::remove_dir_all(
-        std::env::temp_dir().join(format!("headroom-big-{}", std::process::id())),
-    );
+    let _ = std::fs::remove_dir_all(segment_dir);
 }

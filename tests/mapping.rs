@@ -174,6 +174,7 @@ fn memlock_limit_is_checked_before_mapping() {
         println!("skipped: switching to an unprivileged user needs root");
         return;
     }
+    let data_dir = common::fresh_temp_path("memlock");
     let out = std::process::Command::new("setpriv")
         .args([
             "--reuid=65534",
@@ -187,9 +188,10 @@ fn memlock_limit_is_checked_before_mapping() {
         .args(["--log-level", "warn", "--listen", "127.0.0.1:0"])
         // A data directory the unprivileged user may create (the lock is taken before mapping).
         .arg("--data-dir")
-        .arg(std::env::temp_dir().join(format!("headroom-memlock-{}", std::process::id())))
+        .arg(&data_dir)
         .output()
         .expect("setpriv and prlimit (util-linux) run");
+    let _ = std::fs::remove_dir_all(&data_dir);
     let stderr = String::from_utf8_lossy(&out.stderr);
     assert_eq!(out.status.code(), Some(1), "{stderr}");
     assert!(

@@ -43,7 +43,7 @@ fn used(c: &mut Client, target: u32) -> u64 {
 
 #[test]
 fn setx_places_as_asked() {
-    let dir = std::env::temp_dir().join(format!("headroom-setx-{}", std::process::id()));
+    let dir = common::fresh_temp_path("setx");
     let file = format!("file:{}/seg,size=256M", dir.display());
     // Target 0: memory on node 0; target 1: a file of unknown locality.
     let server = Server::start(&[
@@ -123,7 +123,7 @@ fn ms(stream: &mut std::net::TcpStream, line: &str, len: usize) -> String {
 
 #[test]
 fn ms_placement_flags_place_as_setx_does() {
-    let dir = std::env::temp_dir().join(format!("headroom-ms-hints-{}", std::process::id()));
+    let dir = common::fresh_temp_path("ms-hints");
     let file = format!("file:{}/seg,size=256M", dir.display());
     let server = Server::start(&[
         "--threads",

@@ -11,6 +11,32 @@ use std::time::{SystemTime, UNIX_EPOCH};
 #[allow(unused_imports)] // not every test binary draws numbers
 pub use headroom::bench::rng::Rng;
 
+/// A path under the system temp directory, `headroom-WHAT-PID-START-N`, that does not exist yet.
+/// The name carries the process's start time beside its id, so a directory left behind by an
+/// earlier process that had the same id (an earlier run on this machine, another PID namespace
+/// sharing `/tmp`, perhaps as another user) is never handed out again; one that exists anyway is
+/// skipped.
+pub fn fresh_temp_path(what: &str) -> std::path::PathBuf {
+    static NEXT: std::sync::atomic::AtomicUsize = std::sync::atomic::AtomicUsize::new(0);
+    static STARTED_NANOS: std::sync::OnceLock<u128> = std::sync::OnceLock::new();
+    let started = STARTED_NANOS.get_or_init(|| {
+        SystemTime::now()
+            .duration_since(UNIX_EPOCH)
+            .unwrap()
+            .as_nanos()
+    });
+    loop {
+        let n = NEXT.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+        let path = std::env::temp_dir().join(format!(
+            "headroom-{what}-{}-{started:x}-{n}",
+            std::process::id()
+        ));
+        if !path.exists() {
+            return path;
+        }
+    }
+}
+
 /// `len` bytes of a seeded xorshift stream: large values whose every byte is checkable.
 pub fn pattern(seed: u64, len: usize) -> Vec<u8> {
     let mut x = seed.wrapping_mul(0x9E37_79B9_7F4A_7C15) | 1;

@@ -14,13 +14,19 @@ pub struct Server {
     pub admin_socket: std::path::PathBuf,
     child: Option<Child>,
     pub log: std::sync::Arc<std::sync::Mutex<Vec<String>>>,
+    /// Whether the data directory was made for this server alone ([`Server::start`]), and so is
+    /// removed when it stops.
+    owns_data_dir: bool,
 }
 
 impl Server {
     /// Starts `headroom --listen 127.0.0.1:0 ARGS...` (with its data directory under the
     /// system temp directory) and waits until it listens.
+    /// The directory is removed when the server is dropped, unless the test is failing.
     pub fn start(args: &[&str]) -> Server {
-        Server::start_in(&fresh_data_dir(), args)
+        let mut server = Server::start_in(&fresh_data_dir(), args);
+        server.owns_data_dir = true;
+        server
     }
 
     /// Starts a server on an existing data directory (a warm restart reuses one).
@@ -105,6 +111,7 @@ impl Server {
             admin_socket,
             child: Some(child),
             log,
+            owns_data_dir: false,
         }
     }
 
@@ -241,11 +248,9 @@ pub fn admin_command(socket: &std::path::Path, command: &str) -> Result<String, 
     }
 }
 
-/// A data directory no other test uses.
+/// A data directory no other test, and no earlier run, used.
 pub fn fresh_data_dir() -> std::path::PathBuf {
-    static NEXT: std::sync::atomic::AtomicUsize = std::sync::atomic::AtomicUsize::new(0);
-    let n = NEXT.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
-    std::env::temp_dir().join(format!("headroom-test-{}-{n}", std::process::id()))
+    super::fresh_temp_path("test")
 }
 
 impl Drop for Server {
@@ -256,6 +261,9 @@ impl Drop for Server {
                 nix::sys::signal::SIGTERM,
             );
             let _ = child.wait();
+        }
+        if self.owns_data_dir && !std::thread::panicking() {
+            let _ = std::fs::remove_dir_all(&self.data_dir);
         }
     }
 }
