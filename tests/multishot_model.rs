@@ -269,3 +269,77 @@ fn receives_that_run_out_of_buffers_are_armed_again() {
         })
     });
 }
+
+/// A send joined with a read of the same connection (`Ring::send_all_beside`, what a
+/// connection does with its replies and its next read): one that goes out whole while the read
+/// waits wakes nobody, and the join ends when the read's bytes come. One too big for the
+/// socket goes out short: that wakes the task, which sends the rest, so a peer that answers
+/// only after its whole reply is never left waiting. Replies in pieces of seeded sizes.
+#[test]
+fn a_send_beside_a_waiting_read_wakes_only_when_it_must() {
+    for_each_seed("send_beside", 2, |seed| {
+        on_executor(move || {
+            Box::pin(async move {
+                let Some(ring) = multishot_ring(8) else {
+                    return;
+                };
+                let mut rng = Rng::new(seed);
+                let (mine, mut peer) = UnixStream::pair().unwrap();
+                let fd = mine.as_raw_fd();
+                let inbox = Rc::new(Inbox::new(false));
+                let mut buf = vec![0u8; 4096];
+                // Small replies fit the socket; the last ones are larger than it takes.
+                let lens: Vec<usize> = (0..40)
+                    .map(|i| match i {
+                        0..=29 => rng.between(1, 2_000) as usize,
+                        _ => rng.between(600_000, 3_000_000) as usize,
+                    })
+                    .collect();
+                let peer_lens = lens.clone();
+                // The peer reads each whole reply, checks it, and only then answers.
+                let peer_thread = std::thread::spawn(move || {
+                    for (i, len) in peer_lens.into_iter().enumerate() {
+                        let mut got = vec![0u8; len];
+                        peer.read_exact(&mut got).unwrap();
+                        assert!(got == pattern(i as u64, len), "reply {i}");
+                        peer.write_all(&(i as u32).to_le_bytes()).unwrap();
+                    }
+                });
+                for (i, &len) in lens.iter().enumerate() {
+                    let before = ring.stats();
+                    let joined = futures_lite::future::zip(
+                        ring.send_all_beside(fd, pattern(i as u64, len), &inbox),
+                        ring.recv_multishot(fd, &inbox, &mut buf, 0),
+                    );
+                    let (sent, read) = glommio::timer::timeout(Duration::from_secs(20), async {
+                        Ok(joined.await)
+                    })
+                    .await
+                    .unwrap_or_else(|_| panic!("reply {i} ({len} bytes) never finished"));
+                    assert_eq!(sent.unwrap().len(), len);
+                    assert_eq!(read.unwrap(), 4, "reply {i}");
+                    assert_eq!(buf[..4], (i as u32).to_le_bytes());
+                    let stats = ring.stats();
+                    let sends = stats.ops[0] - before.ops[0];
+                    let woke_nobody = stats.sends_woke_nobody - before.sends_woke_nobody;
+                    // Only a send that went out whole (the last piece of a short one) wakes
+                    // nobody; a short one wakes its task.
+                    assert!(woke_nobody <= 1, "reply {i}: {stats:?}");
+                    if sends == 1 {
+                        assert_eq!(woke_nobody, 1, "reply {i} went out whole: {stats:?}");
+                    }
+                }
+                peer_thread.join().unwrap();
+                let stats = ring.stats();
+                assert!(
+                    stats.ops[0] > lens.len() as u64,
+                    "some replies went out short"
+                );
+                assert_eq!(stats.errors, 0, "{stats:?}");
+                ring.cancel_receive(&inbox);
+                ring.stop();
+                ring.drain().await;
+            })
+        });
+    });
+}
