@@ -144,9 +144,6 @@ pub struct RingStats {
     pub receives_out_of_buffers: u64,
     /// Multishot receives cancelled because their connection held too much unread.
     pub receives_paused: u64,
-    /// Sends that completed whole while their connection waited for its next bytes, and so
-    /// woke nobody (see [`Ring::send_all_beside`]).
-    pub sends_woke_nobody: u64,
 }
 
 /// Zero-copy sends a connection probes before it trusts what their notifications say.
@@ -414,9 +411,6 @@ struct Slot {
     report: Option<Rc<ZcReport>>,
     /// A multishot receive's connection: each completion's bytes go there.
     inbox: Option<Rc<Inbox>>,
-    /// A send joined with a read of this inbox, and its length: a completion that sent it
-    /// whole while the reader waits wakes nobody (see [`Ring::send_all_beside`]).
-    beside: Option<(Rc<Inbox>, u32)>,
 }
 
 impl Slot {
@@ -434,7 +428,6 @@ impl Slot {
             buf: None,
             report: None,
             inbox: None,
-            beside: None,
         }
     }
 
@@ -854,41 +847,15 @@ impl Ring {
     /// Sends all of `bytes` (plain `SEND`), in as many operations as the socket needs.
     /// Returns the buffer for reuse (it is lost if the send failed midway).
     pub async fn send_all(self: &Rc<Self>, fd: RawFd, bytes: Vec<u8>) -> io::Result<Vec<u8>> {
-        self.send_all_inner(fd, bytes, None).await
-    }
-
-    /// As [`Ring::send_all`], for a caller that awaits this send joined with a read of
-    /// `inbox` (in one task, polled together). A send that goes out whole while that read
-    /// waits for bytes wakes nobody: the reader's wake (its bytes, its end, its receive's
-    /// pause) polls this future too, and it is done by then. A short send, an error, or a
-    /// read no longer waiting wakes as [`Ring::send_all`] does. Awaited alone, a whole send
-    /// would wait for the next arrival: only the join is correct.
-    pub async fn send_all_beside(
-        self: &Rc<Self>,
-        fd: RawFd,
-        bytes: Vec<u8>,
-        inbox: &Rc<Inbox>,
-    ) -> io::Result<Vec<u8>> {
-        self.send_all_inner(fd, bytes, Some(inbox)).await
-    }
-
-    async fn send_all_inner(
-        self: &Rc<Self>,
-        fd: RawFd,
-        bytes: Vec<u8>,
-        beside: Option<&Rc<Inbox>>,
-    ) -> io::Result<Vec<u8>> {
         let total = bytes.len();
         let mut buf = Buf::Owned(bytes);
         let mut sent = 0;
         while sent < total {
             let at = sent;
-            let len = (total - at) as u32;
-            let beside = beside.map(|inbox| (Rc::clone(inbox), len));
             let (result, back) = self
-                .submit_beside(OpKind::Send, fd, buf, None, beside, |b, target| {
+                .submit(OpKind::Send, fd, buf, None, |b, target| {
                     // SAFETY (of the pointer arithmetic): `at < len` of the owned buffer.
-                    opcode::Send::new(target, b.ptr().wrapping_add(at), len)
+                    opcode::Send::new(target, b.ptr().wrapping_add(at), (total - at) as u32)
                         .flags(libc::MSG_NOSIGNAL)
                         .build()
                 })
@@ -1257,27 +1224,12 @@ impl Ring {
         report: Option<Rc<ZcReport>>,
         entry: impl FnOnce(&Buf, types::Fd) -> squeue::Entry,
     ) -> (io::Result<usize>, Option<Buf>) {
-        self.submit_beside(kind, fd, buf, report, None, entry).await
-    }
-
-    /// As [`Ring::submit`], for a send joined with a read of an inbox (see
-    /// [`Ring::send_all_beside`]).
-    async fn submit_beside(
-        self: &Rc<Self>,
-        kind: OpKind,
-        fd: RawFd,
-        buf: Buf,
-        report: Option<Rc<ZcReport>>,
-        beside: Option<(Rc<Inbox>, u32)>,
-        entry: impl FnOnce(&Buf, types::Fd) -> squeue::Entry,
-    ) -> (io::Result<usize>, Option<Buf>) {
         let entry = |b: Option<&Buf>, target| entry(b.expect("an operation's buffer"), target);
         if kind != OpKind::Recv {
             self.room().await;
             self.bounded_in_flight.set(self.bounded_in_flight.get() + 1);
         }
         let (index, generation) = self.start(kind, fd, Some(buf), report, None, entry);
-        self.slots.borrow_mut()[index].beside = beside;
         Op {
             ring: Rc::clone(self),
             index,
@@ -1318,7 +1270,6 @@ impl Ring {
             slot.buf = buf;
             slot.report = report;
             slot.inbox = inbox;
-            slot.beside = None;
             (index, slot.generation)
         };
         // A registered socket is named by its slot (what `types::Fixed` builds: the slot in
@@ -1575,15 +1526,7 @@ impl Ring {
                             received = true;
                         }
                     }
-                    // A whole send beside a waiting read: whatever wakes the reader (its
-                    // bytes, its end) polls this send's future too, and finds it done. One
-                    // task wake per request instead of two.
-                    let woke_nobody = slot.beside.as_ref().is_some_and(|(inbox, len)| {
-                        result >= 0 && result as u32 == *len && inbox.reader_waits()
-                    });
-                    if woke_nobody {
-                        stats.sends_woke_nobody += 1;
-                    } else if let Some(w) = slot.waker.take() {
+                    if let Some(w) = slot.waker.take() {
                         wake.push(w);
                     }
                 }
@@ -1617,7 +1560,6 @@ impl Ring {
         let buf = slot.buf.take();
         slot.report = None;
         slot.inbox = None;
-        slot.beside = None;
         stats.in_flight -= 1;
         if slot.kind != OpKind::Recv {
             self.bounded_in_flight.set(self.bounded_in_flight.get() - 1);

@@ -396,15 +396,6 @@ impl Inbox {
         s.target.take().map(|(buf, _, got)| (buf, got))
     }
 
-    /// Whether the reader waits for bytes: its buffer lent and empty, its waker kept. Then
-    /// the next arrival, the receive's end or its pause wakes it.
-    pub(super) fn reader_waits(&self) -> bool {
-        let s = self.state.borrow();
-        s.waker.is_some()
-            && s.ended.is_none()
-            && s.target.as_ref().is_some_and(|&(_, _, got)| got == 0)
-    }
-
     /// Who to wake at the next arrival or end.
     pub fn wait(&self, waker: &Waker) {
         let mut s = self.state.borrow_mut();

@@ -900,14 +900,6 @@ pub const IO: &[(&str, Export)] = &[
             "Multishot receives cancelled because their connection held too much unread.",
         )),
     ),
-    (
-        "sends_woke_nobody",
-        sample(counter(
-            "ring_sends_woke_nobody",
-            N,
-            "Sends that completed whole while their connection waited for its next bytes, waking no task.",
-        )),
-    ),
 ];
 
 const TARGET_INFO: Metric = info(

@@ -96,7 +96,6 @@ impl IoSnapshot {
             ring.receives_out_of_buffers.to_string(),
         );
         put("receives_paused", ring.receives_paused.to_string());
-        put("sends_woke_nobody", ring.sends_woke_nobody.to_string());
         out
     }
 }
@@ -375,19 +374,13 @@ impl Wire {
     }
 
     /// Ring path: queues a send of all of `bytes` (with the pass's other entries) and hands
-    /// the buffer back when it is done. Await it joined with this connection's next
-    /// [`Wire::read`]: with a multishot receive, a send that goes out whole while that read
-    /// waits wakes nobody, and completes when the read's wake polls it.
+    /// the buffer back when it is done.
     pub async fn write_queued(&self, bytes: Vec<u8>) -> io::Result<Vec<u8>> {
         let ring = self
             .ring
             .as_ref()
             .expect("queued writes are the ring path's");
-        match &self.inbox {
-            // Joined with the next read (`conn::serve_frames`): a whole send wakes nobody.
-            Some(inbox) => ring.send_all_beside(self.fd, bytes, inbox).await,
-            None => ring.send_all(self.fd, bytes).await,
-        }
+        ring.send_all(self.fd, bytes).await
     }
 
     /// Writes all of `bytes` and hands the buffer back for reuse.
