@@ -393,7 +393,7 @@ fn a_stop_signal_during_start_up_is_honoured() {
     for delay_ms in [0u64, 30, 120] {
         let dir = fresh_data_dir();
         std::fs::create_dir_all(&dir).unwrap();
-        let log = dir.with_extension("log");
+        let log = dir.join("headroom.log");
         let mut child = std::process::Command::new(env!("CARGO_BIN_EXE_headroom"))
             .args([
                 "--listen",
@@ -443,7 +443,7 @@ fn a_stalled_start_up_names_the_shards_it_waits_for() {
     // than start-up waits for its shards before it says which are not ready (10 s).
     let dir = fresh_data_dir();
     std::fs::create_dir_all(&dir).unwrap();
-    let log = dir.with_extension("log");
+    let log = dir.join("headroom.log");
     let mut strace = std::process::Command::new("strace")
         .args([
             "-f",
