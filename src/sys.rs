@@ -458,3 +458,30 @@ impl Drop for AlignedBuf {
         unsafe { std::alloc::dealloc(self.ptr.as_ptr(), self.layout) };
     }
 }
+
+/// The running kernel's release (`uname -r`), `None` if `uname` fails.
+pub fn kernel_release() -> Option<String> {
+    let uts = nix::sys::utsname::uname().ok()?;
+    Some(uts.release().to_string_lossy().into_owned())
+}
+
+/// The major and minor version a kernel release starts with (`6.18.44-foo`: (6, 18)); 0 for a
+/// part that is not a number.
+pub fn kernel_version(release: &str) -> (u32, u32) {
+    let mut parts = release
+        .split(|c: char| !c.is_ascii_digit())
+        .map(|p| p.parse::<u32>().unwrap_or(0));
+    (parts.next().unwrap_or(0), parts.next().unwrap_or(0))
+}
+
+#[cfg(test)]
+mod tests {
+    #[test]
+    fn a_kernel_release_reads_as_its_major_and_minor() {
+        assert_eq!(super::kernel_version("6.18.44-cloud-amd64"), (6, 18));
+        assert_eq!(super::kernel_version("5.19.0"), (5, 19));
+        assert_eq!(super::kernel_version("6.0"), (6, 0));
+        assert_eq!(super::kernel_version("weird"), (0, 0));
+        assert!(super::kernel_release().is_some_and(|r| super::kernel_version(&r) >= (5, 0)));
+    }
+}

@@ -175,18 +175,7 @@ pub fn hostname() -> String {
 
 /// The running kernel's release (`uname -r`).
 pub fn kernel_release() -> String {
-    first_line("/proc/sys/kernel/osrelease").unwrap_or_else(|| {
-        // SAFETY: a zeroed utsname is a valid out-parameter for uname.
-        let mut uts: libc::utsname = unsafe { std::mem::zeroed() };
-        // SAFETY: uname fills the struct it is given.
-        if unsafe { libc::uname(&mut uts) } != 0 {
-            return "unknown".into();
-        }
-        // SAFETY: uname NUL-terminates release.
-        unsafe { std::ffi::CStr::from_ptr(uts.release.as_ptr()) }
-            .to_string_lossy()
-            .into_owned()
-    })
+    crate::sys::kernel_release().unwrap_or_else(|| "unknown".into())
 }
 
 fn cpu_model() -> Option<String> {

@@ -90,13 +90,8 @@ fn map_anonymous(bytes: usize) -> io::Result<*mut u8> {
 /// Buffer rings came a release earlier, so registering one proves nothing: on 5.19 every
 /// multishot receive would fail with `EINVAL`.
 fn kernel_has_multishot_receives() -> Result<(), String> {
-    let uts = nix::sys::utsname::uname().map_err(|err| format!("uname: {err}"))?;
-    let release = uts.release().to_string_lossy().into_owned();
-    let mut parts = release
-        .split(|c: char| !c.is_ascii_digit())
-        .map(|p| p.parse::<u32>().unwrap_or(0));
-    let (major, minor) = (parts.next().unwrap_or(0), parts.next().unwrap_or(0));
-    if (major, minor) >= (6, 0) {
+    let release = crate::sys::kernel_release().ok_or("uname failed")?;
+    if crate::sys::kernel_version(&release) >= (6, 0) {
         Ok(())
     } else {
         Err(format!(

@@ -14,19 +14,14 @@ pub struct Server {
     pub admin_socket: std::path::PathBuf,
     child: Option<Child>,
     pub log: std::sync::Arc<std::sync::Mutex<Vec<String>>>,
-    /// Whether the data directory was made for this server alone ([`Server::start`]), and so is
-    /// removed when it stops.
-    owns_data_dir: bool,
 }
 
 impl Server {
     /// Starts `headroom --listen 127.0.0.1:0 ARGS...` (with its data directory under the
     /// system temp directory) and waits until it listens.
-    /// The directory is removed when the server is dropped, unless the test is failing.
+    /// The directory goes when the test binary exits (`fresh_temp_path`).
     pub fn start(args: &[&str]) -> Server {
-        let mut server = Server::start_in(&fresh_data_dir(), args);
-        server.owns_data_dir = true;
-        server
+        Server::start_in(&fresh_data_dir(), args)
     }
 
     /// Starts a server on an existing data directory (a warm restart reuses one).
@@ -111,7 +106,6 @@ impl Server {
             admin_socket,
             child: Some(child),
             log,
-            owns_data_dir: false,
         }
     }
 
@@ -261,9 +255,6 @@ impl Drop for Server {
                 nix::sys::signal::SIGTERM,
             );
             let _ = child.wait();
-        }
-        if self.owns_data_dir && !std::thread::panicking() {
-            let _ = std::fs::remove_dir_all(&self.data_dir);
         }
     }
 }
