@@ -77,7 +77,7 @@ fn run_batch(
         };
         let (_, mut store) = partitions.lock_key(key);
         if let Lookup::Small(hit) = store.lookup(key, None, 1, true) {
-            out.extend_from_slice(hit.value);
+            out.extend_from_slice(&hit.value.contiguous());
         }
         at += consumed;
     }

@@ -388,3 +388,95 @@ fn a_connections_receive_is_armed_once_unless_multishot_is_off() {
         assert_eq!(io_sum(&mut c, "op_errors"), 0);
     }
 }
+
+/// Reads a text-protocol reply up to and including `END\r\n`.
+fn text_reply(stream: &mut std::net::TcpStream) -> Vec<u8> {
+    use std::io::Read;
+    let mut reply = Vec::new();
+    let mut buf = vec![0u8; 64 << 10];
+    while !reply.ends_with(b"END\r\n") {
+        let n = stream.read(&mut buf).expect("a text reply");
+        assert!(n > 0, "closed mid-reply after {} bytes", reply.len());
+        reply.extend_from_slice(&buf[..n]);
+    }
+    reply
+}
+
+/// A fixed slot holds its value rotated, wrapping around the slot's end (`arena::slot_layout`):
+/// values that fill their slot, a large value's head copy, and an APPEND that rewrites a fixed
+/// value read back byte-exact through the binary, text and meta GETs, lent from the arena
+/// (zero-copy or plain sends of two runs) and copied, on the ring and on the plain path.
+#[test]
+fn values_that_wrap_around_their_fixed_slot_read_back_exact_on_every_path() {
+    let ram_head = 16usize << 10;
+    let setups: &[&[&str]] = &[
+        &["--io-ring", "on", "--zero-copy-min", "4K"],
+        &["--io-ring", "on", "--zero-copy-min", "1M"],
+        &["--io-ring", "off"],
+    ];
+    for &setup in setups {
+        if setup[1] == "on" && !ring_allowed() {
+            continue;
+        }
+        let mut args = vec!["--threads", "1", "--memory", "64M", "--ram-head", "16K"];
+        args.extend_from_slice(setup);
+        let server = Server::start(&args);
+        let mut c = server.client();
+        // A value fills a fixed slot when its record would not fit one: every such value
+        // reaches the slot's end and wraps.
+        let mut values: Vec<(String, Vec<u8>)> = [ram_head - 20, ram_head - 7, ram_head]
+            .iter()
+            .enumerate()
+            .map(|(i, &len)| (format!("fixed{i}"), pattern(i as u64, len)))
+            .collect();
+        for (key, value) in &values {
+            assert_eq!(c.set(key.as_bytes(), value, 5, 0).status, 0, "{setup:?}");
+        }
+        // APPEND rewrites a fixed value into a new slot, across the wrap.
+        let tail = pattern(40, 11);
+        let append = common::server::frame(0x0e, &[], b"fixed0", &tail, 0, 0);
+        assert_eq!(c.call(&append).status, 0, "{setup:?}");
+        values[0].1.extend_from_slice(&tail);
+        // A large value's head copy (its first `ram_head` bytes) sits in a fixed slot too.
+        let big = pattern(41, 3 * ram_head + 5);
+        assert_eq!(c.set_streamed(0x01, b"big", &big, 0).status, 0);
+        values.push(("big".to_string(), big));
+        assert_eq!(
+            c.stat("items", "items:2:number"),
+            3,
+            "{setup:?}: not in fixed slots"
+        );
+
+        let mut text = std::net::TcpStream::connect(server.addr).unwrap();
+        for (key, value) in &values {
+            let got = c.get(key.as_bytes());
+            assert!(got.value == *value, "{setup:?}: binary GET {key} differs");
+            std::io::Write::write_all(&mut text, format!("get {key}\r\n").as_bytes()).unwrap();
+            let mut want = format!("VALUE {key} {} {}\r\n", got.flags(), value.len()).into_bytes();
+            want.extend_from_slice(value);
+            want.extend_from_slice(b"\r\nEND\r\n");
+            assert!(
+                text_reply(&mut text) == want,
+                "{setup:?}: text get {key} differs"
+            );
+            std::io::Write::write_all(&mut text, format!("mg {key} v\r\nmn\r\n").as_bytes())
+                .unwrap();
+            let mut want = format!("VA {}\r\n", value.len()).into_bytes();
+            want.extend_from_slice(value);
+            want.extend_from_slice(b"\r\nMN\r\n");
+            let mut reply = Vec::new();
+            let mut buf = vec![0u8; 64 << 10];
+            while !reply.ends_with(b"MN\r\n") || reply.len() < want.len() {
+                let n = std::io::Read::read(&mut text, &mut buf).unwrap();
+                assert!(n > 0);
+                reply.extend_from_slice(&buf[..n]);
+            }
+            assert!(reply == want, "{setup:?}: meta get {key} differs");
+        }
+        if setup == ["--io-ring", "on", "--zero-copy-min", "4K"] {
+            // 4 values of 3 protocols, each lent from its slot.
+            assert!(io_sum(&mut c, "heads_lent") >= 12, "{setup:?}: not lent");
+        }
+        assert_eq!(server.stop().code(), Some(0));
+    }
+}

@@ -254,7 +254,7 @@ fn core(
                     let back = std::rc::Rc::new(std::cell::RefCell::new(None));
                     let slot = std::rc::Rc::clone(&back);
                     let lent = pin.lend(Box::new(move |pin| *slot.borrow_mut() = Some(pin)));
-                    let now = lent.as_slice().to_vec();
+                    let now = lent.slices().concat();
                     drop(lent);
                     let pin = back.borrow_mut().take().expect("the pin comes back");
                     seen.push((bytes, now));
@@ -662,7 +662,7 @@ fn one_small_block_means_one_partition() {
         let key = format!("head{i:02}").into_bytes();
         let (_, mut store) = partitions.lock_key(&key);
         match store.lookup(&key, None, NOW, false) {
-            Lookup::Small(hit) => assert!(hit.value == value(i), "head{i:02} changed"),
+            Lookup::Small(hit) => assert!(hit.value == value(i)[..], "head{i:02} changed"),
             _ => panic!("head{i:02} is missing"),
         }
     }

@@ -4,7 +4,8 @@
 //! Layers, bottom up: [`plan`] (what to map, pure), [`region`] and `sys` (mapping it),
 //! [`block`] (ids, locators, the table), [`pool`] (global free lists, local-first),
 //! [`batch`] (per-core bulk exchange), [`buddy`] and [`bump`] (the two allocators inside
-//! blocks), [`shard`] (one core's allocator and admission). `docs/arena.md` tells the story.
+//! blocks), [`slot_layout`] (how bytes lie in a fixed slot), [`shard`] (one core's allocator
+//! and admission). `docs/arena.md` tells the story.
 
 pub mod batch;
 pub mod block;
@@ -15,6 +16,7 @@ pub mod pool;
 pub mod promote;
 pub mod region;
 pub mod shard;
+pub mod slot_layout;
 pub mod stats;
 
 use std::sync::Arc;
@@ -27,6 +29,7 @@ pub use region::{
     check_memlock, Backing, MapError, NumaMapper, Region, RegionMapper, UnlockedMapper,
 };
 pub use shard::{AdmissionHost, AllocError, HeadClass, Reserved, SendPin, ShardArena};
+pub use slot_layout::{SlotBytes, SlotWriter};
 pub use stats::{ArenaStats, RegionStats, ReservationStats, ShardArenaStats, ShardRegionStats};
 
 use batch::SharedPool;

@@ -13,6 +13,7 @@ use super::buddy::Buddy;
 use super::bump::{BlockMemory, Bump, CompactionReport, Relocation};
 use super::plan::ReservationKind;
 use super::promote::{pair_blocks, FixedMove, Heat, PromotionReport};
+use super::slot_layout::{self, SlotBytes, SlotWriter};
 use super::stats::{ShardArenaStats, ShardRegionStats};
 use super::Arena;
 
@@ -410,11 +411,33 @@ impl ShardArena {
         );
     }
 
-    /// The bytes of a reservation, to fill before publishing.
+    /// The bytes of a reservation, to fill before publishing. A fixed slot's are raw: fill its
+    /// logical bytes through [`ShardArena::reserved_slot_writer`].
     pub fn reserved_mut(&mut self, reserved: &Reserved) -> &mut [u8] {
         self.check_owner(reserved);
         let range = self.range(reserved.loc, reserved.class);
         &mut self.mem.bytes_mut(reserved.loc.block)[range]
+    }
+
+    /// A writer of a reserved fixed slot's logical bytes `0..len` (`slot_layout`).
+    pub fn reserved_slot_writer(&mut self, reserved: &Reserved, len: usize) -> SlotWriter<'_> {
+        assert_eq!(
+            reserved.class,
+            HeadClass::Fixed,
+            "{} is not a fixed slot",
+            reserved.loc
+        );
+        SlotWriter::of_slot(self.reserved_mut(reserved), len)
+    }
+
+    /// A live fixed slot's logical bytes `0..len` (`slot_layout`).
+    pub fn slot_bytes(&self, slot: HeadLoc, len: usize) -> SlotBytes<'_> {
+        assert_eq!(
+            self.class_of(slot),
+            HeadClass::Fixed,
+            "{slot} is not a fixed slot"
+        );
+        SlotBytes::of_slot(self.bytes(slot), len)
     }
 
     /// Makes a reservation a live head: from now on compaction may move it.
@@ -538,18 +561,23 @@ impl ShardArena {
         }
     }
 
-    /// Pins a head for a zero-copy send of `len` bytes from `offset` into it: the returned
-    /// token is the only way to end that pin ([`ShardArena::unpin_sent`]), after the kernel
-    /// is done with the bytes.
+    /// Pins a head for a zero-copy send of `len` bytes from `offset` into it (a fixed slot's
+    /// logical bytes, which may lie in two runs: `slot_layout`): the returned token is the
+    /// only way to end that pin ([`ShardArena::unpin_sent`]), after the kernel is done with
+    /// the bytes.
     pub fn pin_for_send(&mut self, loc: HeadLoc, offset: usize, len: usize) -> SendPin {
-        let range = self.range(loc, self.class_of(loc));
+        let class = self.class_of(loc);
+        let range = self.range(loc, class);
         assert!(offset + len <= range.len(), "a send inside the head");
+        let runs = match class {
+            HeadClass::Small => [offset..offset + len, 0..0],
+            HeadClass::Fixed => slot_layout::spans_of(range.len(), offset..offset + len),
+        };
         self.pin(loc);
-        let addr = self.mem.bytes(loc.block).as_ptr() as usize + range.start + offset;
+        let base = self.mem.bytes(loc.block).as_ptr() as usize + range.start;
         SendPin {
             loc,
-            addr,
-            len,
+            runs: runs.map(|run| (base + run.start, run.len())),
             arena: self as *const ShardArena as usize,
         }
     }
@@ -932,30 +960,31 @@ impl ShardArena {
 #[derive(Debug, PartialEq, Eq)]
 pub struct SendPin {
     loc: HeadLoc,
-    addr: usize,
-    len: usize,
+    /// (address, length) of the pinned bytes, in order: one run, or two where a fixed slot's
+    /// bytes wrap.
+    runs: [(usize, usize); 2],
     /// The arena that pinned it (checked at the unpin).
     arena: usize,
 }
 
 impl SendPin {
     pub fn len(&self) -> usize {
-        self.len
+        self.runs[0].1 + self.runs[1].1
     }
 
     pub fn is_empty(&self) -> bool {
-        self.len == 0
+        self.len() == 0
     }
 
     /// Lends the pinned bytes to a send; `unpin` gets the pin back when the kernel is done
     /// with them and must hand it to [`ShardArena::unpin_sent`] on the owning shard.
     pub fn lend(self, unpin: Box<dyn FnOnce(SendPin)>) -> crate::ring::Lent {
-        let (addr, len) = (self.addr, self.len);
+        let runs = self.runs.map(|(addr, len)| (addr as *const u8, len));
         // SAFETY: the head is pinned until `unpin` ends the pin, which it can only do with
         // this token, which the release hands over only after the last use of the bytes; a
         // pinned head is never moved, freed or rewritten (compaction skips its block,
         // eviction skips it, a free waits for the last unpin), and its block stays mapped.
-        unsafe { crate::ring::Lent::new(addr as *const u8, len, Box::new(move || unpin(self))) }
+        unsafe { crate::ring::Lent::from_runs(runs, Box::new(move || unpin(self))) }
     }
 }
 

@@ -173,10 +173,11 @@ impl ZcReport {
 }
 
 /// Memory lent to an operation by its owner: valid until it is dropped, when the owner's
-/// release runs (an arena head's unpin, say).
+/// release runs (an arena head's unpin, say). One run of bytes, or two sent one after the
+/// other (a fixed slot's value that wraps around the slot: `arena::slot_layout`).
 pub struct Lent {
-    ptr: *const u8,
-    len: usize,
+    /// (address, length) of each run, in order; the second is empty unless the bytes wrap.
+    runs: [(*const u8, usize); 2],
     release: Option<Box<dyn FnOnce()>>,
 }
 
@@ -187,15 +188,39 @@ impl Lent {
     /// has run (it runs when the last operation using these bytes is done).
     pub unsafe fn new(ptr: *const u8, len: usize, release: Box<dyn FnOnce()>) -> Lent {
         Lent {
-            ptr,
-            len,
+            runs: [(ptr, len), (ptr, 0)],
             release: Some(release),
         }
     }
 
-    pub fn as_slice(&self) -> &[u8] {
+    /// # Safety
+    ///
+    /// As [`Lent::new`], for each run.
+    pub unsafe fn from_runs(runs: [(*const u8, usize); 2], release: Box<dyn FnOnce()>) -> Lent {
+        Lent {
+            runs,
+            release: Some(release),
+        }
+    }
+
+    pub fn len(&self) -> usize {
+        self.runs[0].1 + self.runs[1].1
+    }
+
+    pub fn is_empty(&self) -> bool {
+        self.len() == 0
+    }
+
+    /// Where the bytes start.
+    pub fn first_addr(&self) -> *const u8 {
+        self.runs[0].0
+    }
+
+    /// The runs' bytes, in order.
+    pub fn slices(&self) -> [&[u8]; 2] {
         // SAFETY: `new`'s contract: the bytes stay valid and unchanged while this lives.
-        unsafe { std::slice::from_raw_parts(self.ptr, self.len) }
+        self.runs
+            .map(|(ptr, len)| unsafe { std::slice::from_raw_parts(ptr, len) })
     }
 }
 
@@ -299,34 +324,38 @@ fn timestamp_in(msg: &libc::msghdr) -> Option<u64> {
     None
 }
 
-/// A header and lent bytes behind one `SENDMSG`: the message header and its two iovecs live
-/// here, beside the memory they name, until the operation's last completion.
+/// A header and lent bytes behind one `SENDMSG`: the message header and its iovecs (the
+/// header, then the lent bytes' one or two runs) live here, beside the memory they name, until
+/// the operation's last completion.
 pub struct Pair {
     head: Vec<u8>,
     tail: Rc<Lent>,
-    iov: [libc::iovec; 2],
+    iov: [libc::iovec; 3],
     msg: libc::msghdr,
 }
 
 impl Pair {
     /// Points the message at what is left after the first `sent` bytes of head then tail.
     fn aim(&mut self, sent: usize) {
-        let head_left = self.head.len().saturating_sub(sent);
-        let tail_from = sent.saturating_sub(self.head.len());
-        // SAFETY (of the pointer arithmetic): both offsets are within their buffers.
-        self.iov[0] = libc::iovec {
-            iov_base: self.head.as_ptr().wrapping_add(self.head.len() - head_left) as *mut _,
-            iov_len: head_left,
-        };
-        self.iov[1] = libc::iovec {
-            iov_base: self.tail.ptr.wrapping_add(tail_from) as *mut _,
-            iov_len: self.tail.len - tail_from,
-        };
-        let first = usize::from(head_left == 0);
+        let [first, second] = self.tail.runs;
+        let mut skip = sent;
+        let mut count = 0;
+        for (ptr, len) in [(self.head.as_ptr(), self.head.len()), first, second] {
+            let skipped = skip.min(len);
+            skip -= skipped;
+            if len > skipped {
+                // SAFETY (of the pointer arithmetic): `skipped < len` of its run.
+                self.iov[count] = libc::iovec {
+                    iov_base: ptr.wrapping_add(skipped) as *mut _,
+                    iov_len: len - skipped,
+                };
+                count += 1;
+            }
+        }
         // SAFETY: a zeroed msghdr is a valid empty one.
         self.msg = unsafe { std::mem::zeroed() };
-        self.msg.msg_iov = self.iov[first..].as_mut_ptr();
-        self.msg.msg_iovlen = 2 - first;
+        self.msg.msg_iov = self.iov.as_mut_ptr();
+        self.msg.msg_iovlen = count;
     }
 }
 
@@ -334,22 +363,11 @@ impl Buf {
     fn ptr(&self) -> *const u8 {
         match self {
             Buf::Owned(v) => v.as_ptr(),
-            Buf::Lent(l) => l.ptr,
+            Buf::Lent(l) => l.first_addr(),
             Buf::Chunk(c) => c.as_ptr(),
             Buf::Pair(p) => p.head.as_ptr(),
             Buf::Stamped(r) => r.buf.as_ptr(),
             Buf::Received { buf, .. } => buf.as_ptr(),
-        }
-    }
-
-    fn len(&self) -> usize {
-        match self {
-            Buf::Owned(v) => v.len(),
-            Buf::Lent(l) => l.len,
-            Buf::Chunk(c) => c.len(),
-            Buf::Pair(p) => p.head.len() + p.tail.len,
-            Buf::Stamped(r) => r.buf.len(),
-            Buf::Received { buf, .. } => buf.len(),
         }
     }
 
@@ -880,42 +898,46 @@ impl Ring {
         buf: Buf,
         report: &Rc<ZcReport>,
     ) -> io::Result<()> {
-        let (ptr, total) = (buf.ptr(), buf.len());
-        let zero_copy = !self.lent_goes_plain(ptr, report);
-        let index = self.buffers.find(ptr as usize, total);
+        let zero_copy = !self.lent_goes_plain(buf.ptr(), report);
         // A send that goes out in parts needs the memory until the last part is done with it.
         let shared = buf.into_lent();
-        let mut sent = 0;
-        while sent < total {
-            let at = sent;
-            let part = Buf::Lent(Rc::clone(&shared));
-            let (result, _) = if zero_copy {
-                self.submit(
-                    OpKind::SendZc,
-                    fd,
-                    part,
-                    Some(Rc::clone(report)),
-                    |_, target| {
-                        let mut op =
-                            opcode::SendZc::new(target, ptr.wrapping_add(at), (total - at) as u32)
-                                .flags(libc::MSG_NOSIGNAL)
-                                .zc_flags(SEND_ZC_REPORT_USAGE);
-                        if let Some(index) = index {
-                            op = op.buf_index(Some(index));
-                        }
-                        op.build()
-                    },
-                )
-                .await
-            } else {
-                self.submit(OpKind::Send, fd, part, None, |_, target| {
-                    opcode::Send::new(target, ptr.wrapping_add(at), (total - at) as u32)
-                        .flags(libc::MSG_NOSIGNAL)
-                        .build()
-                })
-                .await
-            };
-            sent += result?;
+        for (ptr, total) in shared.runs {
+            let index = self.buffers.find(ptr as usize, total);
+            let mut sent = 0;
+            while sent < total {
+                let at = sent;
+                let part = Buf::Lent(Rc::clone(&shared));
+                let (result, _) = if zero_copy {
+                    self.submit(
+                        OpKind::SendZc,
+                        fd,
+                        part,
+                        Some(Rc::clone(report)),
+                        |_, target| {
+                            let mut op = opcode::SendZc::new(
+                                target,
+                                ptr.wrapping_add(at),
+                                (total - at) as u32,
+                            )
+                            .flags(libc::MSG_NOSIGNAL)
+                            .zc_flags(SEND_ZC_REPORT_USAGE);
+                            if let Some(index) = index {
+                                op = op.buf_index(Some(index));
+                            }
+                            op.build()
+                        },
+                    )
+                    .await
+                } else {
+                    self.submit(OpKind::Send, fd, part, None, |_, target| {
+                        opcode::Send::new(target, ptr.wrapping_add(at), (total - at) as u32)
+                            .flags(libc::MSG_NOSIGNAL)
+                            .build()
+                    })
+                    .await
+                };
+                sent += result?;
+            }
         }
         Ok(())
     }
@@ -947,14 +969,14 @@ impl Ring {
         head: Vec<u8>,
         tail: Lent,
     ) -> io::Result<()> {
-        let total = head.len() + tail.len;
+        let total = head.len() + tail.len();
         let mut pair = Box::new(Pair {
             head,
             tail: Rc::new(tail),
             iov: [libc::iovec {
                 iov_base: std::ptr::null_mut(),
                 iov_len: 0,
-            }; 2],
+            }; 3],
             // SAFETY: a zeroed msghdr is a valid empty one.
             msg: unsafe { std::mem::zeroed() },
         });

@@ -3,7 +3,7 @@
 //! into the reply, lent from the arena, or streamed from its segment) is shared by every wire
 //! protocol: [`lends`], [`lend`] and [`deliver_large`].
 
-use crate::arena::SendPin;
+use crate::arena::{SendPin, SlotBytes};
 use crate::proto::{Request, ResponseWriter, Status};
 use crate::store::{ArithOutcome, DeleteOutcome, LargeHit, Lookup, Store, StoreOutcome};
 
@@ -201,7 +201,11 @@ pub fn execute_keyed(
                     bytes: hit.value.len() as u64,
                 });
                 let key_part: &[u8] = if with_key { key } else { &[] };
-                let value_part: &[u8] = if value { hit.value } else { &[] };
+                let value_part = if value {
+                    hit.value
+                } else {
+                    SlotBytes::default()
+                };
                 w.header(
                     opcode,
                     opaque,
@@ -214,7 +218,9 @@ pub fn execute_keyed(
                 w.body(&hit.flags.to_be_bytes());
                 w.body(key_part);
                 if !lends(value_part.len(), lend_from) {
-                    w.body(value_part);
+                    for run in value_part.parts() {
+                        w.body(run);
+                    }
                     return None;
                 }
                 let (at, len) = (hit.at, value_part.len());

@@ -248,7 +248,9 @@ fn get_one(
                 let (at, len) = (hit.at, hit.value.len());
                 return (Some(lend(store, owner, at, len)), found);
             }
-            out.extend_from_slice(hit.value);
+            for run in hit.value.parts() {
+                out.extend_from_slice(run);
+            }
             out.extend_from_slice(b"\r\n");
             (None, found)
         }
@@ -343,7 +345,9 @@ fn meta_get(
                 let (at, len) = (hit.at, hit.value.len());
                 return Some(lend(store, owner, at, len));
             }
-            out.extend_from_slice(hit.value);
+            for run in hit.value.parts() {
+                out.extend_from_slice(run);
+            }
             out.extend_from_slice(b"\r\n");
             None
         }

@@ -403,7 +403,12 @@ impl Wire {
                 ring.send_lent_all(self.fd, Buf::Lent(Rc::new(lent)), &self.zc)
                     .await
             }
-            None => stream.write_all(lent.as_slice()).await,
+            None => {
+                for run in lent.slices() {
+                    stream.write_all(run).await?;
+                }
+                Ok(())
+            }
         }
     }
 
@@ -432,7 +437,7 @@ impl Wire {
             .ring
             .as_ref()
             .expect("queued writes are the ring path's");
-        if ring.lent_goes_plain(lent.as_slice().as_ptr(), &self.zc) {
+        if ring.lent_goes_plain(lent.first_addr(), &self.zc) {
             return ring.send_pair_all(self.fd, head, lent).await;
         }
         if !head.is_empty() {

@@ -9,7 +9,9 @@ pub mod item;
 mod keys;
 mod stats;
 
-use crate::arena::{AllocError, HeadClass, HeadLoc, Reserved, SendPin, ShardArena};
+use crate::arena::{
+    AllocError, HeadClass, HeadLoc, Reserved, SendPin, ShardArena, SlotBytes, SlotWriter,
+};
 use crate::placement::TargetId;
 use crate::proto::StoreMode;
 use crate::segment::Extent;
@@ -132,9 +134,10 @@ pub struct DumpedItem {
 pub struct Hit<'a> {
     pub flags: u32,
     pub cas: u64,
-    pub value: &'a [u8],
+    /// The value's bytes, in one run or (a fixed slot's, wrapping: `arena::slot_layout`) two.
+    pub value: SlotBytes<'a>,
     /// Where the value's bytes are: the arena allocation holding them and their offset in
-    /// it (for [`Store::pin_for_send`]).
+    /// it (for [`Store::pin_for_send`]; a fixed slot's offset is logical).
     pub at: (HeadLoc, usize),
 }
 
@@ -466,13 +469,13 @@ impl Store {
             ValueAt::Inline => {
                 let record = self.arena.bytes(loc);
                 let value = item::inline_value(record);
-                (value, (loc, record.len() - value.len()))
+                (SlotBytes::whole(value), (loc, record.len() - value.len()))
             }
             ValueAt::Fixed { slot, len } => {
                 if touch.is_none() {
                     self.arena.touch_fixed(slot, period, u64::from(len));
                 }
-                (&self.arena.bytes(slot)[..len as usize], (slot, 0))
+                (self.arena.slot_bytes(slot, len as usize), (slot, 0))
             }
             ValueAt::Large => {
                 let large = item::large(self.arena.bytes(loc)).expect("a large record");
@@ -683,8 +686,8 @@ impl Store {
     }
 
     /// The first `len` bytes of a fixed slot (a large value's head copy, to copy out).
-    pub fn fixed_bytes(&self, slot: HeadLoc, len: usize) -> &[u8] {
-        &self.arena.bytes(slot)[..len]
+    pub fn fixed_bytes(&self, slot: HeadLoc, len: usize) -> SlotBytes<'_> {
+        self.arena.slot_bytes(slot, len)
     }
 
     /// Pins the `len` value bytes a hit found at `at` for a zero-copy send: until the pin is
@@ -822,7 +825,9 @@ impl Store {
             .flatten()
             .map(|slot| {
                 let len = head.len().min(self.arena.ram_head_bytes() as usize);
-                self.arena.reserved_mut(&slot)[..len].copy_from_slice(&head[..len]);
+                self.arena
+                    .reserved_slot_writer(&slot, len)
+                    .write(&head[..len]);
                 self.arena.publish(slot)
             });
         let new_cas = self.new_cas();
@@ -923,7 +928,7 @@ impl Store {
         key: &[u8],
         meta: Meta,
         value_len: usize,
-        fill: impl FnOnce(&mut [u8]),
+        fill: impl FnOnce(&mut SlotWriter),
     ) -> Result<HeadLoc, StoreOutcome> {
         let placement = self.placement(key.len(), value_len as u64)?;
         let slot = match placement {
@@ -950,10 +955,12 @@ impl Store {
         let bytes = self.arena.reserved_mut(&record);
         let at = item::write_header(bytes, meta, key, value_at);
         item::set_accessed(bytes, self.clock);
-        match &slot {
-            None => fill(&mut bytes[at..at + value_len]),
-            Some(slot) => fill(&mut self.arena.reserved_mut(slot)[..value_len]),
-        }
+        let mut writer = match &slot {
+            None => SlotWriter::whole(&mut bytes[at..at + value_len]),
+            Some(slot) => self.arena.reserved_slot_writer(slot, value_len),
+        };
+        fill(&mut writer);
+        assert_eq!(writer.written(), value_len, "a value filled short");
         let slot = slot.map(|slot| self.arena.publish(slot));
         let record = self.arena.publish(record);
         if let Some(slot) = slot {
@@ -1041,7 +1048,7 @@ impl Store {
                 flags,
                 expiry: absolute_expiry(exptime, now),
             };
-            self.write_item(key, meta, value.len(), |dst| dst.copy_from_slice(value))
+            self.write_item(key, meta, value.len(), |dst| dst.write(value))
         };
         match outcome {
             Ok(loc) => self.link_checked(key, loc, mode, cas, new_cas),
@@ -1086,18 +1093,18 @@ impl Store {
             _ => (data, &old[..]),
         };
         self.write_item(key, Meta { cas, ..meta }, len, |dst| {
-            dst[..first.len()].copy_from_slice(first);
-            dst[first.len()..].copy_from_slice(second);
+            dst.write(first);
+            dst.write(second);
         })
     }
 
     /// A small item's value (empty for a large one, whose bytes are not in RAM).
-    fn value_of(&self, loc: HeadLoc) -> &[u8] {
+    fn value_of(&self, loc: HeadLoc) -> SlotBytes<'_> {
         let record = self.arena.bytes(loc);
         match item::value_at(record) {
-            ValueAt::Inline => item::inline_value(record),
-            ValueAt::Fixed { slot, len } => &self.arena.bytes(slot)[..len as usize],
-            ValueAt::Large => &[],
+            ValueAt::Inline => SlotBytes::whole(item::inline_value(record)),
+            ValueAt::Fixed { slot, len } => self.arena.slot_bytes(slot, len as usize),
+            ValueAt::Large => SlotBytes::default(),
         }
     }
 
@@ -1155,9 +1162,7 @@ impl Store {
                 flags: 0,
                 expiry: absolute_expiry(exptime, now),
             };
-            return match self.write_item(key, meta, text.len(), |dst| {
-                dst.copy_from_slice(text.as_bytes())
-            }) {
+            return match self.write_item(key, meta, text.len(), |dst| dst.write(text.as_bytes())) {
                 Ok(loc) => {
                     self.link(key, loc);
                     ArithOutcome::Value {
@@ -1172,7 +1177,7 @@ impl Store {
         if cas != 0 && cas != meta.cas {
             return ArithOutcome::Exists;
         }
-        let Some(current) = parse_counter(self.value_of(loc)) else {
+        let Some(current) = parse_counter(&self.value_of(loc).contiguous()) else {
             return ArithOutcome::NonNumeric;
         };
         let value = if incr {
@@ -1200,7 +1205,7 @@ impl Store {
                 ..meta
             },
             text.len(),
-            |dst| dst.copy_from_slice(&text),
+            |dst| dst.write(&text),
         ) {
             Ok(loc) => {
                 self.link(key, loc);
