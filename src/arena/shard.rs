@@ -487,7 +487,8 @@ impl ShardArena {
         }
     }
 
-    /// A live head's bytes: the payload of a small object, or the whole `ram_head` slot.
+    /// A live head's bytes: the payload of a small object, or the whole `ram_head` slot raw
+    /// (its bytes rotated: read a value through [`ShardArena::slot_bytes`]).
     pub fn bytes(&self, loc: HeadLoc) -> &[u8] {
         let range = self.range(loc, self.class_of(loc));
         &self.mem.bytes(loc.block)[range]
@@ -498,7 +499,8 @@ impl ShardArena {
         self.mem.addr_of(loc.block) + loc.offset as usize
     }
 
-    /// A live head's bytes, writable (the owner updates its own metadata in place).
+    /// A live head's bytes, writable (the owner updates its own metadata in place); a fixed
+    /// slot's raw, as [`ShardArena::bytes`].
     pub fn bytes_mut(&mut self, loc: HeadLoc) -> &mut [u8] {
         let range = self.range(loc, self.class_of(loc));
         &mut self.mem.bytes_mut(loc.block)[range]
@@ -980,10 +982,12 @@ impl SendPin {
     /// with them and must hand it to [`ShardArena::unpin_sent`] on the owning shard.
     pub fn lend(self, unpin: Box<dyn FnOnce(SendPin)>) -> crate::ring::Lent {
         let runs = self.runs.map(|(addr, len)| (addr as *const u8, len));
-        // SAFETY: the head is pinned until `unpin` ends the pin, which it can only do with
-        // this token, which the release hands over only after the last use of the bytes; a
-        // pinned head is never moved, freed or rewritten (compaction skips its block,
-        // eviction skips it, a free waits for the last unpin), and its block stays mapped.
+        // SAFETY: both runs lie inside the pinned head (`pin_for_send` asserts it, and
+        // `slot_layout::spans_of` keeps a fixed slot's runs in the slot). The head is pinned
+        // until `unpin` ends the pin, which it can only do with this token, which the release
+        // hands over only after the last use of the bytes; a pinned head is never moved, freed
+        // or rewritten (compaction skips its block, eviction skips it, a free waits for the
+        // last unpin), and its block stays mapped.
         unsafe { crate::ring::Lent::from_runs(runs, Box::new(move || unpin(self))) }
     }
 }

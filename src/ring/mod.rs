@@ -218,9 +218,11 @@ impl Lent {
 
     /// The runs' bytes, in order.
     pub fn slices(&self) -> [&[u8]; 2] {
-        // SAFETY: `new`'s contract: the bytes stay valid and unchanged while this lives.
-        self.runs
-            .map(|(ptr, len)| unsafe { std::slice::from_raw_parts(ptr, len) })
+        self.runs.map(|(ptr, len)| {
+            // SAFETY: the contract of `new` and `from_runs`: each run's bytes stay mapped and
+            // unchanged while this lives.
+            unsafe { std::slice::from_raw_parts(ptr, len) }
+        })
     }
 }
 

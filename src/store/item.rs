@@ -54,7 +54,7 @@ pub struct Meta {
 pub enum ValueAt {
     /// In the record itself.
     Inline,
-    /// In a fixed head slot, `len` bytes from its start.
+    /// In a fixed head slot, its `len` logical bytes (stored rotated: `arena::slot_layout`).
     Fixed { slot: HeadLoc, len: u32 },
     /// Whole in segment extents (one per replica), its first `ram_head` bytes perhaps also
     /// in a fixed head slot.

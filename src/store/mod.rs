@@ -685,7 +685,7 @@ impl Store {
         report
     }
 
-    /// The first `len` bytes of a fixed slot (a large value's head copy, to copy out).
+    /// The first `len` logical bytes of a fixed slot (a large value's head copy, to copy out).
     pub fn fixed_bytes(&self, slot: HeadLoc, len: usize) -> SlotBytes<'_> {
         self.arena.slot_bytes(slot, len)
     }
