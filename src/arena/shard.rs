@@ -432,12 +432,10 @@ impl ShardArena {
 
     /// A live fixed slot's logical bytes `0..len` (`slot_layout`).
     pub fn slot_bytes(&self, slot: HeadLoc, len: usize) -> SlotBytes<'_> {
-        assert_eq!(
-            self.class_of(slot),
-            HeadClass::Fixed,
-            "{slot} is not a fixed slot"
-        );
-        SlotBytes::of_slot(self.bytes(slot), len)
+        let class = self.class_of(slot);
+        assert_eq!(class, HeadClass::Fixed, "{slot} is not a fixed slot");
+        let range = self.range(slot, class);
+        SlotBytes::of_slot(&self.mem.bytes(slot.block)[range], len)
     }
 
     /// Makes a reservation a live head: from now on compaction may move it.

@@ -248,9 +248,7 @@ fn get_one(
                 let (at, len) = (hit.at, hit.value.len());
                 return (Some(lend(store, owner, at, len)), found);
             }
-            for run in hit.value.parts() {
-                out.extend_from_slice(run);
-            }
+            hit.value.append_to(out);
             out.extend_from_slice(b"\r\n");
             (None, found)
         }
@@ -345,9 +343,7 @@ fn meta_get(
                 let (at, len) = (hit.at, hit.value.len());
                 return Some(lend(store, owner, at, len));
             }
-            for run in hit.value.parts() {
-                out.extend_from_slice(run);
-            }
+            hit.value.append_to(out);
             out.extend_from_slice(b"\r\n");
             None
         }
