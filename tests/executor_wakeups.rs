@@ -17,7 +17,9 @@
 //! run's start-up with patches 1-4: an executor waiting for a slow peer to connect a channel.
 //! Patch 6 arms no preempt timer for a run of passes shorter than 1 ms and reads the clock
 //! instead; the busy spells of the second test (2 ms period) are preempted that way when they
-//! start a run.
+//! start a run. Patch 7 takes due timers off the front of the timer map one by one instead of
+//! splitting the map: the fourth test has many timers come due together, in between and while
+//! others are dropped, and checks each fires once, not early, and in deadline order.
 
 mod common;
 
@@ -252,4 +254,97 @@ fn slow_connects(seed: u64) {
     }
     early.join().unwrap();
     late.join().unwrap();
+}
+
+#[test]
+fn due_timers_fire_once_in_deadline_order() {
+    common::for_each_seed("executor_timer_order", 1, timer_order);
+}
+
+/// 400 timed actions on one executor, at deadlines drawn from 0-20 ms in 250 µs steps after a
+/// common base (so many share a deadline and come due in one pass), with 100 more timers
+/// dropped unfired along the way and the executor kept busy in between (so several deadlines
+/// come due in one pass). Each action records when it ran: all within 30 s (a timer
+/// lost from the map never fires), none early, none twice, and the run order follows the
+/// deadlines (ties in any order). glommio's `Timer` re-arms itself when woken early, so an
+/// early wake shows as a late one, not a wrong result.
+fn timer_order(seed: u64) {
+    const ACTIONS: usize = 400;
+    let mut rng = Rng::new(seed);
+    let offsets: Vec<Duration> = (0..ACTIONS)
+        .map(|_| Duration::from_micros(250 * rng.between(0, 80)))
+        .collect();
+    let dropped: Vec<(Duration, Duration)> = (0..100)
+        .map(|_| {
+            let after = Duration::from_micros(rng.between(0, 20_000));
+            (after, Duration::from_micros(rng.between(0, 1_500)))
+        })
+        .collect();
+    let (done_tx, done_rx) = std::sync::mpsc::channel();
+    let executor = LocalExecutorBuilder::default()
+        .name("timer-order")
+        .spawn(move || async move {
+            use glommio::timer::{Timer, TimerActionOnce};
+            // Far enough ahead that every action's task has run once and registered its timer
+            // (they run at this task's first sleep) before the first deadline: an action
+            // first polled after its deadline runs at once, in spawn order.
+            let base = Instant::now() + Duration::from_millis(50);
+            let ran = std::rc::Rc::new(std::cell::RefCell::new(Vec::new()));
+            let actions: Vec<_> = offsets
+                .iter()
+                .enumerate()
+                .map(|(i, &offset)| {
+                    let (ran, at) = (ran.clone(), base + offset);
+                    TimerActionOnce::do_at(at, async move {
+                        let now = Instant::now();
+                        assert!(
+                            now >= at,
+                            "seed {seed}: action {i} ran {:?} early",
+                            at - now
+                        );
+                        ran.borrow_mut().push((offset, i));
+                    })
+                })
+                .collect();
+            glommio::timer::sleep(base.saturating_duration_since(Instant::now())).await;
+            // Timers registered and then dropped unfired: their entries leave the map early.
+            // Between them the executor is kept busy for up to 1.5 ms without yielding, so
+            // timers of several deadlines come due before it next looks at them.
+            for (after, busy) in dropped {
+                let never = Timer::new(after + Duration::from_secs(60));
+                glommio::timer::sleep(after / 8).await;
+                drop(never);
+                spin_or_sleep(busy);
+            }
+            for action in actions {
+                action
+                    .join()
+                    .await
+                    .expect("an action that was not cancelled runs");
+            }
+            let ran = ran.borrow().clone();
+            done_tx.send(ran).unwrap();
+        })
+        .unwrap();
+    // A timer lost from the map never fires: its action would wait forever.
+    let ran = done_rx
+        .recv_timeout(Duration::from_secs(30))
+        .unwrap_or_else(|_| panic!("seed {seed}: some timed action never ran"));
+    executor.join().unwrap();
+    assert_eq!(ran.len(), ACTIONS, "seed {seed}: every action runs once");
+    let mut seen = vec![false; ACTIONS];
+    for &(_, i) in &ran {
+        assert!(!seen[i], "seed {seed}: action {i} ran twice");
+        seen[i] = true;
+    }
+    for pair in ran.windows(2) {
+        assert!(
+            pair[0].0 <= pair[1].0,
+            "seed {seed}: action {} (at {:?}) ran before action {} (at {:?})",
+            pair[0].1,
+            pair[0].0,
+            pair[1].1,
+            pair[1].0
+        );
+    }
 }

@@ -124,11 +124,17 @@ impl Timers {
     fn process_timers(&mut self) -> (Option<Duration>, usize) {
         let now = Instant::now();
 
-        // Split timers into ready and pending timers.
-        let pending = self.timers.split_off(&(now, 0));
-        let ready = mem::replace(&mut self.timers, pending);
-        let woke = ready.len();
-        for (_, waker) in ready {
+        // Headroom patch (PATCHES.md, 7): take the ready timers off the front one at a time.
+        // Upstream split the map at `now` and kept the split-off part, which rebuilt the whole
+        // tree of pending timers in fresh allocations at every call (several per executor
+        // pass) even when none was due.
+        let mut woke = 0;
+        while let Some(entry) = self.timers.first_entry() {
+            if *entry.key() >= (now, 0) {
+                break;
+            }
+            let waker = entry.remove();
+            woke += 1;
             wake!(waker);
         }
 
