@@ -7,7 +7,7 @@ mod common;
 use std::time::{Duration, Instant};
 
 use common::pattern;
-use common::server::{fresh_data_dir, Client, Server};
+use common::server::{fresh_data_dir, read_text_reply, Client, Server};
 
 /// `shardN_name` summed over shards.
 fn io_sum(c: &mut Client, name: &str) -> u64 {
@@ -389,19 +389,6 @@ fn a_connections_receive_is_armed_once_unless_multishot_is_off() {
     }
 }
 
-/// Reads a text-protocol reply up to and including `END\r\n`.
-fn text_reply(stream: &mut std::net::TcpStream) -> Vec<u8> {
-    use std::io::Read;
-    let mut reply = Vec::new();
-    let mut buf = vec![0u8; 64 << 10];
-    while !reply.ends_with(b"END\r\n") {
-        let n = stream.read(&mut buf).expect("a text reply");
-        assert!(n > 0, "closed mid-reply after {} bytes", reply.len());
-        reply.extend_from_slice(&buf[..n]);
-    }
-    reply
-}
-
 /// A fixed slot holds its value rotated, wrapping around the slot's end (`arena::slot_layout`):
 /// values that fill their slot, a large value's head copy, and an APPEND that rewrites a fixed
 /// value read back byte-exact through the binary, text and meta GETs, lent from the arena
@@ -456,7 +443,7 @@ fn values_that_wrap_around_their_fixed_slot_read_back_exact_on_every_path() {
             want.extend_from_slice(value);
             want.extend_from_slice(b"\r\nEND\r\n");
             assert!(
-                text_reply(&mut text) == want,
+                read_text_reply(&mut text, b"END\r\n", want.len()) == want,
                 "{setup:?}: text get {key} differs"
             );
             std::io::Write::write_all(&mut text, format!("mg {key} v\r\nmn\r\n").as_bytes())
@@ -464,14 +451,10 @@ fn values_that_wrap_around_their_fixed_slot_read_back_exact_on_every_path() {
             let mut want = format!("VA {}\r\n", value.len()).into_bytes();
             want.extend_from_slice(value);
             want.extend_from_slice(b"\r\nMN\r\n");
-            let mut reply = Vec::new();
-            let mut buf = vec![0u8; 64 << 10];
-            while !reply.ends_with(b"MN\r\n") || reply.len() < want.len() {
-                let n = std::io::Read::read(&mut text, &mut buf).unwrap();
-                assert!(n > 0);
-                reply.extend_from_slice(&buf[..n]);
-            }
-            assert!(reply == want, "{setup:?}: meta get {key} differs");
+            assert!(
+                read_text_reply(&mut text, b"MN\r\n", want.len()) == want,
+                "{setup:?}: meta get {key} differs"
+            );
         }
         if setup == ["--io-ring", "on", "--zero-copy-min", "4K"] {
             // 4 values of 3 protocols, each lent from its slot.

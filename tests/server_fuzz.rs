@@ -6,7 +6,7 @@ mod common;
 use std::io::{Read, Write};
 use std::time::Duration;
 
-use common::server::{frame, set_extras, Server};
+use common::server::{frame, read_text_reply, set_extras, Server};
 use common::{for_each_seed, Rng};
 
 fn random_stream(rng: &mut Rng) -> Vec<u8> {
@@ -201,13 +201,7 @@ fn text_garbage_never_hurts_the_server_or_other_clients() {
     let mut text = std::net::TcpStream::connect(server.addr).unwrap();
     text.set_read_timeout(Some(Duration::from_secs(5))).unwrap();
     text.write_all(b"get canary\r\n").unwrap();
-    let mut reply = Vec::new();
-    let mut buf = [0u8; 256];
-    while !reply.ends_with(b"END\r\n") {
-        let n = text.read(&mut buf).unwrap();
-        assert!(n > 0, "closed after {:?}", String::from_utf8_lossy(&reply));
-        reply.extend_from_slice(&buf[..n]);
-    }
+    let reply = read_text_reply(&mut text, b"END\r\n", 0);
     assert_eq!(reply, b"VALUE canary 5 18\r\nthe canary's value\r\nEND\r\n");
     let stats = canary.stats("");
     assert!(stats.iter().any(|(n, v)| n == "text_errors" && v != "0"));

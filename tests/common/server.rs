@@ -440,3 +440,21 @@ impl Client {
             .unwrap()
     }
 }
+
+/// Reads a text-protocol reply from `stream`: until it holds at least `at_least` bytes and
+/// ends with `end` (`b"END\r\n"`, `b"MN\r\n"`). The length guard keeps a value that happens to
+/// end with the terminator from cutting the read short.
+pub fn read_text_reply(stream: &mut TcpStream, end: &[u8], at_least: usize) -> Vec<u8> {
+    let mut reply = Vec::new();
+    let mut buf = vec![0u8; 64 << 10];
+    while reply.len() < at_least || !reply.ends_with(end) {
+        let n = stream.read(&mut buf).expect("a text reply");
+        assert!(
+            n > 0,
+            "closed mid-reply after {:?}",
+            String::from_utf8_lossy(&reply)
+        );
+        reply.extend_from_slice(&buf[..n]);
+    }
+    reply
+}
