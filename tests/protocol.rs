@@ -743,10 +743,13 @@ fn connections_beyond_the_limit_are_refused() {
 }
 
 /// A batch of requests the server has read when the stop comes is answered whole before the
-/// connection closes: the stop ends reading, not writing. The server is frozen (SIGSTOP) while
-/// a pipeline arrives and SIGTERM is sent, so it wakes to both at once; the first read takes
-/// hundreds of GETs whose replies take many passes (64 KiB each against the 1 MiB output cap),
-/// so the stop lands while they go out. Requests never read are dropped with the connection.
+/// connection closes: the stop ends reading, not writing. A pipeline of 1,000 GETs of a 64 KiB
+/// value is sent and the first bytes of the replies are read, so the server has read a batch;
+/// then the client stops reading, so the server's writes back up (the replies need many passes
+/// against the 1 MiB output cap and the socket's buffers), and SIGTERM lands while they go out.
+/// Requests never read are dropped with the connection. (The test froze the server while the
+/// pipeline and the signal arrived until a CI run showed the stop could win the race against
+/// the first read: no batch read, no reply, a correct stop and a failed test.)
 #[test]
 fn a_batch_read_before_the_stop_is_answered_whole() {
     use nix::sys::signal::{kill, Signal};
@@ -760,18 +763,21 @@ fn a_batch_read_before_the_stop_is_answered_whole() {
         assert_eq!(c.set(b"kept", &value, 0, 0).status, 0);
         let idle = server.client();
         let pid = Pid::from_raw(server.pid() as i32);
-        server.freeze();
         let mut pipeline = Vec::new();
         for opaque in 0..GETS {
             pipeline.extend(frame(0x00, &[], b"kept", &[], 0, opaque));
         }
         c.send(&pipeline);
-        std::thread::sleep(Duration::from_millis(100));
-        kill(pid, Signal::SIGTERM).unwrap();
-        kill(pid, Signal::SIGCONT).unwrap();
-        // Everything until the server closes (a reset, for the requests it never read).
+        // The first reply bytes: the server has read a batch and is answering it.
         let mut received = Vec::new();
         let mut chunk = vec![0u8; 1 << 20];
+        let n = c.stream.read(&mut chunk).expect("the first replies");
+        assert!(n > 0, "{threads} shard(s): closed before any reply");
+        received.extend_from_slice(&chunk[..n]);
+        // Not reading for a while backs the server's writes up; the stop lands among them.
+        std::thread::sleep(Duration::from_millis(100));
+        kill(pid, Signal::SIGTERM).unwrap();
+        // Everything until the server closes (a reset, for the requests it never read).
         loop {
             match c.stream.read(&mut chunk) {
                 Ok(0) => break,
