@@ -20,6 +20,9 @@
 //! start a run. Patch 7 takes due timers off the front of the timer map one by one instead of
 //! splitting the map: the fourth test has many timers come due together, in between and while
 //! others are dropped, and checks each fires once, not early, and in deadline order.
+//! Patch 8 leaves the main ring's submissions staged when the executor parks and submits them
+//! with the sleep's link and wait in one call: the fifth test parks with a read staged 3,000
+//! times, its data written before, during and after the park, and every read must complete.
 
 mod common;
 
@@ -347,4 +350,105 @@ fn timer_order(seed: u64) {
             pair[1].0
         );
     }
+}
+
+#[test]
+fn io_queued_as_an_executor_parks_goes_in_with_its_sleep() {
+    common::for_each_seed("executor_staged_io", 1, staged_reads);
+}
+
+/// Patch 8 leaves the main ring's submissions staged when the executor parks, and the sleep
+/// submits them with its link and its wait in one `io_uring_enter`. Here a task reads an
+/// eventfd through glommio's main ring (as Headroom's ring driver does) 3,000 times; each read
+/// is queued just before its executor parks, so it is staged by that park. The count is
+/// written in one of three ways, by seed: before the read is queued (the read completes while
+/// the sleep submits it, and that completion must end the wait), by another thread as soon as
+/// it hears the read is coming (racing the park), or by that thread after a pause of 1-300 µs
+/// (the executor is asleep with the read in the kernel). A timer task sleeps beside it so user
+/// timers are armed around the parks. A read staged but never submitted, or a wait that began
+/// before the submission, hangs the executor: nothing else would wake it.
+fn staged_reads(seed: u64) {
+    use std::os::fd::FromRawFd;
+    const READS: usize = 3_000;
+    let mut rng = Rng::new(seed);
+    // 0: written before the read is queued; 1: written at once; 2: written after a pause.
+    let plan: Vec<(u64, Duration)> = (0..READS)
+        .map(|_| {
+            (
+                rng.between(0, 2),
+                Duration::from_micros(rng.between(1, 300)),
+            )
+        })
+        .collect();
+    // SAFETY: a plain eventfd syscall; the descriptor is closed at the end of the test.
+    let eventfd = unsafe { libc::eventfd(0, libc::EFD_CLOEXEC) };
+    assert!(eventfd >= 0, "eventfd: {}", std::io::Error::last_os_error());
+    let write_count = move |count: u64| {
+        // SAFETY: writes 8 bytes from a live u64 to the test's own eventfd.
+        let wrote = unsafe { libc::write(eventfd, (&count as *const u64).cast(), 8) };
+        assert_eq!(
+            wrote,
+            8,
+            "eventfd write: {}",
+            std::io::Error::last_os_error()
+        );
+    };
+    let (ready_tx, ready_rx) = std::sync::mpsc::channel::<usize>();
+    let (done_tx, done_rx) = std::sync::mpsc::channel::<()>();
+    let writer_plan = plan.clone();
+    let writer = std::thread::spawn(move || {
+        for (i, &(how, pause)) in writer_plan.iter().enumerate() {
+            if how == 0 {
+                continue;
+            }
+            assert_eq!(ready_rx.recv().unwrap(), i);
+            if how == 2 {
+                spin_or_sleep(pause);
+            }
+            write_count(i as u64 + 1);
+        }
+    });
+    let reader = LocalExecutorBuilder::default()
+        .name("staged-io")
+        .spawn(move || async move {
+            // SAFETY: `dup` gives the file a descriptor of its own, which it closes.
+            let file = unsafe { glommio::io::BufferedFile::from_raw_fd(libc::dup(eventfd)) };
+            let stop = std::rc::Rc::new(std::cell::Cell::new(false));
+            let ticker = glommio::spawn_local({
+                let stop = stop.clone();
+                async move {
+                    let mut rng = Rng::new(seed ^ 0x5bd1_e995);
+                    while !stop.get() {
+                        glommio::timer::sleep(Duration::from_micros(rng.between(50, 2_000))).await;
+                    }
+                }
+            });
+            for (i, (how, _)) in plan.into_iter().enumerate() {
+                if how == 0 {
+                    write_count(i as u64 + 1);
+                } else {
+                    ready_tx.send(i).unwrap();
+                }
+                let read = file.read_at(0, 8).await.expect("eventfd read");
+                let count = u64::from_ne_bytes(read[..8].try_into().unwrap());
+                assert_eq!(
+                    count,
+                    i as u64 + 1,
+                    "seed {seed}: read {i} got another count"
+                );
+            }
+            stop.set(true);
+            ticker.await;
+            file.close().await.unwrap();
+            done_tx.send(()).unwrap();
+        })
+        .unwrap();
+    // A lost read hangs the executor; the run takes about a second.
+    if done_rx.recv_timeout(Duration::from_secs(60)).is_err() {
+        panic!("seed {seed}: an eventfd read never completed: a staged submission was lost");
+    }
+    reader.join().unwrap();
+    writer.join().unwrap();
+    // SAFETY: the test's own eventfd, no longer used by anyone.
+    unsafe { libc::close(eventfd) };
 }

@@ -1499,6 +1499,15 @@ impl LocalExecutor {
                         // `run_task_queues` return "nothing ran" with tasks still runnable, and
                         // `Reactor::wait` does not look at the run queue before it sleeps.
                         // Never park on runnable tasks: poll again.
+                    } else if spin_before_park.is_zero() {
+                        // Headroom patch (PATCHES.md, 8): with no spin, upstream polled once
+                        // (submitting what was queued, an io_uring_enter) and parked, which
+                        // looks at the same rings, timers and channels again. Parking alone
+                        // leaves the submissions for the sleep's own io_uring_enter.
+                        this.parker
+                            .park()
+                            .expect("Failed to park! This is actually pretty bad!");
+                        pre_time = Instant::now();
                     } else {
                         while !this.reactor.spin_poll_io().unwrap() {
                             if pre_time.elapsed() > spin_before_park {

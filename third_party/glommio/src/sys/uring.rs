@@ -1048,12 +1048,13 @@ impl SleepableRing {
         }
     }
 
+    /// Headroom patch (PATCHES.md, 8): upstream asserted that nothing was left to submit, sent
+    /// the poll that links the rings with an `io_uring_enter` of its own, then waited with a
+    /// second. Whatever the ring has staged (`Reactor::wait` leaves the main ring's submissions
+    /// staged when it means to sleep) now goes to the kernel with the link and the wait in one
+    /// call. The kernel submits first and waits only if every entry went in; a completion posted
+    /// by the submission itself ends the wait at once, so nothing staged can be slept through.
     fn sleep(&mut self, link: &Source) -> io::Result<usize> {
-        assert_eq!(
-            self.waiting_kernel_submission(),
-            0,
-            "sleeping with pending SQEs"
-        );
         if let Some(mut sqe) = self.ring.sq().prepare_sqe() {
             let sqe_ptr = unsafe { sqe.raw_mut() as *mut _ };
             let op = UringDescriptor {
@@ -1073,31 +1074,26 @@ impl SleepableRing {
                 &mut self.source_map.borrow_mut(),
             );
 
-            // We have now prepared the SQE that links the two rings. We now need to submit
-            // it successfully to be able to safely sleep.
-
-            if self
-                .submit_sqes()
+            // We have now prepared the SQE that links the two rings. It must go in for the
+            // sleep to be safe; the kernel waits only once all staged entries, the link last,
+            // were submitted.
+            let staged = self.waiting_kernel_submission();
+            let submitted = self
+                .ring
+                .submit_sqes_and_wait(1)
+                .map(|n| n as usize)
                 .or_else(Reactor::busy_ok)
                 .or_else(Reactor::again_ok)
-                .or_else(Reactor::intr_ok)?
-                != 1
-            {
-                // We failed to submit the `SQE` that links the rings. Just can't sleep.
-                // Waiting here is unsafe because we could end up waiting much longer than
-                // needed.
-                // We make the SQE a no-op and return
+                .or_else(Reactor::intr_ok)?;
+            self.in_kernel += submitted;
+            if submitted != staged {
+                // The link did not go in, so there was no wait. We make its SQE a no-op (it
+                // is submitted later with the rest) and return.
                 unsafe { crate::uring_sys::io_uring_prep_nop(sqe_ptr) };
                 Err(io::Error::from_raw_os_error(libc::EBUSY))
             } else {
-                // The rings are linked. Goodnight!
-                self.ring
-                    .cq()
-                    .wait(1)
-                    .map(|_| 1)
-                    .or_else(Reactor::busy_ok)
-                    .or_else(Reactor::again_ok)
-                    .or_else(Reactor::intr_ok)
+                // The rings were linked and we slept. Good morning!
+                Ok(1)
             }
         } else {
             // Can't link rings because we ran out of `CQE`s. Just can't sleep.
@@ -1108,6 +1104,20 @@ impl SleepableRing {
                 .or_else(Reactor::again_ok)
                 .or_else(Reactor::intr_ok)
         }
+    }
+
+    /// Headroom patch (PATCHES.md, 8): turns the queued submissions into SQEs without entering
+    /// the kernel (unless the submission queue is full), for a sleep to submit with its wait.
+    fn stage_submission_queue(&mut self) -> io::Result<usize> {
+        let q = self.submission_queue();
+        let mut queue = q.borrow_mut();
+        self.consume_sqe_queue(&mut queue.submissions, false)
+    }
+
+    /// Headroom patch (PATCHES.md, 8): `can_sleep`, allowing staged SQEs, which the sleep
+    /// submits with its wait.
+    fn can_sleep_submitting_staged(&self) -> bool {
+        self.submission_queue.borrow().is_empty() && self.waiting_kernel_collection() == 0
     }
 }
 
@@ -1888,15 +1898,30 @@ impl Reactor {
         flush_cancellations!(into &mut woke; lat_ring, poll_ring, main_ring);
         // ... which happens right here. If you ever reorder this code just
         // be careful about this dependency.
-        flush_rings!(lat_ring, poll_ring, main_ring)?;
+        //
+        // Headroom patch (PATCHES.md, 8): parking, the main ring's submissions are only staged
+        // here. A sleep submits them with its link and its wait in one io_uring_enter; if there
+        // is no sleep they are submitted below. Upstream submitted them here, then linked, then
+        // waited: three calls where one does (an executor under light load sleeps per request).
+        let parking = preempt_timer().is_none();
+        flush_rings!(lat_ring, poll_ring)?;
+        if parking {
+            main_ring
+                .stage_submission_queue()
+                .or_else(Reactor::busy_ok)
+                .or_else(Reactor::again_ok)
+                .or_else(Reactor::intr_ok)?;
+        } else {
+            flush_rings!(main_ring)?;
+        }
         // pick up the results of any cancellations
         consume_rings!(into &mut woke; lat_ring, poll_ring, main_ring);
 
         // If we generated any event so far, we can't sleep. Need to handle them.
-        let should_sleep = preempt_timer().is_none()
+        let should_sleep = parking
             && (woke == 0)
             && poll_ring.can_sleep()
-            && main_ring.can_sleep()
+            && main_ring.can_sleep_submitting_staged()
             && lat_ring.can_sleep();
 
         if should_sleep {
@@ -1943,6 +1968,9 @@ impl Reactor {
                 self.notifier.wake_up();
             }
         }
+        // Headroom patch (PATCHES.md, 8): what was staged for a sleep that did not happen goes
+        // now (a no-op when the sleep submitted it).
+        flush_rings!(main_ring)?;
 
         // Headroom patch (PATCHES.md, 6): a run of passes starts watching the clock instead of
         // arming a preempt timer, and arms one only once it has lasted `CLOCK_PREEMPT_MAX`.
