@@ -253,7 +253,7 @@ fn core(
                     // then the pin back, as the send's completion hands it back.
                     let back = std::rc::Rc::new(std::cell::RefCell::new(None));
                     let slot = std::rc::Rc::clone(&back);
-                    let lent = pin.lend(Box::new(move |pin| *slot.borrow_mut() = Some(pin)));
+                    let lent = pin.lend(move |pin| *slot.borrow_mut() = Some(pin));
                     let now = lent.slices().concat();
                     drop(lent);
                     let pin = back.borrow_mut().take().expect("the pin comes back");

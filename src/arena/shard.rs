@@ -978,7 +978,8 @@ impl SendPin {
 
     /// Lends the pinned bytes to a send; `unpin` gets the pin back when the kernel is done
     /// with them and must hand it to [`ShardArena::unpin_sent`] on the owning shard.
-    pub fn lend(self, unpin: Box<dyn FnOnce(SendPin)>) -> crate::ring::Lent {
+    /// (`unpin` is boxed once, with the pin: a lent GET allocates nothing else for it.)
+    pub fn lend(self, unpin: impl FnOnce(SendPin) + 'static) -> crate::ring::Lent {
         let runs = self.runs.map(|(addr, len)| (addr as *const u8, len));
         // SAFETY: both runs lie inside the pinned head (`pin_for_send` asserts it, and
         // `slot_layout::spans_of` keeps a fixed slot's runs in the slot). The head is pinned

@@ -331,7 +331,7 @@ fn timestamp_in(msg: &libc::msghdr) -> Option<u64> {
 /// the operation's last completion.
 pub struct Pair {
     head: Vec<u8>,
-    tail: Rc<Lent>,
+    tail: Lent,
     iov: [libc::iovec; 3],
     msg: libc::msghdr,
 }
@@ -383,7 +383,7 @@ impl Buf {
                 let len = c.len();
                 Rc::new(Lent::from_chunk(c, 0, len))
             }
-            Buf::Pair(p) => p.tail,
+            Buf::Pair(p) => Rc::new(p.tail),
             Buf::Stamped(r) => Rc::new(Lent::owned(r.buf)),
             Buf::Received { buf, .. } => Rc::new(Lent::owned(buf)),
         }
@@ -974,7 +974,7 @@ impl Ring {
         let total = head.len() + tail.len();
         let mut pair = Box::new(Pair {
             head,
-            tail: Rc::new(tail),
+            tail,
             iov: [libc::iovec {
                 iov_base: std::ptr::null_mut(),
                 iov_len: 0,

@@ -742,9 +742,10 @@ async fn serve_frames(
             // Replies in order: bytes up to each large value, the large value streamed, ...
             let mut written = 0;
             conn.held_bytes = 0;
-            let held = std::mem::take(&mut conn.held);
+            // Drained, and put back below: its room serves the next pass without allocating.
+            let mut held = std::mem::take(&mut conn.held);
             let parts = held.len();
-            for (i, (at, part)) in held.into_iter().enumerate() {
+            for (i, (at, part)) in held.drain(..).enumerate() {
                 let sent = match part {
                     Held::Large(get) => {
                         if let Err(ended) =
@@ -773,6 +774,7 @@ async fn serve_frames(
                     return Ended::Cut;
                 }
             }
+            conn.held = held;
             let end = conn.out.len();
             if matches!(after, After::Read) && wire.on_ring() && end > written {
                 // Sent together with the next receive (above); the buffer itself when whole.

@@ -58,7 +58,7 @@ impl HeldLent {
     pub fn into_lent(mut self) -> Lent {
         let pin = self.pin.take().expect("a held pin");
         let (ctx, owner) = (Rc::clone(&self.ctx), self.owner);
-        pin.lend(Box::new(move |pin| unpin(&ctx, owner, pin)))
+        pin.lend(move |pin| unpin(&ctx, owner, pin))
     }
 }
 

@@ -633,9 +633,7 @@ pub async fn send_get(
                 counters.head_bytes_lent += len as u64;
             }
             let (unpin_ctx, owner) = (Rc::clone(ctx), get.owner);
-            let lent = pin.lend(Box::new(move |pin| {
-                super::deferred::unpin(&unpin_ctx, owner, pin)
-            }));
+            let lent = pin.lend(move |pin| super::deferred::unpin(&unpin_ctx, owner, pin));
             step(ctx, idle, async {
                 wire.write_head_and_lent(stream, header, lent)
                     .await
