@@ -965,12 +965,13 @@ impl Ring {
     /// Sends `head` then the lent `tail` with `SENDMSG` (as many as the socket needs), without
     /// copying the tail: a reply's header and the value after it leave in one operation.
     /// Plain send semantics (no zero-copy notification): for where `SEND_ZC` does not pay.
+    /// Hands `head`'s buffer back, emptied, for reuse.
     pub async fn send_pair_all(
         self: &Rc<Self>,
         fd: RawFd,
         head: Vec<u8>,
         tail: Lent,
-    ) -> io::Result<()> {
+    ) -> io::Result<Vec<u8>> {
         let total = head.len() + tail.len();
         let mut pair = Box::new(Pair {
             head,
@@ -1000,7 +1001,10 @@ impl Ring {
                 _ => unreachable!("a pair send hands its pair back"),
             };
         }
-        Ok(())
+        // The value is released here; the header's buffer goes back to the caller for reuse.
+        let Pair { mut head, .. } = *pair;
+        head.clear();
+        Ok(head)
     }
 
     /// Receives into `buf[at..]` (plain `RECV`, queued with the pass's other entries: no

@@ -670,15 +670,21 @@ async fn serve_frames(
             Some(Pending::Lent(head, lent)) => {
                 let (len, head_len) = (lent.len(), head.len());
                 let Conn { buf, filled, .. } = &mut conn;
+                let mut back = None;
                 let (sent, read) = futures_lite::future::zip(
                     with_limits(idle, async {
-                        wire.write_head_and_lent_queued(head, lent.into_lent())
-                            .await
-                            .map(|()| len.max(1))
+                        let head = wire
+                            .write_head_and_lent_queued(head, lent.into_lent())
+                            .await?;
+                        back = Some(head);
+                        Ok(len.max(1))
                     }),
                     with_limits(idle, wire.read(stream, buf, *filled)),
                 )
                 .await;
+                if let Some(head) = back.filter(|head| head.capacity() > 0) {
+                    spare = head;
+                }
                 if lent_sent(ctx, sent, head_len, len).is_err() {
                     return Ended::Cut;
                 }
@@ -757,13 +763,20 @@ async fn serve_frames(
                     }
                     // The replies before it, its header included, leave with it.
                     Held::Lent(lent) => {
-                        let head = conn.out[written..at].to_vec();
                         let last = i + 1 == parts && at == conn.out.len();
                         if last && matches!(after, After::Read) && wire.on_ring() {
-                            // The pass's last reply: it goes out with the next receive.
+                            // The pass's last reply: it goes out with the next receive, its
+                            // header from the reply buffer itself when that is all of it (the
+                            // spare takes its place, and it comes back as the spare).
+                            let head = if written == 0 {
+                                std::mem::replace(&mut conn.out, std::mem::take(&mut spare))
+                            } else {
+                                conn.out[written..at].to_vec()
+                            };
                             pending = Some(Pending::Lent(head, lent));
                             Ok(())
                         } else {
+                            let head = conn.out[written..at].to_vec();
                             send_lent(ctx, stream, wire, idle, head, lent).await
                         }
                     }

@@ -422,7 +422,7 @@ impl Wire {
         lent: Lent,
     ) -> io::Result<()> {
         if self.ring.is_some() {
-            return self.write_head_and_lent_queued(head, lent).await;
+            return self.write_head_and_lent_queued(head, lent).await.map(drop);
         }
         if !head.is_empty() {
             self.write(stream, head).await?;
@@ -432,7 +432,12 @@ impl Wire {
 
     /// [`Wire::write_head_and_lent`] on the ring path, which needs no stream: queued with the
     /// pass's other entries, so it can go out together with the connection's next receive.
-    pub async fn write_head_and_lent_queued(&self, head: Vec<u8>, lent: Lent) -> io::Result<()> {
+    /// Hands the header's buffer back, emptied, for reuse.
+    pub async fn write_head_and_lent_queued(
+        &self,
+        head: Vec<u8>,
+        lent: Lent,
+    ) -> io::Result<Vec<u8>> {
         let ring = self
             .ring
             .as_ref()
@@ -440,11 +445,15 @@ impl Wire {
         if ring.lent_goes_plain(lent.first_addr(), &self.zc) {
             return ring.send_pair_all(self.fd, head, lent).await;
         }
-        if !head.is_empty() {
-            ring.send_all(self.fd, head).await?;
-        }
+        let mut head = if head.is_empty() {
+            head
+        } else {
+            ring.send_all(self.fd, head).await?
+        };
         ring.send_lent_all(self.fd, Buf::Lent(Rc::new(lent)), &self.zc)
-            .await
+            .await?;
+        head.clear();
+        Ok(head)
     }
 
     /// Waits until no ring operation on the socket is left, notifications included, so the
