@@ -288,27 +288,40 @@ fn timer_order(seed: u64) {
         .name("timer-order")
         .spawn(move || async move {
             use glommio::timer::{Timer, TimerActionOnce};
-            // Far enough ahead that every action's task has run once and registered its timer
-            // (they run at this task's first sleep) before the first deadline: an action
-            // first polled after its deadline runs at once, in spawn order.
-            let base = Instant::now() + Duration::from_millis(50);
-            let ran = std::rc::Rc::new(std::cell::RefCell::new(Vec::new()));
-            let actions: Vec<_> = offsets
-                .iter()
-                .enumerate()
-                .map(|(i, &offset)| {
-                    let (ran, at) = (ran.clone(), base + offset);
-                    TimerActionOnce::do_at(at, async move {
-                        let now = Instant::now();
-                        assert!(
-                            now >= at,
-                            "seed {seed}: action {i} ran {:?} early",
-                            at - now
-                        );
-                        ran.borrow_mut().push((offset, i));
+            // Every action's task must run once, and so register its timer, before the first
+            // deadline: an action first polled after its deadline runs at once, in spawn order.
+            // The actions are spawned, then this task yields behind their first polls; if the
+            // base has passed by then (a slow build: the sanitizer's, beside other tests), they
+            // are cancelled and made again further ahead.
+            let mut margin = Duration::from_millis(50);
+            let (base, ran, actions) = loop {
+                let base = Instant::now() + margin;
+                let ran = std::rc::Rc::new(std::cell::RefCell::new(Vec::new()));
+                let actions: Vec<_> = offsets
+                    .iter()
+                    .enumerate()
+                    .map(|(i, &offset)| {
+                        let (ran, at) = (ran.clone(), base + offset);
+                        TimerActionOnce::do_at(at, async move {
+                            let now = Instant::now();
+                            assert!(
+                                now >= at,
+                                "seed {seed}: action {i} ran {:?} early",
+                                at - now
+                            );
+                            ran.borrow_mut().push((offset, i));
+                        })
                     })
-                })
-                .collect();
+                    .collect();
+                futures_lite::future::yield_now().await;
+                if Instant::now() < base {
+                    break (base, ran, actions);
+                }
+                for action in actions {
+                    action.cancel().await;
+                }
+                margin *= 4;
+            };
             glommio::timer::sleep(base.saturating_duration_since(Instant::now())).await;
             // Timers registered and then dropped unfired: their entries leave the map early.
             // Between them the executor is kept busy for up to 1.5 ms without yielding, so
