@@ -1969,8 +1969,10 @@ impl Reactor {
             }
         }
         // Headroom patch (PATCHES.md, 8): what was staged for a sleep that did not happen goes
-        // now (a no-op when the sleep submitted it).
-        flush_rings!(main_ring)?;
+        // now (a no-op when the sleep submitted it). A pass that is not parking flushed above.
+        if parking {
+            flush_rings!(main_ring)?;
+        }
 
         // Headroom patch (PATCHES.md, 6): a run of passes starts watching the clock instead of
         // arming a preempt timer, and arms one only once it has lasted `CLOCK_PREEMPT_MAX`.
