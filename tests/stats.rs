@@ -56,6 +56,8 @@ fn counters_are_counted_once_and_summed_over_shards() {
     assert_eq!(settings["receive_timestamps"], "on");
     let multishot = std::env::var("HEADROOM_TEST_MULTISHOT").unwrap_or("on".into());
     assert_eq!(settings["multishot_receive"], multishot);
+    let sleep = std::env::var("HEADROOM_TEST_RING_SLEEP").unwrap_or("on".into());
+    assert_eq!(settings["ring_sleep"], sleep);
 }
 
 #[test]

@@ -68,6 +68,9 @@ const NOTIF_USAGE_ZC_COPIED: u32 = 1 << 31;
 const ENTER_GETEVENTS: u32 = 1;
 /// The user data of cancellation requests: their completions are only counted.
 const CANCEL_USER_DATA: u64 = u64::MAX;
+/// The user data of the polls of glommio's rings that a shard sleeping in this ring keeps
+/// armed ([`Ring::spawn_driver`]).
+const GLOMMIO_POLL_USER_DATA: u64 = u64::MAX - 1;
 
 /// What an operation does, for the counters.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -126,7 +129,8 @@ pub struct RingStats {
     /// flushed).
     pub cq_overflows: u64,
     pub cancels: u64,
-    /// Eventfd wake-ups of the driver.
+    /// Wake-ups for this ring: sleeps in it (`--ring-sleep on`), or eventfd wake-ups of its
+    /// driver.
     pub wakeups: u64,
     /// `io_uring_enter` calls that submitted queued entries, and the entries they carried.
     pub submits: u64,
@@ -411,6 +415,19 @@ pub trait ReceiveWatch {
     fn reaped(&self);
 }
 
+/// The executor's [`glommio::SleepHook`] while it sleeps in a [`Ring`].
+struct SleepHere(Rc<Ring>);
+
+impl glommio::SleepHook for SleepHere {
+    fn poll(&self) -> usize {
+        self.0.reap()
+    }
+
+    fn sleep(&self) -> usize {
+        self.0.sleep()
+    }
+}
+
 /// One operation's state, from submission to its last completion.
 struct Slot {
     generation: u32,
@@ -489,6 +506,9 @@ pub struct Ring {
     stopping: Cell<bool>,
     /// Entries queued since the last submission, and whether a flush task is on its way.
     queued: Cell<u32>,
+    /// Sleeping here: glommio's main and latency rings, and whether their polls are armed.
+    glommio_rings: Cell<Option<(RawFd, RawFd)>>,
+    glommio_polled: Cell<bool>,
     flush_scheduled: Cell<bool>,
     /// The flusher task, while it waits for a flush to be asked.
     flusher: RefCell<Option<Waker>>,
@@ -629,6 +649,8 @@ impl Ring {
             stats: RefCell::new(RingStats::default()),
             stopping: Cell::new(false),
             queued: Cell::new(0),
+            glommio_rings: Cell::new(None),
+            glommio_polled: Cell::new(false),
             flush_scheduled: Cell::new(false),
             flusher: RefCell::new(None),
             taskrun_flag,
@@ -677,9 +699,17 @@ impl Ring {
         stats
     }
 
-    /// Runs the completion driver and the flusher on the current glommio executor until
+    /// Runs the flusher, and the completion driver, on the current glommio executor until
     /// [`Ring::stop`].
-    pub fn spawn_driver(self: &Rc<Self>) -> glommio::task::JoinHandle<()> {
+    ///
+    /// With `sleep_here`, the executor sleeps in this ring (glommio patch 9, a
+    /// [`glommio::SleepHook`]): every executor pass reaps it, and a sleep is one
+    /// `io_uring_enter` that submits what is queued and waits for a completion here, where
+    /// most wake-ups come from, or on glommio's main or latency ring (this ring polls both,
+    /// multishot). Without it, the executor sleeps in glommio's ring and a driver task reads an
+    /// eventfd that this ring signals: a wake-up then takes the eventfd's signal, the read's
+    /// completion in glommio's ring, and that task's pass.
+    pub fn spawn_driver(self: &Rc<Self>, sleep_here: bool) {
         let flusher = Rc::clone(self);
         glommio::spawn_local(async move {
             loop {
@@ -699,6 +729,15 @@ impl Ring {
             }
         })
         .detach();
+        if sleep_here {
+            self.glommio_rings.set(Some(glommio::ring_fds()));
+            // Completions are taken by the executor's passes and sleeps: no signal needed.
+            if let Err(err) = self.uring.borrow().submitter().unregister_eventfd() {
+                tracing::warn!(%err, "unregistering the ring's eventfd");
+            }
+            glommio::set_sleep_hook(Some(Rc::new(SleepHere(Rc::clone(self)))));
+            return;
+        }
         let ring = Rc::clone(self);
         glommio::spawn_local(async move {
             // SAFETY: dup of our own eventfd; the duplicate is owned by the glommio file.
@@ -719,11 +758,54 @@ impl Ring {
             }
             let _ = file.close().await;
         })
-        .detach()
+        .detach();
+    }
+
+    /// The executor's sleep in this ring ([`Ring::spawn_driver`]): arms the polls of glommio's
+    /// rings if they are not armed, submits everything queued and waits for one completion in
+    /// the same `io_uring_enter`, then reaps.
+    fn sleep(&self) -> usize {
+        if let (Some((main, latency)), false) =
+            (self.glommio_rings.get(), self.glommio_polled.get())
+        {
+            for fd in [main, latency] {
+                let poll = opcode::PollAdd::new(types::Fd(fd), libc::POLLIN as u32)
+                    .multi(true)
+                    .build()
+                    .user_data(GLOMMIO_POLL_USER_DATA);
+                self.queue(&poll);
+            }
+            self.glommio_polled.set(true);
+        }
+        let queued = self.queued.replace(0);
+        {
+            let uring = self.uring.borrow_mut();
+            // A completion already posted (or one the submission posts) ends the wait at once.
+            // SAFETY: no signal mask or argument is passed.
+            let entered = unsafe {
+                uring
+                    .submitter()
+                    .enter::<libc::sigset_t>(queued, 1, ENTER_GETEVENTS, None)
+            };
+            if let Err(err) = entered {
+                if err.raw_os_error() != Some(libc::EINTR) {
+                    tracing::error!(%err, "io_uring sleep failed");
+                }
+            }
+            let mut stats = self.stats.borrow_mut();
+            stats.wakeups += 1;
+            stats.submits += 1;
+            stats.entries_submitted += u64::from(queued);
+        }
+        self.reap()
     }
 
     /// Stops the driver (after [`Ring::drain`]).
     pub fn stop(&self) {
+        if self.glommio_rings.get().is_some() {
+            // The executor sleeps in glommio's own ring again (and the hook lets go of us).
+            glommio::set_sleep_hook(None);
+        }
         self.stopping.set(true);
         if let Some(waker) = self.flusher.borrow_mut().take() {
             waker.wake();
@@ -1472,6 +1554,13 @@ impl Ring {
                 if data == CANCEL_USER_DATA {
                     continue;
                 }
+                if data == GLOMMIO_POLL_USER_DATA {
+                    // It only ends a sleep; one that ended (no `MORE`) is armed again.
+                    if !cqueue::more(flags) {
+                        self.glommio_polled.set(false);
+                    }
+                    continue;
+                }
                 let (index, generation) = ((data & 0xFFFF_FFFF) as usize, (data >> 32) as u32);
                 let slot = &mut slots[index];
                 assert!(
@@ -1790,7 +1879,7 @@ mod tests {
                         return;
                     }
                 };
-                ring.spawn_driver();
+                ring.spawn_driver(false);
                 let seen = Rc::new(RefCell::new(Vec::new()));
                 ring.watch_receives(Box::new(Recorder(Rc::clone(&seen))));
                 let (plain, mut plain_peer) = UnixStream::pair().unwrap();

@@ -833,7 +833,7 @@ pub const IO: &[(&str, Export)] = &[
         sample(counter(
             "ring_wakeups",
             N,
-            "Eventfd wake-ups of the ring's driver.",
+            "Sleeps in the shard's ring, or eventfd wake-ups of its driver (--ring-sleep off).",
         )),
     ),
     (

@@ -348,6 +348,10 @@ fn settings(ctx: &ShardCtx) -> Vec<(String, String)> {
             "multishot_receive",
             if s.multishot_receive { "on" } else { "off" }.to_string(),
         ),
+        (
+            "ring_sleep",
+            if s.ring_sleep { "on" } else { "off" }.to_string(),
+        ),
         ("promotion_interval_ms", s.promotion_interval_ms.to_string()),
         ("promotion_budget", s.promotion_budget_blocks.to_string()),
         (

@@ -169,7 +169,7 @@ impl ShardIo {
             }
         };
         if let Some(ring) = &ring {
-            ring.spawn_driver();
+            ring.spawn_driver(settings.ring_sleep);
         }
         if shard == 0 {
             tracing::info!(path = %path, io_pool_bytes = settings.io_pool_bytes, "data path");

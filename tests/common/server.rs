@@ -31,7 +31,8 @@ impl Server {
 
     /// Starts the server under a command prefix (`setpriv ...` to run it as another user).
     /// `HEADROOM_TEST_IO_RING=off` runs every test server on the plain data path;
-    /// `HEADROOM_TEST_MULTISHOT=off` runs the ring path with one receive per read.
+    /// `HEADROOM_TEST_MULTISHOT=off` runs the ring path with one receive per read, and
+    /// `HEADROOM_TEST_RING_SLEEP=off` with shards that sleep in glommio's ring.
     pub fn start_command(prefix: &[&str], data_dir: &std::path::Path, args: &[&str]) -> Server {
         Server::start_binary(env!("CARGO_BIN_EXE_headroom"), prefix, data_dir, args)
     }
@@ -60,6 +61,11 @@ impl Server {
         if let Ok(multishot) = std::env::var("HEADROOM_TEST_MULTISHOT") {
             if !args.contains(&"--multishot-receive") {
                 command.args(["--multishot-receive", &multishot]);
+            }
+        }
+        if let Ok(sleep) = std::env::var("HEADROOM_TEST_RING_SLEEP") {
+            if !args.contains(&"--ring-sleep") {
+                command.args(["--ring-sleep", &sleep]);
             }
         }
         let admin_socket = data_dir.join("admin.sock");

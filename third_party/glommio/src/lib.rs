@@ -456,7 +456,15 @@ pub use crate::{
     shares::{Shares, SharesManager},
     sys::hardware_topology::CpuLocation,
 };
+pub use crate::sys::uring::{set_sleep_hook, SleepHook};
 pub use enclose::enclose;
+
+/// Headroom patch (PATCHES.md, 9): the current executor's main and latency rings'
+/// descriptors, for a [`SleepHook`] to poll. Call it outside the hook (the reactor holds the
+/// rings while it calls the hook).
+pub fn ring_fds() -> (std::os::unix::io::RawFd, std::os::unix::io::RawFd) {
+    executor().reactor().sys.ring_fds()
+}
 pub use scopeguard::defer;
 use sketches_ddsketch::DDSketch;
 use std::{

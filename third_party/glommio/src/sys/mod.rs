@@ -175,7 +175,7 @@ mod dma_buffer;
 mod membarrier;
 pub(crate) mod source;
 pub(crate) mod sysfs;
-mod uring;
+pub(crate) mod uring;
 
 pub use self::dma_buffer::DmaBuffer;
 pub(crate) use self::{source::*, uring::*};

@@ -1238,6 +1238,38 @@ impl UringCommon for SleepableRing {
 /// pays a clock read per `need_preempt` for at most this long.
 const CLOCK_PREEMPT_MAX: Duration = Duration::from_millis(1);
 
+/// Headroom patch (PATCHES.md, 9): where an executor sleeps instead of its main ring, when
+/// its user owns a ring of its own that most wake-ups come from.
+///
+/// Installed per thread with [`set_sleep_hook`]. The reactor calls [`SleepHook::poll`] on every
+/// pass (what it returns counts as events, so a pass that woke tasks does not sleep), and
+/// [`SleepHook::sleep`] in place of its own sleep: by then everything glommio has queued is in
+/// the kernel and nothing is runnable. `sleep` must return once a completion is posted on the
+/// hook's own ring or on glommio's main or latency ring (see [`ring_fds`]: both are pollable),
+/// and must not call back into the reactor (waking tasks is fine).
+pub trait SleepHook {
+    /// Takes the hook's ready completions, waking their tasks; returns how many it took.
+    fn poll(&self) -> usize;
+    /// Blocks until one of the rings has a completion; then as [`SleepHook::poll`].
+    fn sleep(&self) -> usize;
+}
+
+thread_local! {
+    static SLEEP_HOOK: RefCell<Option<Rc<dyn SleepHook>>> = const { RefCell::new(None) };
+}
+
+/// Installs (or with `None`, removes) this thread's [`SleepHook`].
+///
+/// [`ring_fds`]: crate::ring_fds
+pub fn set_sleep_hook(hook: Option<Rc<dyn SleepHook>>) {
+    SLEEP_HOOK.with(|h| *h.borrow_mut() = hook);
+}
+
+fn sleep_hook() -> Option<Rc<dyn SleepHook>> {
+    SLEEP_HOOK.with(|h| h.borrow().clone())
+}
+
+
 /// Headroom patch (PATCHES.md, 2): whether the timer in `cell` is armed and has not
 /// completed yet.
 fn pending(cell: &Cell<Option<Source>>) -> bool {
@@ -1853,6 +1885,10 @@ impl Reactor {
         F: Fn() -> usize,
     {
         woke += self.flush_syscall_thread();
+        let hook = sleep_hook();
+        if let Some(hook) = &hook {
+            woke += hook.poll();
+        }
 
         let mut poll_ring = self.poll_ring.borrow_mut();
         let mut main_ring = self.main_ring.borrow_mut();
@@ -1956,7 +1992,21 @@ impl Reactor {
             membarrier::heavy();
             let events = process_remote_channels() + self.flush_syscall_thread();
             if events == 0 {
-                if self.eventfd_src.is_installed().unwrap() {
+                if let Some(hook) = hook.filter(|_| self.eventfd_src.is_installed().unwrap()) {
+                    // Headroom patch (PATCHES.md, 9): sleep in the hook's ring, which polls
+                    // this executor's main and latency rings. What is staged here goes in
+                    // first (the eventfd read that a remote wake-up completes among it). The
+                    // hook's polls wake it for completions posted from now on, not for ones
+                    // already posted: any completion taken here (even one that wakes no task,
+                    // such as the user timer's) means no sleep, and the loop looks again.
+                    flush_rings!(main_ring)?;
+                    let mut woke_here = 0;
+                    let taken = consume_rings!(into &mut woke_here; lat_ring, poll_ring, main_ring);
+                    if taken == 0 && woke_here == 0 {
+                        hook.sleep();
+                    }
+                    consume_rings!(into &mut 0; lat_ring, poll_ring, main_ring);
+                } else if self.eventfd_src.is_installed().unwrap() {
                     self.link_rings_and_sleep(&mut main_ring)
                         .expect("some error");
                     // May have new cancellations related to the link ring fd.
@@ -2013,6 +2063,14 @@ impl Reactor {
         self.clock_preempt
             .get()
             .is_some_and(|(_, deadline)| Instant::now() >= deadline)
+    }
+
+    /// Headroom patch (PATCHES.md, 9): the main and latency rings' descriptors.
+    pub(crate) fn ring_fds(&self) -> (RawFd, RawFd) {
+        (
+            self.main_ring.borrow().ring_fd(),
+            self.latency_ring.borrow().ring_fd(),
+        )
     }
 
     pub(crate) fn flush_syscall_thread(&self) -> usize {
