@@ -5,7 +5,8 @@
 //! (the doorbell: how the control plane wakes a shard), or a message on a shared channel from
 //! another executor. Each source acts at once (before the wait) or after 1-300 µs (while the
 //! executor goes to sleep or sleeps). A lost wake-up hangs a round: a limit far above the
-//! run's normal time tells it from a slow run.
+//! run's normal time tells it from a slow run. A third test spins before parking for longer
+//! than that limit, so every source must be seen while the executor spins.
 
 mod common;
 
@@ -23,12 +24,24 @@ use headroom::ring::{Doorbell, FixedBuffers, Ring};
 
 #[test]
 fn a_shard_sleeping_in_its_ring_wakes_for_every_source() {
-    common::for_each_seed("ring_sleep", 1, |seed| rounds(seed, true));
+    common::for_each_seed("ring_sleep", 1, |seed| rounds(seed, true, None, 10_000));
 }
 
 #[test]
 fn a_shard_sleeping_in_glommios_ring_wakes_for_every_source() {
-    common::for_each_seed("ring_sleep_eventfd", 1, |seed| rounds(seed, false));
+    common::for_each_seed("ring_sleep_eventfd", 1, |seed| {
+        rounds(seed, false, None, 10_000)
+    });
+}
+
+/// An executor that spins before it parks (`--spin-before-park`) must see its ring's
+/// completions while it spins: with a spin far longer than the run's limit, a receive seen
+/// only at the park would hang the rounds.
+#[test]
+fn a_shard_spinning_before_it_sleeps_in_its_ring_sees_every_source() {
+    common::for_each_seed("ring_sleep_spin", 1, |seed| {
+        rounds(seed, true, Some(Duration::from_secs(600)), 500)
+    });
 }
 
 #[derive(Clone, Copy, Debug)]
@@ -57,8 +70,7 @@ fn pause(delay: Duration) {
     }
 }
 
-fn rounds(seed: u64, sleep_here: bool) {
-    const ROUNDS: usize = 10_000;
+fn rounds(seed: u64, sleep_here: bool, spin: Option<Duration>, rounds: usize) {
     let limit = Duration::from_secs(
         std::env::var("RING_SLEEP_LIMIT_S")
             .ok()
@@ -66,7 +78,7 @@ fn rounds(seed: u64, sleep_here: bool) {
             .unwrap_or(120),
     );
     let mut rng = Rng::new(seed);
-    let plan: Vec<(Source, Duration)> = (0..ROUNDS)
+    let plan: Vec<(Source, Duration)> = (0..rounds)
         .map(|_| {
             let source = match rng.between(0, 3) {
                 0 => Source::Receive,
@@ -123,8 +135,14 @@ fn rounds(seed: u64, sleep_here: bool) {
     let plan_seen = plan.clone();
     let started = Instant::now();
     let (done_tx, done_rx) = mpsc::channel::<Result<(), String>>();
-    let shard = LocalExecutorBuilder::default()
-        .name("ring-sleep-shard")
+    let mut builder = LocalExecutorBuilder::default().name("ring-sleep-shard");
+    if let Some(spin) = spin {
+        // glommio spins only on an executor bound to a CPU.
+        builder = LocalExecutorBuilder::new(glommio::Placement::Fixed(0))
+            .name("ring-sleep-shard")
+            .spin_before_park(spin);
+    }
+    let shard = builder
         .spawn(move || async move {
             let buffers = FixedBuffers::cut(&[], 4096).expect("no buffers");
             let ring = match Ring::new(buffers, Vec::new(), 8) {
@@ -189,7 +207,7 @@ fn rounds(seed: u64, sleep_here: bool) {
     sender.join().unwrap();
     helper.join().unwrap();
     eprintln!(
-        "{ROUNDS} rounds (sleep_here {sleep_here}) in {:?}",
+        "{rounds} rounds (sleep_here {sleep_here}, spin {spin:?}) in {:?}",
         started.elapsed()
     );
 }

@@ -1816,6 +1816,10 @@ impl Reactor {
     }
 
     pub(crate) fn poll_io(&self, woke: &mut usize) -> io::Result<()> {
+        // Headroom patch (PATCHES.md, 9): a spin before parking looks at the hook's ring too.
+        if let Some(hook) = sleep_hook() {
+            *woke += hook.poll();
+        }
         self.poll_ring.borrow_mut().poll(woke)?;
         self.main_ring.borrow_mut().poll(woke)?;
         self.latency_ring.borrow_mut().poll(woke)?;
