@@ -794,8 +794,10 @@ impl Ring {
             }
             let mut stats = self.stats.borrow_mut();
             stats.wakeups += 1;
-            stats.submits += 1;
-            stats.entries_submitted += u64::from(queued);
+            if queued > 0 {
+                stats.submits += 1;
+                stats.entries_submitted += u64::from(queued);
+            }
         }
         self.reap()
     }

@@ -1269,7 +1269,6 @@ fn sleep_hook() -> Option<Rc<dyn SleepHook>> {
     SLEEP_HOOK.with(|h| h.borrow().clone())
 }
 
-
 /// Headroom patch (PATCHES.md, 2): whether the timer in `cell` is armed and has not
 /// completed yet.
 fn pending(cell: &Cell<Option<Source>>) -> bool {
@@ -2004,9 +2003,8 @@ impl Reactor {
                     // already posted: any completion taken here (even one that wakes no task,
                     // such as the user timer's) means no sleep, and the loop looks again.
                     flush_rings!(main_ring)?;
-                    let mut woke_here = 0;
-                    let taken = consume_rings!(into &mut woke_here; lat_ring, poll_ring, main_ring);
-                    if taken == 0 && woke_here == 0 {
+                    let taken = consume_rings!(into &mut 0; lat_ring, poll_ring, main_ring);
+                    if taken == 0 {
                         hook.sleep();
                     }
                     consume_rings!(into &mut 0; lat_ring, poll_ring, main_ring);
