@@ -217,7 +217,7 @@ pub struct Cli {
 
     /// On the ring path, a shard sleeps in its own ring, where most wake-ups come from, and
     /// polls glommio's rings from there: a wake-up is one `io_uring_enter`. `off` sleeps in
-    /// glommio's ring, woken through an eventfd the shard's ring signals (about 10 % more
+    /// glommio's ring, woken through an eventfd the shard's ring signals (about 17 % more
     /// server CPU per request where a shard sleeps between requests: docs/benchmarks.md)
     /// [default: on].
     #[arg(long, value_name = "on|off")]
