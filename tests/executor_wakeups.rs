@@ -47,19 +47,6 @@ fn pauses(seed: u64, n: usize) -> Vec<Duration> {
         .collect()
 }
 
-fn spin_or_sleep(pause: Duration) {
-    // Short pauses spin (the peer stays awake through them), longer ones sleep (the peer
-    // parks): both orders of "flag set" and "message pushed" happen.
-    if pause < Duration::from_micros(20) {
-        let until = Instant::now() + pause;
-        while Instant::now() < until {
-            std::hint::spin_loop();
-        }
-    } else {
-        std::thread::sleep(pause);
-    }
-}
-
 #[test]
 fn no_wakeup_is_lost_between_sleeping_executors() {
     common::for_each_seed("executor_wakeups", 1, exchange);
@@ -78,7 +65,7 @@ fn exchange(seed: u64) {
         .spawn(move || async move {
             let (tx, rx) = (to_b.connect().await, from_b.connect().await);
             for (i, pause) in pauses_a.into_iter().enumerate() {
-                spin_or_sleep(pause);
+                common::spin_or_sleep(pause);
                 tx.send(i as u64).await.unwrap();
                 assert_eq!(rx.recv().await, Some(i as u64));
             }
@@ -91,7 +78,7 @@ fn exchange(seed: u64) {
             let (rx, tx) = (from_a.connect().await, to_a.connect().await);
             for (i, pause) in pauses_b.into_iter().enumerate() {
                 assert_eq!(rx.recv().await, Some(i as u64));
-                spin_or_sleep(pause);
+                common::spin_or_sleep(pause);
                 tx.send(i as u64).await.unwrap();
             }
             done_b.send(()).unwrap();
@@ -330,7 +317,7 @@ fn timer_order(seed: u64) {
                 let never = Timer::new(after + Duration::from_secs(60));
                 glommio::timer::sleep(after / 8).await;
                 drop(never);
-                spin_or_sleep(busy);
+                common::spin_or_sleep(busy);
             }
             for action in actions {
                 action
@@ -416,7 +403,7 @@ fn staged_reads(seed: u64) {
             }
             assert_eq!(ready_rx.recv().unwrap(), i);
             if how == 2 {
-                spin_or_sleep(pause);
+                common::spin_or_sleep(pause);
             }
             write_count(i as u64 + 1);
         }

@@ -58,18 +58,6 @@ enum Act {
     Ring(Duration),
 }
 
-fn pause(delay: Duration) {
-    // Short delays spin (the shard may still be awake), longer ones sleep (it parks).
-    if delay < Duration::from_micros(20) {
-        let until = Instant::now() + delay;
-        while Instant::now() < until {
-            std::hint::spin_loop();
-        }
-    } else {
-        std::thread::sleep(delay);
-    }
-}
-
 fn rounds(seed: u64, sleep_here: bool, spin: Option<Duration>, rounds: usize) {
     let limit = Duration::from_secs(
         std::env::var("RING_SLEEP_LIMIT_S")
@@ -103,11 +91,11 @@ fn rounds(seed: u64, sleep_here: bool, spin: Option<Duration>, rounds: usize) {
         for act in act_rx {
             match act {
                 Act::Write(byte, delay) => {
-                    pause(delay);
+                    common::spin_or_sleep(delay);
                     peer.write_all(&[byte]).unwrap();
                 }
                 Act::Ring(delay) => {
-                    pause(delay);
+                    common::spin_or_sleep(delay);
                     bell.ring();
                 }
             }
@@ -123,7 +111,7 @@ fn rounds(seed: u64, sleep_here: bool, spin: Option<Duration>, rounds: usize) {
         .spawn(move || async move {
             let tx = to_shard.connect().await;
             for (i, delay) in send_rx {
-                pause(delay);
+                common::spin_or_sleep(delay);
                 tx.send(i).await.unwrap();
             }
         })

@@ -176,3 +176,17 @@ pub fn python_with(module: &str) -> std::path::PathBuf {
     }
     panic!("no Python imports {module} (tried {candidates:?}): run scripts/install-deps");
 }
+
+/// Waits `pause` as a peer thread of a wake-up test: short pauses spin (the executor under test
+/// may still be awake through them), longer ones sleep (it parks), so both orders of "about to
+/// sleep" and "woken" happen.
+pub fn spin_or_sleep(pause: std::time::Duration) {
+    if pause < std::time::Duration::from_micros(20) {
+        let until = std::time::Instant::now() + pause;
+        while std::time::Instant::now() < until {
+            std::hint::spin_loop();
+        }
+    } else {
+        std::thread::sleep(pause);
+    }
+}
