@@ -668,3 +668,49 @@ fn one_small_block_means_one_partition() {
     }
     headroom::arena::batch::retire_core_batch(arena.pool());
 }
+
+/// The lock counters (STAT `partition_locks`, `_contended`, the sampled hold times) live in
+/// per-thread slots, not in the partitions: with more threads than slots, and every thread
+/// locking every partition, the totals must still be exact.
+#[test]
+fn lock_counts_are_exact_across_more_threads_than_counter_slots() {
+    const THREADS: u64 = 80; // above the 64 counter slots
+    const LOCKS_PER_THREAD: u64 = 640;
+    let mut rng = Rng::new(1);
+    let arena = Arena::map(
+        MemoryPlan::new(&config(&mut rng), &topology()),
+        &UnlockedMapper,
+        1,
+    )
+    .expect("map");
+    let partitions = Arc::new(Partitions::new(
+        &arena,
+        KeyHasher::with_seed(3),
+        4,
+        |index| StoreConfig {
+            max_item_bytes: 1 << 20,
+            partition: index,
+            promotion_half_life_seconds: 10,
+        },
+    ));
+    let (before, _, holds_before) = partitions.lock_stats();
+    let threads: Vec<_> = (0..THREADS)
+        .map(|_| {
+            let partitions = Arc::clone(&partitions);
+            std::thread::spawn(move || {
+                for n in 0..LOCKS_PER_THREAD {
+                    drop(partitions.lock(n as usize % partitions.len()));
+                }
+            })
+        })
+        .collect();
+    for thread in threads {
+        thread.join().unwrap();
+    }
+    let (after, contended, holds_after) = partitions.lock_stats();
+    assert_eq!(after - before, THREADS * LOCKS_PER_THREAD);
+    assert!(contended <= after);
+    // Each new thread times its 64th, 128th, ... hold.
+    let sampled: u64 = holds_after.iter().sum::<u64>() - holds_before.iter().sum::<u64>();
+    assert_eq!(sampled, THREADS * (LOCKS_PER_THREAD / 64));
+}

@@ -1,0 +1,198 @@
+//! Cores benchmark: what sharing partitions between cores costs a GET. Pipelined batches of
+//! binary GETs run against the partitions as a connection runs them (look ahead, decode, lock
+//! the key's partition, look up, copy the value out), three ways:
+//!
+//! - one core alone over the partitions;
+//! - two cores at once over the same partitions (each pinned to its own CPU): every partition's
+//!   lock word, store fields and touched records move between the cores' caches;
+//! - two cores at once, each over partitions of its own (same key count each): the cost of two
+//!   busy CPUs without the sharing (memory bandwidth, a host's sibling threads).
+//!
+//!   cargo bench --bench cores [-- --rounds N]
+//!
+//! Prints the median ns per GET of each over rounds (the order rotating each round). CPU time
+//! per request, not the server's: the kernel's TCP work is not in these figures.
+
+use std::sync::{Arc, Barrier};
+use std::time::Instant;
+
+use headroom::arena::batch::install_core_batch;
+use headroom::arena::Arena;
+use headroom::bench::process::pin_current_thread;
+use headroom::proto::{decode_streaming, opcode, Decoded, Request, StoreMode};
+use headroom::server::lookahead::{Lookahead, FRAMES};
+use headroom::server::partition::Partitions;
+use headroom::store::{KeyHasher, Lookup, StoreConfig};
+
+mod common;
+use common::{arena, median};
+
+const VALUE_BYTES: usize = 32;
+const PARTITIONS: usize = 16;
+const BATCHES_PER_CHUNK: usize = 4_000;
+
+/// xorshift64*, so every run asks for the same keys.
+struct Rng(u64);
+impl Rng {
+    fn below(&mut self, n: u64) -> u64 {
+        self.0 ^= self.0 >> 12;
+        self.0 ^= self.0 << 25;
+        self.0 ^= self.0 >> 27;
+        self.0.wrapping_mul(0x2545_f491_4f6c_dd1d) % n
+    }
+}
+
+fn key(i: u64) -> Vec<u8> {
+    format!("memtier-{i}").into_bytes()
+}
+
+fn get_frame(out: &mut Vec<u8>, key: &[u8]) {
+    out.extend_from_slice(&[0x80, opcode::GET]);
+    out.extend_from_slice(&(key.len() as u16).to_be_bytes());
+    out.extend_from_slice(&[0, 0, 0, 0]);
+    out.extend_from_slice(&(key.len() as u32).to_be_bytes());
+    out.extend_from_slice(&[0; 12]);
+    out.extend_from_slice(key);
+}
+
+fn filled(arena: &Arc<Arena>, keys: u64) -> Arc<Partitions> {
+    let partitions = Partitions::new(arena, KeyHasher::with_seed(1), PARTITIONS, |index| {
+        StoreConfig {
+            max_item_bytes: 1 << 20,
+            partition: index,
+            promotion_half_life_seconds: 10,
+        }
+    });
+    let value = [7u8; VALUE_BYTES];
+    for i in 0..keys {
+        let key = key(i);
+        let (_, mut store) = partitions.lock_key(&key);
+        store.store(StoreMode::Set, &key, &value, 0, 0, 0, 1);
+    }
+    Arc::new(partitions)
+}
+
+fn batches(keys: u64, seed: u64) -> Vec<Vec<u8>> {
+    let mut rng = Rng(seed);
+    (0..BATCHES_PER_CHUNK)
+        .map(|_| {
+            let mut frames = Vec::new();
+            for _ in 0..FRAMES {
+                get_frame(&mut frames, &key(rng.below(keys)));
+            }
+            frames
+        })
+        .collect()
+}
+
+/// ns per GET over every batch, run as a connection runs them.
+fn run(partitions: &Partitions, batches: &[Vec<u8>]) -> f64 {
+    let mut lookahead = Lookahead::default();
+    let mut out = Vec::with_capacity(FRAMES * VALUE_BYTES);
+    let started = Instant::now();
+    for batch in batches {
+        out.clear();
+        lookahead.reset();
+        let mut at = 0;
+        while at < batch.len() {
+            lookahead.before_frame(partitions, batch, at);
+            let Decoded::Request {
+                request: Request::Get { key, .. },
+                consumed,
+                ..
+            } = decode_streaming(&batch[at..], 1 << 20, 256 << 10)
+            else {
+                panic!("a GET frame");
+            };
+            let (_, mut store) = partitions.lock_key(key);
+            let Lookup::Small(hit) = store.lookup(key, None, 1, true) else {
+                panic!("every GET a hit");
+            };
+            out.extend_from_slice(&hit.value.contiguous());
+            at += consumed;
+        }
+    }
+    started.elapsed().as_nanos() as f64 / (batches.len() * FRAMES) as f64
+}
+
+/// What one core runs: the partitions it looks keys up in, and its batches of GET frames.
+type CoreWork = (Arc<Partitions>, Arc<Vec<Vec<u8>>>);
+
+/// Runs `per_core` on CPUs 0, 1, ... at once; the mean ns per GET.
+fn together(per_core: Vec<CoreWork>) -> f64 {
+    let start = Arc::new(Barrier::new(per_core.len()));
+    let threads: Vec<_> = per_core
+        .into_iter()
+        .enumerate()
+        .map(|(cpu, (partitions, batches))| {
+            let start = Arc::clone(&start);
+            std::thread::spawn(move || {
+                pin_current_thread(&[cpu]).expect("pin");
+                install_core_batch();
+                start.wait();
+                run(&partitions, &batches)
+            })
+        })
+        .collect();
+    let ns: Vec<f64> = threads.into_iter().map(|t| t.join().unwrap()).collect();
+    ns.iter().sum::<f64>() / ns.len() as f64
+}
+
+fn main() {
+    let args: Vec<String> = std::env::args().collect();
+    if common::listing_only(&args) {
+        return;
+    }
+    let rounds = common::arg(&args, "--rounds").unwrap_or(15);
+    let keys: u64 = common::arg(&args, "--keys").unwrap_or(100_000);
+    let arena = arena((keys * 2 * 160).next_power_of_two().max(512 << 20), 16);
+    install_core_batch();
+    let shared = filled(&arena, keys);
+    let own = filled(&arena, keys);
+    let work: Vec<Arc<Vec<Vec<u8>>>> = (0..2)
+        .map(|core| Arc::new(batches(keys, 0x9e37_79b9 + core)))
+        .collect();
+    let ways: [(&str, Vec<CoreWork>); 3] = [
+        ("one core", vec![(shared.clone(), work[0].clone())]),
+        (
+            "two cores, shared partitions",
+            vec![
+                (shared.clone(), work[0].clone()),
+                (shared.clone(), work[1].clone()),
+            ],
+        ),
+        (
+            "two cores, partitions of their own",
+            vec![
+                (shared.clone(), work[0].clone()),
+                (own.clone(), work[1].clone()),
+            ],
+        ),
+    ];
+    let mut ns = vec![Vec::new(); ways.len()];
+    for round in 0..rounds + 1 {
+        for i in 0..ways.len() {
+            let way = (i + round) % ways.len();
+            let took = together(ways[way].1.clone());
+            if round > 0 {
+                ns[way].push(took);
+            }
+        }
+    }
+    println!(
+        "Batches of {FRAMES} binary GETs of {VALUE_BYTES} B values over {keys} random keys, \
+         {PARTITIONS} partitions; median of {rounds} rounds of {BATCHES_PER_CHUNK} batches a core"
+    );
+    // The host's speed drifts from round to round; a round's ways ran side by side, so the
+    // cost of sharing is read from each round's difference, not from the medians'.
+    let sharing: Vec<f64> = ns[1].iter().zip(&ns[2]).map(|(s, o)| s - o).collect();
+    println!("| way | ns per GET |");
+    println!("| --- | --- |");
+    for ((name, _), ns) in ways.iter().zip(ns) {
+        println!("| {name} | {:.1} |", median(ns));
+    }
+    println!(
+        "sharing the partitions costs {:.1} ns per GET (the median of the rounds' differences)",
+        median(sharing)
+    );
+}
