@@ -389,6 +389,44 @@ fn a_connections_receive_is_armed_once_unless_multishot_is_off() {
     }
 }
 
+/// STAT `io`'s received bytes are the bytes the client sent, exactly: with receive timestamps
+/// on, each multishot buffer also holds the message header, the address and the control space,
+/// and those were counted too (about 80 bytes a receive).
+#[test]
+fn received_bytes_are_the_bytes_sent() {
+    if !ring_allowed() {
+        return;
+    }
+    for timestamps in ["on", "off"] {
+        let server = Server::start(&[
+            "--threads",
+            "1",
+            "--io-ring",
+            "on",
+            "--receive-timestamps",
+            timestamps,
+        ]);
+        let mut c = server.client();
+        // Each STAT `io` request is 24 bytes of header and its 2-byte key; the one that reads
+        // `before` is already counted in it, the one that reads `after` is in `after`.
+        let before = io_sum(&mut c, "bytes_recv");
+        let mut sent = 24 + 2;
+        for i in 0..100u64 {
+            let key = format!("key{i}");
+            let value = pattern(i, 1 + i as usize * 7);
+            assert_eq!(c.set(key.as_bytes(), &value, 0, 0).status, 0);
+            assert!(c.get(key.as_bytes()).value == value);
+            sent += (24 + 8 + key.len() + value.len()) + (24 + key.len());
+        }
+        let after = io_sum(&mut c, "bytes_recv");
+        assert_eq!(
+            after - before,
+            sent as u64,
+            "receive timestamps {timestamps}"
+        );
+    }
+}
+
 /// A fixed slot holds its value rotated, wrapping around the slot's end (`arena::slot_layout`):
 /// values that fill their slot, a large value's head copy, and an APPEND that rewrites a fixed
 /// value read back byte-exact through the binary, text and meta GETs, lent from the arena

@@ -1575,7 +1575,6 @@ impl Ring {
                     debug_assert_eq!(OpKind::ALL[k], OpKind::Recv);
                     if result >= 0 {
                         stats.ops[k] += 1;
-                        stats.bytes[k] += result as u64;
                     } else if result == -libc::ENOBUFS {
                         stats.receives_out_of_buffers += 1;
                     } else if result != -libc::ECANCELED {
@@ -1593,6 +1592,9 @@ impl Ring {
                         let provided = provided.as_mut().expect("a ring with multishot receives");
                         let (payload, stamp) = inbox.parse(provided.bytes(id, result as usize));
                         outcome = payload.len() as i32;
+                        // The payload only: a stamped receive's buffer also holds the message
+                        // header, the address and the control space (about 80 bytes).
+                        stats.bytes[k] += payload.len() as u64;
                         if let (Some(watch), false) = (&*watch, payload.is_empty()) {
                             watch.received(payload);
                             received = true;
