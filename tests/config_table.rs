@@ -67,6 +67,11 @@ fn every_invalid_combination_has_its_own_error_and_exit_2() {
         ),
         (
             ONE,
+            &["--pin-shards", "socket"],
+            "--pin-shards socket: must be core or node",
+        ),
+        (
+            ONE,
             &["--promotion-half-life", "0"],
             "--promotion-half-life must be at least 1 second",
         ),

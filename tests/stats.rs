@@ -58,6 +58,70 @@ fn counters_are_counted_once_and_summed_over_shards() {
     assert_eq!(settings["multishot_receive"], multishot);
     let sleep = std::env::var("HEADROOM_TEST_RING_SLEEP").unwrap_or("on".into());
     assert_eq!(settings["ring_sleep"], sleep);
+    assert_eq!(settings["pin_shards"], "core");
+}
+
+/// The CPUs each shard thread may run on (`/proc/PID/task/*/status`), by shard name.
+fn shard_cpus(pid: u32) -> std::collections::BTreeMap<String, String> {
+    let mut shards = std::collections::BTreeMap::new();
+    for task in std::fs::read_dir(format!("/proc/{pid}/task")).unwrap() {
+        let task = task.unwrap().path();
+        let Ok(name) = std::fs::read_to_string(task.join("comm")) else {
+            continue;
+        };
+        let name = name.trim().to_string();
+        if !name.starts_with("shard-") {
+            continue;
+        }
+        let status = std::fs::read_to_string(task.join("status")).unwrap();
+        let cpus = status
+            .lines()
+            .find_map(|l| l.strip_prefix("Cpus_allowed_list:"))
+            .unwrap()
+            .trim()
+            .to_string();
+        shards.insert(name, cpus);
+    }
+    shards
+}
+
+/// `--pin-shards core` (the default) binds each shard's thread to its own CPU; `node` lets
+/// each run on any of the shards' CPUs. Both serve, and STAT `settings` says which.
+#[test]
+fn shards_are_pinned_to_their_core_or_fenced_into_the_node() {
+    let cpus = std::thread::available_parallelism().map_or(1, |n| n.get());
+    if cpus < 2 {
+        println!("skipped: one CPU");
+        return;
+    }
+    for pin in ["core", "node"] {
+        let server = Server::start(&["--threads", "2", "--pin-shards", pin]);
+        let mut c = server.client();
+        for key in keys("pin", 20) {
+            assert_eq!(c.set(&key, b"v", 0, 0).status, 0);
+            assert_eq!(c.get(&key).value, b"v");
+        }
+        assert_eq!(stat_map(&mut c, "settings")["pin_shards"], pin);
+        let shards = shard_cpus(server.pid());
+        assert_eq!(shards.len(), 2, "{shards:?}");
+        let sets: Vec<&String> = shards.values().collect();
+        match pin {
+            "core" => {
+                assert!(
+                    sets.iter().all(|s| s.parse::<usize>().is_ok()),
+                    "{shards:?}"
+                );
+                assert_ne!(sets[0], sets[1], "two shards on one CPU: {shards:?}");
+            }
+            _ => {
+                assert_eq!(sets[0], sets[1], "{shards:?}");
+                assert!(
+                    sets[0].parse::<usize>().is_err(),
+                    "one CPU only: {shards:?}"
+                );
+            }
+        }
+    }
 }
 
 #[test]

@@ -223,6 +223,15 @@ pub struct Cli {
     #[arg(long, value_name = "on|off")]
     pub ring_sleep: Option<String>,
 
+    /// What each shard's thread is pinned to: `core`, its own CPU (the design's thread per
+    /// core); `node`, any CPU of the serving node, so the scheduler may run a woken shard on
+    /// an idle CPU. `node` is for hosts where the shards share their CPUs with other work,
+    /// such as the clients of a benchmark: there a few connections got 1.6x the throughput at
+    /// 0.81 of the CPU per request, and 50 busy connections cost 1.14x the CPU
+    /// (docs/benchmarks.md) [default: core].
+    #[arg(long, value_name = "core|node")]
+    pub pin_shards: Option<String>,
+
     /// Benchmark only: map the preferred regions on the node farthest from the serving node,
     /// inverting memory locality while threads stay put.
     #[arg(long)]
@@ -359,6 +368,7 @@ pub struct FileConfig {
     pub receive_timestamps: Option<String>,
     pub multishot_receive: Option<String>,
     pub ring_sleep: Option<String>,
+    pub pin_shards: Option<String>,
     #[serde(default)]
     pub perverse: bool,
     pub listen: Option<String>,
@@ -516,6 +526,9 @@ pub enum ConfigError {
     SegmentEviction {
         text: String,
     },
+    PinShards {
+        text: String,
+    },
     LogFormat {
         text: String,
     },
@@ -655,6 +668,7 @@ impl fmt::Display for ConfigError {
             SegmentEviction { text } => {
                 write!(f, "--segment-eviction {text}: must be none or lru")
             }
+            PinShards { text } => write!(f, "--pin-shards {text}: must be core or node"),
             PlacementPolicy { text } => write!(
                 f,
                 "--placement-policy {text}: must be best_fit, free_ratio_first or random"
@@ -719,6 +733,9 @@ pub struct Settings {
     pub multishot_receive: bool,
     /// Ring path: a shard sleeps in its own ring (`--ring-sleep on`).
     pub ring_sleep: bool,
+    /// Each shard's thread may run on any CPU of the serving node (`--pin-shards node`), not
+    /// only on its own.
+    pub pin_shards_to_node: bool,
     pub dry_run: bool,
     pub log_level: String,
     pub log_format: LogFormat,
@@ -901,6 +918,12 @@ pub fn resolve_with_file(
         "--ring-sleep",
         cli.ring_sleep.as_ref().or(file.ring_sleep.as_ref()),
     )?;
+    let pin_shards_to_node = match cli.pin_shards.as_ref().or(file.pin_shards.as_ref()) {
+        None => false,
+        Some(text) if text == "core" => false,
+        Some(text) if text == "node" => true,
+        Some(text) => return Err(ConfigError::PinShards { text: text.clone() }),
+    };
 
     let memory = cli.memory.or(file.memory).unwrap_or(DEFAULT_MEMORY).0;
     check_budget("--memory", memory, block, huge)?;
@@ -1127,6 +1150,7 @@ pub fn resolve_with_file(
         receive_timestamps,
         multishot_receive,
         ring_sleep,
+        pin_shards_to_node,
         listen,
         metrics_listen,
         cpus: node_cpus[..threads].to_vec(),

@@ -35,7 +35,7 @@ use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
 use glommio::channels::channel_mesh::MeshBuilder;
-use glommio::{LocalExecutorBuilder, Placement};
+use glommio::{CpuSet, LocalExecutorBuilder, Placement};
 
 use crate::arena::{Arena, MemoryPlan};
 use crate::config::Settings;
@@ -415,7 +415,18 @@ pub fn start(settings: Settings, topology: &Topology) -> Result<Running, ServerE
         let shared = Arc::clone(&shared);
         let mesh = mesh.clone();
         let ready = ready_tx.clone();
-        let mut builder = LocalExecutorBuilder::new(Placement::Fixed(cpu))
+        // `--pin-shards node`: fenced into the serving node's CPUs (the shards' own), so the
+        // scheduler may run a woken shard on whichever of them is idle.
+        let placement = if shared.settings.pin_shards_to_node {
+            let cpus = &shared.settings.cpus;
+            let node_cpus = CpuSet::online()
+                .map_err(|err| ServerError::Executor(format!("the online CPUs: {err}")))?
+                .filter(|location| cpus.contains(&location.cpu));
+            Placement::Fenced(node_cpus)
+        } else {
+            Placement::Fixed(cpu)
+        };
+        let mut builder = LocalExecutorBuilder::new(placement)
             .name(&format!("shard-{index}"))
             .io_memory(EXECUTOR_IO_MEMORY_BYTES);
         let spin = shared.settings.spin_before_park_micros;
@@ -468,7 +479,12 @@ pub fn start(settings: Settings, topology: &Topology) -> Result<Running, ServerE
         }
     }
     shared.serving.store(true, Ordering::Release);
-    tracing::info!(%addr, shards, cpus = ?shared.settings.cpus, "listening on {addr}");
+    let pin_shards = if shared.settings.pin_shards_to_node {
+        "node"
+    } else {
+        "core"
+    };
+    tracing::info!(%addr, shards, cpus = ?shared.settings.cpus, pin_shards, "listening on {addr}");
     Ok(Running {
         addr,
         metrics_addr,
