@@ -226,9 +226,9 @@ pub struct Cli {
     /// What each shard's thread is pinned to: `core`, its own CPU (the design's thread per
     /// core); `node`, any CPU of the serving node, so the scheduler may run a woken shard on
     /// an idle CPU. `node` is for hosts where the shards share their CPUs with other work,
-    /// such as the clients of a benchmark: there a few connections got 1.6x the throughput at
-    /// 0.81 of the CPU per request, and 50 busy connections cost 1.14x the CPU
-    /// (docs/benchmarks.md) [default: core].
+    /// such as the clients of a benchmark: there a few connections got 1.6-1.75x the
+    /// throughput at 0.78-0.81 of the CPU per request, and busier loads cost up to 1.14x the
+    /// CPU (docs/benchmarks.md) [default: core].
     #[arg(long, value_name = "core|node")]
     pub pin_shards: Option<String>,
 
