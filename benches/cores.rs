@@ -143,6 +143,10 @@ fn main() {
     if common::listing_only(&args) {
         return;
     }
+    if std::thread::available_parallelism().map_or(1, |n| n.get()) < 2 {
+        println!("cores: needs two CPUs (threads are pinned to CPUs 0 and 1); this host has one");
+        return;
+    }
     let rounds = common::arg(&args, "--rounds").unwrap_or(15);
     let keys: u64 = common::arg(&args, "--keys").unwrap_or(100_000);
     let arena = arena((keys * 2 * 160).next_power_of_two().max(512 << 20), 16);
