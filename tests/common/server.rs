@@ -100,7 +100,14 @@ impl Server {
             }
         });
         let addr = match rx.recv_timeout(Duration::from_secs(30)) {
-            Ok(addr) => addr.parse().expect("an address"),
+            Ok(addr) => match addr.parse() {
+                Ok(addr) => addr,
+                // Not left running: the panic below drops no `Server` to stop it.
+                Err(err) => {
+                    let _ = child.kill();
+                    panic!("the start-up line names no address ({addr:?}: {err})");
+                }
+            },
             Err(_) => {
                 let _ = child.kill();
                 panic!("headroom did not start: {:?}", log.lock().unwrap());
