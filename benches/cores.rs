@@ -17,73 +17,17 @@ use std::sync::{Arc, Barrier};
 use std::time::Instant;
 
 use headroom::arena::batch::install_core_batch;
-use headroom::arena::Arena;
 use headroom::bench::process::pin_current_thread;
-use headroom::proto::{decode_streaming, opcode, Decoded, Request, StoreMode};
 use headroom::server::lookahead::{Lookahead, FRAMES};
 use headroom::server::partition::Partitions;
-use headroom::store::{KeyHasher, Lookup, StoreConfig};
 
 mod common;
+use common::gets::{filled_partitions, get_batches, run_batch};
 use common::{arena, median};
 
 const VALUE_BYTES: usize = 32;
 const PARTITIONS: usize = 16;
 const BATCHES_PER_CHUNK: usize = 4_000;
-
-/// xorshift64*, so every run asks for the same keys.
-struct Rng(u64);
-impl Rng {
-    fn below(&mut self, n: u64) -> u64 {
-        self.0 ^= self.0 >> 12;
-        self.0 ^= self.0 << 25;
-        self.0 ^= self.0 >> 27;
-        self.0.wrapping_mul(0x2545_f491_4f6c_dd1d) % n
-    }
-}
-
-fn key(i: u64) -> Vec<u8> {
-    format!("memtier-{i}").into_bytes()
-}
-
-fn get_frame(out: &mut Vec<u8>, key: &[u8]) {
-    out.extend_from_slice(&[0x80, opcode::GET]);
-    out.extend_from_slice(&(key.len() as u16).to_be_bytes());
-    out.extend_from_slice(&[0, 0, 0, 0]);
-    out.extend_from_slice(&(key.len() as u32).to_be_bytes());
-    out.extend_from_slice(&[0; 12]);
-    out.extend_from_slice(key);
-}
-
-fn filled(arena: &Arc<Arena>, keys: u64) -> Arc<Partitions> {
-    let partitions = Partitions::new(arena, KeyHasher::with_seed(1), PARTITIONS, |index| {
-        StoreConfig {
-            max_item_bytes: 1 << 20,
-            partition: index,
-            promotion_half_life_seconds: 10,
-        }
-    });
-    let value = [7u8; VALUE_BYTES];
-    for i in 0..keys {
-        let key = key(i);
-        let (_, mut store) = partitions.lock_key(&key);
-        store.store(StoreMode::Set, &key, &value, 0, 0, 0, 1);
-    }
-    Arc::new(partitions)
-}
-
-fn batches(keys: u64, seed: u64) -> Vec<Vec<u8>> {
-    let mut rng = Rng(seed);
-    (0..BATCHES_PER_CHUNK)
-        .map(|_| {
-            let mut frames = Vec::new();
-            for _ in 0..FRAMES {
-                get_frame(&mut frames, &key(rng.below(keys)));
-            }
-            frames
-        })
-        .collect()
-}
 
 /// ns per GET over every batch, run as a connection runs them.
 fn run(partitions: &Partitions, batches: &[Vec<u8>]) -> f64 {
@@ -92,25 +36,7 @@ fn run(partitions: &Partitions, batches: &[Vec<u8>]) -> f64 {
     let started = Instant::now();
     for batch in batches {
         out.clear();
-        lookahead.reset();
-        let mut at = 0;
-        while at < batch.len() {
-            lookahead.before_frame(partitions, batch, at);
-            let Decoded::Request {
-                request: Request::Get { key, .. },
-                consumed,
-                ..
-            } = decode_streaming(&batch[at..], 1 << 20, 256 << 10)
-            else {
-                panic!("a GET frame");
-            };
-            let (_, mut store) = partitions.lock_key(key);
-            let Lookup::Small(hit) = store.lookup(key, None, 1, true) else {
-                panic!("every GET a hit");
-            };
-            out.extend_from_slice(&hit.value.contiguous());
-            at += consumed;
-        }
+        run_batch(partitions, batch, Some(&mut lookahead), &mut out);
     }
     started.elapsed().as_nanos() as f64 / (batches.len() * FRAMES) as f64
 }
@@ -151,10 +77,10 @@ fn main() {
     let keys: u64 = common::arg(&args, "--keys").unwrap_or(100_000);
     let arena = arena((keys * 2 * 160).next_power_of_two().max(512 << 20), 16);
     install_core_batch();
-    let shared = filled(&arena, keys);
-    let own = filled(&arena, keys);
+    let shared = Arc::new(filled_partitions(&arena, PARTITIONS, keys, VALUE_BYTES));
+    let own = Arc::new(filled_partitions(&arena, PARTITIONS, keys, VALUE_BYTES));
     let work: Vec<Arc<Vec<Vec<u8>>>> = (0..2)
-        .map(|core| Arc::new(batches(keys, 0x9e37_79b9 + core)))
+        .map(|core| Arc::new(get_batches(keys, 0x9e37_79b9 + core, BATCHES_PER_CHUNK)))
         .collect();
     let ways: [(&str, Vec<CoreWork>); 3] = [
         ("one core", vec![(shared.clone(), work[0].clone())]),

@@ -14,102 +14,21 @@
 use std::time::Instant;
 
 use headroom::arena::batch::install_core_batch;
-use headroom::proto::{decode_streaming, opcode, Decoded, Request, StoreMode};
 use headroom::server::lookahead::{Lookahead, FRAMES};
-use headroom::server::partition::Partitions;
-use headroom::store::{KeyHasher, Lookup, StoreConfig};
 
 mod common;
+use common::gets::{filled_partitions, get_batches, run_batch};
 use common::{arena, median};
 
 const VALUE_BYTES: usize = 32;
 const PARTITIONS: usize = 32;
 const BATCHES_PER_CHUNK: usize = 2_000;
 
-/// A small deterministic generator (xorshift64*), so every run asks for the same keys.
-struct Rng(u64);
-impl Rng {
-    fn below(&mut self, n: u64) -> u64 {
-        self.0 ^= self.0 >> 12;
-        self.0 ^= self.0 << 25;
-        self.0 ^= self.0 >> 27;
-        self.0.wrapping_mul(0x2545_f491_4f6c_dd1d) % n
-    }
-}
-
-fn key(i: u64) -> Vec<u8> {
-    format!("memtier-{i}").into_bytes()
-}
-
-/// A binary GET frame for `key`.
-fn get_frame(out: &mut Vec<u8>, key: &[u8]) {
-    out.extend_from_slice(&[0x80, opcode::GET]);
-    out.extend_from_slice(&(key.len() as u16).to_be_bytes());
-    out.extend_from_slice(&[0, 0, 0, 0]);
-    out.extend_from_slice(&(key.len() as u32).to_be_bytes());
-    out.extend_from_slice(&[0; 12]);
-    out.extend_from_slice(key);
-}
-
-/// Runs every GET of `batch` as a connection does; returns the value bytes copied.
-fn run_batch(
-    partitions: &Partitions,
-    batch: &[u8],
-    lookahead: Option<&mut Lookahead>,
-    out: &mut Vec<u8>,
-) -> usize {
-    let mut at = 0;
-    let mut lookahead = lookahead;
-    if let Some(l) = lookahead.as_deref_mut() {
-        l.reset();
-    }
-    while at < batch.len() {
-        if let Some(l) = lookahead.as_deref_mut() {
-            l.before_frame(partitions, batch, at);
-        }
-        let Decoded::Request {
-            request: Request::Get { key, .. },
-            consumed,
-            ..
-        } = decode_streaming(&batch[at..], 1 << 20, 256 << 10)
-        else {
-            panic!("a GET frame");
-        };
-        let (_, mut store) = partitions.lock_key(key);
-        if let Lookup::Small(hit) = store.lookup(key, None, 1, true) {
-            out.extend_from_slice(&hit.value.contiguous());
-        }
-        at += consumed;
-    }
-    out.len()
-}
-
 fn measure(keys: u64, rounds: usize) {
     let arena = arena((keys * 160).next_power_of_two().max(256 << 20), 16);
     install_core_batch();
-    let partitions = Partitions::new(&arena, KeyHasher::with_seed(1), PARTITIONS, |index| {
-        StoreConfig {
-            max_item_bytes: 1 << 20,
-            partition: index,
-            promotion_half_life_seconds: 10,
-        }
-    });
-    let value = [7u8; VALUE_BYTES];
-    for i in 0..keys {
-        let key = key(i);
-        let (_, mut store) = partitions.lock_key(&key);
-        store.store(StoreMode::Set, &key, &value, 0, 0, 0, 1);
-    }
-    let mut rng = Rng(0x9e37_79b9_7f4a_7c15);
-    let batches: Vec<Vec<u8>> = (0..BATCHES_PER_CHUNK)
-        .map(|_| {
-            let mut frames = Vec::new();
-            for _ in 0..FRAMES {
-                get_frame(&mut frames, &key(rng.below(keys)));
-            }
-            frames
-        })
-        .collect();
+    let partitions = filled_partitions(&arena, PARTITIONS, keys, VALUE_BYTES);
+    let batches = get_batches(keys, 0x9e37_79b9_7f4a_7c15, BATCHES_PER_CHUNK);
     let mut lookahead = Lookahead::default();
     let mut out = Vec::with_capacity(FRAMES * VALUE_BYTES);
     let mut chunk = |with: bool| -> f64 {

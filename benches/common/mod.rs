@@ -1,9 +1,12 @@
-//! What the benchmarks share: the arena they measure on, their command line, the median.
+//! What the benchmarks share: the arena they measure on, their command line, the median, and
+//! (`gets`) pipelined GETs run as a connection runs them.
 //! (`mod common;` in each bench; not a bench target itself.)
 
 #![allow(dead_code)] // each bench uses its own share of these
 
 use std::sync::Arc;
+
+pub mod gets;
 
 use headroom::arena::{Arena, ArenaConfig, MemoryPlan, NumaMode, UnlockedMapper};
 use headroom::topology::Topology;

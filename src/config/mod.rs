@@ -743,6 +743,17 @@ pub struct Settings {
     pub numa_reason: String,
 }
 
+impl Settings {
+    /// `--pin-shards` as the operator writes it: `core` or `node`.
+    pub fn pin_shards(&self) -> &'static str {
+        if self.pin_shards_to_node {
+            "node"
+        } else {
+            "core"
+        }
+    }
+}
+
 /// Merges the file (if any) under the flags and checks every rule against `topology`.
 pub fn resolve(cli: &Cli, topology: &Topology) -> Result<Settings, ConfigError> {
     let file = match &cli.config {

@@ -405,6 +405,16 @@ pub fn start(settings: Settings, topology: &Topology) -> Result<Running, ServerE
     let addr = listeners.addr;
     let (ready_tx, ready_rx) = std::sync::mpsc::channel::<(usize, Result<(), String>)>();
     let mut handles = Vec::with_capacity(shards + 1);
+    // `--pin-shards node`: every shard fenced into the shards' CPUs (the serving node's), so
+    // the scheduler may run a woken shard on whichever of them is idle.
+    let node_fence = if shared.settings.pin_shards_to_node {
+        let cpus = &shared.settings.cpus;
+        let online = CpuSet::online()
+            .map_err(|err| ServerError::Executor(format!("the online CPUs: {err}")))?;
+        Some(online.filter(|location| cpus.contains(&location.cpu)))
+    } else {
+        None
+    };
     for ((index, &cpu), listener) in shared
         .settings
         .cpus
@@ -415,16 +425,9 @@ pub fn start(settings: Settings, topology: &Topology) -> Result<Running, ServerE
         let shared = Arc::clone(&shared);
         let mesh = mesh.clone();
         let ready = ready_tx.clone();
-        // `--pin-shards node`: fenced into the serving node's CPUs (the shards' own), so the
-        // scheduler may run a woken shard on whichever of them is idle.
-        let placement = if shared.settings.pin_shards_to_node {
-            let cpus = &shared.settings.cpus;
-            let node_cpus = CpuSet::online()
-                .map_err(|err| ServerError::Executor(format!("the online CPUs: {err}")))?
-                .filter(|location| cpus.contains(&location.cpu));
-            Placement::Fenced(node_cpus)
-        } else {
-            Placement::Fixed(cpu)
+        let placement = match &node_fence {
+            Some(node_cpus) => Placement::Fenced(node_cpus.clone()),
+            None => Placement::Fixed(cpu),
         };
         let mut builder = LocalExecutorBuilder::new(placement)
             .name(&format!("shard-{index}"))
@@ -479,11 +482,7 @@ pub fn start(settings: Settings, topology: &Topology) -> Result<Running, ServerE
         }
     }
     shared.serving.store(true, Ordering::Release);
-    let pin_shards = if shared.settings.pin_shards_to_node {
-        "node"
-    } else {
-        "core"
-    };
+    let pin_shards = shared.settings.pin_shards();
     tracing::info!(%addr, shards, cpus = ?shared.settings.cpus, pin_shards, "listening on {addr}");
     Ok(Running {
         addr,

@@ -352,10 +352,7 @@ fn settings(ctx: &ShardCtx) -> Vec<(String, String)> {
             "ring_sleep",
             if s.ring_sleep { "on" } else { "off" }.to_string(),
         ),
-        (
-            "pin_shards",
-            if s.pin_shards_to_node { "node" } else { "core" }.to_string(),
-        ),
+        ("pin_shards", s.pin_shards().to_string()),
         ("promotion_interval_ms", s.promotion_interval_ms.to_string()),
         ("promotion_budget", s.promotion_budget_blocks.to_string()),
         (

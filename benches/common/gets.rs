@@ -1,0 +1,104 @@
+//! Pipelined binary GETs run against partitions as a connection runs them: the keys, the
+//! frames, the filled partitions and the request loop the `lookahead` and `cores` benches share.
+
+use headroom::arena::Arena;
+use headroom::proto::{decode_streaming, opcode, Decoded, Request, StoreMode};
+use headroom::server::lookahead::{Lookahead, FRAMES};
+use headroom::server::partition::Partitions;
+use headroom::store::{KeyHasher, Lookup, StoreConfig};
+use std::sync::Arc;
+
+/// A small deterministic generator (xorshift64*), so every run asks for the same keys.
+pub struct Rng(pub u64);
+
+impl Rng {
+    pub fn below(&mut self, n: u64) -> u64 {
+        self.0 ^= self.0 >> 12;
+        self.0 ^= self.0 << 25;
+        self.0 ^= self.0 >> 27;
+        self.0.wrapping_mul(0x2545_f491_4f6c_dd1d) % n
+    }
+}
+
+pub fn key(i: u64) -> Vec<u8> {
+    format!("memtier-{i}").into_bytes()
+}
+
+/// A binary GET frame for `key`.
+pub fn get_frame(out: &mut Vec<u8>, key: &[u8]) {
+    out.extend_from_slice(&[0x80, opcode::GET]);
+    out.extend_from_slice(&(key.len() as u16).to_be_bytes());
+    out.extend_from_slice(&[0, 0, 0, 0]);
+    out.extend_from_slice(&(key.len() as u32).to_be_bytes());
+    out.extend_from_slice(&[0; 12]);
+    out.extend_from_slice(key);
+}
+
+/// `count` partitions over `arena` holding keys `0..keys`, each a `value_bytes` value.
+pub fn filled_partitions(
+    arena: &Arc<Arena>,
+    count: usize,
+    keys: u64,
+    value_bytes: usize,
+) -> Partitions {
+    let partitions = Partitions::new(arena, KeyHasher::with_seed(1), count, |index| StoreConfig {
+        max_item_bytes: 1 << 20,
+        partition: index,
+        promotion_half_life_seconds: 10,
+    });
+    let value = vec![7u8; value_bytes];
+    for i in 0..keys {
+        let key = key(i);
+        let (_, mut store) = partitions.lock_key(&key);
+        store.store(StoreMode::Set, &key, &value, 0, 0, 0, 1);
+    }
+    partitions
+}
+
+/// `count` batches of `FRAMES` GET frames for random keys of `0..keys`, from `seed`.
+pub fn get_batches(keys: u64, seed: u64, count: usize) -> Vec<Vec<u8>> {
+    let mut rng = Rng(seed);
+    (0..count)
+        .map(|_| {
+            let mut frames = Vec::new();
+            for _ in 0..FRAMES {
+                get_frame(&mut frames, &key(rng.below(keys)));
+            }
+            frames
+        })
+        .collect()
+}
+
+/// Runs every GET of `batch` as a connection does (the look ahead first, when given); every
+/// one must hit. Returns the value bytes copied into `out`.
+pub fn run_batch(
+    partitions: &Partitions,
+    batch: &[u8],
+    mut lookahead: Option<&mut Lookahead>,
+    out: &mut Vec<u8>,
+) -> usize {
+    if let Some(l) = lookahead.as_deref_mut() {
+        l.reset();
+    }
+    let mut at = 0;
+    while at < batch.len() {
+        if let Some(l) = lookahead.as_deref_mut() {
+            l.before_frame(partitions, batch, at);
+        }
+        let Decoded::Request {
+            request: Request::Get { key, .. },
+            consumed,
+            ..
+        } = decode_streaming(&batch[at..], 1 << 20, 256 << 10)
+        else {
+            panic!("a GET frame");
+        };
+        let (_, mut store) = partitions.lock_key(key);
+        let Lookup::Small(hit) = store.lookup(key, None, 1, true) else {
+            panic!("every GET a hit");
+        };
+        out.extend_from_slice(&hit.value.contiguous());
+        at += consumed;
+    }
+    out.len()
+}
