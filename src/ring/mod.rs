@@ -66,6 +66,9 @@ const SEND_ZC_REPORT_USAGE: u16 = 1 << 3;
 const NOTIF_USAGE_ZC_COPIED: u32 = 1 << 31;
 /// `IORING_ENTER_GETEVENTS` (the crate keeps its constants private).
 const ENTER_GETEVENTS: u32 = 1;
+/// `IORING_ENTER_NO_IOWAIT` (kernel 6.15+, `IORING_FEAT_NO_IOWAIT`): the wait is idle time, not
+/// I/O wait, in the kernel's accounting.
+const ENTER_NO_IOWAIT: u32 = 1 << 7;
 /// The user data of cancellation requests: their completions are only counted.
 const CANCEL_USER_DATA: u64 = u64::MAX;
 /// The user data of the polls of glommio's rings that a shard sleeping in this ring keeps
@@ -83,6 +86,11 @@ pub enum OpKind {
 }
 
 impl OpKind {
+    /// A read or write of a file segment (the rest are socket operations).
+    fn is_file_io(self) -> bool {
+        matches!(self, OpKind::ReadFixed | OpKind::WriteFixed)
+    }
+
     pub const ALL: [OpKind; 5] = [
         OpKind::Send,
         OpKind::SendZc,
@@ -493,6 +501,8 @@ pub struct Ring {
     room_waiters: RefCell<VecDeque<Waker>>,
     /// Operations in flight other than receives (what [`RING_IN_FLIGHT_MAX`] bounds).
     bounded_in_flight: Cell<usize>,
+    /// File reads and writes in flight: a sleep while one is out is I/O wait.
+    file_ops_in_flight: Cell<usize>,
     /// Operations in flight per descriptor, and who waits for one to reach zero.
     /// (Indexed by descriptor: they are small and dense, and this is looked up per operation.)
     fd_ops: RefCell<Vec<usize>>,
@@ -515,6 +525,11 @@ pub struct Ring {
     /// Completions wait for this thread to run them, and the kernel says when some do
     /// (`IORING_SETUP_COOP_TASKRUN` with `TASKRUN_FLAG`): a reap that sees the flag enters.
     taskrun_flag: bool,
+    /// The flags of a sleep's enter with no file I/O in flight: `GETEVENTS`, and `NO_IOWAIT`
+    /// where the kernel has it. The kernel counts any wait with operations in flight as I/O
+    /// wait, armed receives included, so an idle server showed its CPUs in iowait, not idle
+    /// (`top`, `/proc/stat`).
+    sleep_enter_flags: u32,
     /// When the last reap that took a receive ran (see [`Ring::reaped_at`]).
     reaped_at: Cell<ReapClock>,
     /// Shown the bytes of every receive reaped (see [`Ring::watch_receives`]).
@@ -588,6 +603,11 @@ impl Ring {
                 false,
             ),
         };
+        let sleep_enter_flags = if uring.params().is_feature_no_iowait() {
+            ENTER_GETEVENTS | ENTER_NO_IOWAIT
+        } else {
+            ENTER_GETEVENTS
+        };
         // SAFETY: a plain eventfd syscall; the descriptor is owned right away.
         let raw = unsafe { libc::eventfd(0, libc::EFD_CLOEXEC) };
         if raw < 0 {
@@ -641,6 +661,7 @@ impl Ring {
             free: RefCell::new(Vec::new()),
             room_waiters: RefCell::new(VecDeque::new()),
             bounded_in_flight: Cell::new(0),
+            file_ops_in_flight: Cell::new(0),
             fd_ops: RefCell::new(Vec::new()),
             fd_waiters: RefCell::new(Vec::new()),
             files: RefCell::new(files),
@@ -654,6 +675,7 @@ impl Ring {
             flush_scheduled: Cell::new(false),
             flusher: RefCell::new(None),
             taskrun_flag,
+            sleep_enter_flags,
             reaped_at: Cell::new(ReapClock::now()),
             receive_watch: RefCell::new(None),
             provided: RefCell::new(None),
@@ -785,7 +807,7 @@ impl Ring {
             let entered = unsafe {
                 uring
                     .submitter()
-                    .enter::<libc::sigset_t>(queued, 1, ENTER_GETEVENTS, None)
+                    .enter::<libc::sigset_t>(queued, 1, self.sleep_flags(), None)
             };
             if let Err(err) = entered {
                 if err.raw_os_error() != Some(libc::EINTR) {
@@ -840,6 +862,21 @@ impl Ring {
     /// Slots in the registered-file table (0: none; every socket is named by descriptor).
     pub fn file_slots(&self) -> usize {
         self.file_slots
+    }
+
+    /// Whether a shard sleeping in this ring with no file I/O in flight is idle, not in I/O
+    /// wait, to the kernel's accounting (`IORING_ENTER_NO_IOWAIT`, kernel 6.15+).
+    pub fn sleeps_idle(&self) -> bool {
+        self.sleep_enter_flags & ENTER_NO_IOWAIT != 0
+    }
+
+    /// A sleep's enter flags now: I/O wait only while a file read or write is out.
+    fn sleep_flags(&self) -> u32 {
+        if self.file_ops_in_flight.get() > 0 {
+            ENTER_GETEVENTS
+        } else {
+            self.sleep_enter_flags
+        }
     }
 
     /// Puts `fd` in a slot of the registered-file table, so the operations on it name the slot.
@@ -1341,6 +1378,10 @@ impl Ring {
             self.room().await;
             self.bounded_in_flight.set(self.bounded_in_flight.get() + 1);
         }
+        if kind.is_file_io() {
+            self.file_ops_in_flight
+                .set(self.file_ops_in_flight.get() + 1);
+        }
         let (index, generation) = self.start(kind, fd, Some(buf), report, None, entry);
         Op {
             ring: Rc::clone(self),
@@ -1684,6 +1725,10 @@ impl Ring {
         stats.in_flight -= 1;
         if slot.kind != OpKind::Recv {
             self.bounded_in_flight.set(self.bounded_in_flight.get() - 1);
+        }
+        if slot.kind.is_file_io() {
+            self.file_ops_in_flight
+                .set(self.file_ops_in_flight.get() - 1);
         }
         let fd = slot.fd;
         if let Some(file) = slot.file.take() {

@@ -152,8 +152,14 @@ impl ShardIo {
                             }
                         }
                     };
+                    // glommio's own sleep (`--ring-sleep off`) asks the same of the kernel.
+                    let sleeps = if ring.sleeps_idle() {
+                        "sleeps count as idle"
+                    } else {
+                        "sleeps count as I/O wait"
+                    };
                     let path = format!(
-                        "ring ({} bytes of arena in {} fixed buffers, {} registered-file slots, {receives})",
+                        "ring ({} bytes of arena in {} fixed buffers, {} registered-file slots, {sleeps}, {receives})",
                         ring.buffers().total_bytes(),
                         ring.buffers().len(),
                         ring.file_slots()

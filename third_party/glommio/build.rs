@@ -25,6 +25,11 @@ fn main() {
     let configured_include = configure(&liburing);
 
     let src = liburing.join("src");
+    // Headroom patch (PATCHES.md, 10): the C sources carry a patch too. The `cc` crate's
+    // `rerun-if-env-changed` lines alone would keep a stale library after an edit.
+    println!("cargo:rerun-if-changed=build.rs");
+    println!("cargo:rerun-if-changed=rusturing.c");
+    println!("cargo:rerun-if-changed={}", src.display());
 
     // liburing
     Build::new()

@@ -324,13 +324,11 @@ int io_uring_wait_cqe_timeout(struct io_uring *ring,
  *
  * Returns number of sqes submitted
  */
-static int __io_uring_submit(struct io_uring *ring, unsigned submitted,
-			     unsigned wait_nr)
+static int __io_uring_submit_flags(struct io_uring *ring, unsigned submitted,
+				   unsigned wait_nr, unsigned flags)
 {
-	unsigned flags;
 	int ret;
 
-	flags = 0;
 	if (sq_ring_needs_enter(ring, &flags) || wait_nr) {
 		if (wait_nr || (ring->flags & IORING_SETUP_IOPOLL))
 			flags |= IORING_ENTER_GETEVENTS;
@@ -343,6 +341,31 @@ static int __io_uring_submit(struct io_uring *ring, unsigned submitted,
 		ret = submitted;
 
 	return ret;
+}
+
+static int __io_uring_submit(struct io_uring *ring, unsigned submitted,
+			     unsigned wait_nr)
+{
+	return __io_uring_submit_flags(ring, submitted, wait_nr, 0);
+}
+
+/*
+ * Headroom patch (glommio PATCHES.md, 10): io_uring_submit_and_wait() for an executor's
+ * sleep. The kernel counts any wait with requests in flight as I/O wait (armed polls
+ * included), so an idle executor showed its CPU in iowait; where the kernel can say
+ * otherwise (IORING_FEAT_NO_IOWAIT, 6.15+) the wait is idle time.
+ */
+#define HEADROOM_ENTER_NO_IOWAIT	(1U << 7)
+#define HEADROOM_FEAT_NO_IOWAIT		(1U << 17)
+
+int io_uring_submit_and_sleep(struct io_uring *ring, unsigned wait_nr)
+{
+	unsigned flags = 0;
+
+	if (ring->features & HEADROOM_FEAT_NO_IOWAIT)
+		flags |= HEADROOM_ENTER_NO_IOWAIT;
+	return __io_uring_submit_flags(ring, __io_uring_flush_sq(ring), wait_nr,
+				       flags);
 }
 
 static int __io_uring_submit_and_wait(struct io_uring *ring, unsigned wait_nr)

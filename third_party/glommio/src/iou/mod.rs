@@ -198,6 +198,12 @@ impl IoUring {
         self.sq().submit_and_wait(wait_for)
     }
 
+    /// Headroom patch (PATCHES.md, 10): [`IoUring::submit_sqes_and_wait`] for an executor's
+    /// sleep, which is idle time, not I/O wait, where the kernel can say so.
+    pub fn submit_sqes_and_sleep(&mut self, wait_for: u32) -> io::Result<u32> {
+        self.sq().submit_and_sleep(wait_for)
+    }
+
     /// Submit all prepared [`SQE`]s to the kernel and wait until at least
     /// `wait_for` events have completed or `duration` has passed.
     pub fn submit_sqes_and_wait_with_timeout(

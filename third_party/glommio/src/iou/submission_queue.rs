@@ -68,6 +68,12 @@ impl<'ring> SubmissionQueue<'ring> {
         resultify(unsafe { uring_sys::io_uring_submit_and_wait(self.ring.as_ptr(), wait_for as _) })
     }
 
+    /// Headroom patch (PATCHES.md, 10): [`SubmissionQueue::submit_and_wait`] for an executor's
+    /// sleep: idle time, not I/O wait, where the kernel can say so.
+    pub fn submit_and_sleep(&mut self, wait_for: u32) -> io::Result<u32> {
+        resultify(unsafe { uring_sys::io_uring_submit_and_sleep(self.ring.as_ptr(), wait_for as _) })
+    }
+
     pub fn submit_and_wait_with_timeout(
         &mut self,
         wait_for: u32,

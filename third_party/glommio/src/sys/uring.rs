@@ -1078,9 +1078,10 @@ impl SleepableRing {
             // sleep to be safe; the kernel waits only once all staged entries, the link last,
             // were submitted.
             let staged = self.waiting_kernel_submission();
+            // Headroom patch (PATCHES.md, 10): the wait is idle time, not I/O wait.
             let submitted = self
                 .ring
-                .submit_sqes_and_wait(1)
+                .submit_sqes_and_sleep(1)
                 .map(|n| n as usize)
                 .or_else(Reactor::busy_ok)
                 .or_else(Reactor::again_ok)

@@ -338,6 +338,10 @@ extern "C" {
 
     pub fn io_uring_submit_and_wait(ring: *mut io_uring, wait_nr: libc::c_uint) -> libc::c_int;
 
+    /// Headroom patch (PATCHES.md, 10): `io_uring_submit_and_wait` for an executor's sleep,
+    /// idle rather than I/O wait where the kernel has `IORING_ENTER_NO_IOWAIT`.
+    pub fn io_uring_submit_and_sleep(ring: *mut io_uring, wait_nr: libc::c_uint) -> libc::c_int;
+
     pub fn io_uring_get_sqe(ring: *mut io_uring) -> *mut io_uring_sqe;
 
     pub fn io_uring_register_buffers(

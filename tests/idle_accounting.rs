@@ -1,0 +1,79 @@
+//! An idle server is idle to the kernel's accounting, not waiting for I/O. The kernel counts a
+//! task that sleeps in `io_uring_enter` with any operation in flight (an armed receive, a poll)
+//! as in I/O wait, and the CPU it sleeps on as `iowait` in `/proc/stat`: an idle Headroom made
+//! its machine look disk-bound (`top` showed 50-100 % wa). Its sleeps ask for idle time
+//! instead (`IORING_ENTER_NO_IOWAIT`, kernel 6.15+): the shards' ring, and glommio's own ring
+//! for the placement executor and `--ring-sleep off` (glommio PATCHES.md, 10).
+//!
+//! Alone in its test binary, so no other test's server or file I/O shares the window: CI runs
+//! test binaries one at a time. The server tests' passes (`scripts/test`) run it on every data
+//! path.
+
+mod common;
+
+use std::time::Duration;
+
+use common::server::Server;
+
+/// (idle, iowait) clock ticks of the whole machine so far.
+fn idle_and_iowait_ticks() -> (u64, u64) {
+    let stat = std::fs::read_to_string("/proc/stat").expect("read /proc/stat");
+    let cpu = stat
+        .lines()
+        .find(|line| line.starts_with("cpu "))
+        .expect("the cpu line of /proc/stat");
+    // cpu  user nice system idle iowait irq softirq steal ...
+    let fields: Vec<u64> = cpu
+        .split_whitespace()
+        .skip(1)
+        .map(|field| field.parse().expect("a tick count"))
+        .collect();
+    (fields[3], fields[4])
+}
+
+/// Whether the kernel can take a wait off the I/O-wait books (6.15 and later).
+fn kernel_has_no_iowait() -> bool {
+    let release = std::fs::read_to_string("/proc/sys/kernel/osrelease").expect("osrelease");
+    let mut numbers = release
+        .trim()
+        .split(|c: char| !c.is_ascii_digit())
+        .map(|n| n.parse::<u32>().unwrap_or(0));
+    let (major, minor) = (numbers.next().unwrap_or(0), numbers.next().unwrap_or(0));
+    (major, minor) >= (6, 15)
+}
+
+#[test]
+fn an_idle_server_leaves_its_cpus_idle_not_in_iowait() {
+    if !kernel_has_no_iowait() {
+        eprintln!("skipped: this kernel counts every io_uring wait with work in flight as iowait");
+        return;
+    }
+    let server = Server::start(&["--threads", "2", "--segment", "mem:size=64M,numa=0"]);
+    // A connection with its receive armed, as a client between requests leaves one.
+    let mut idle_client = server.client();
+    assert_eq!(idle_client.set(b"k", b"v", 0, 0).status, 0);
+    std::thread::sleep(Duration::from_millis(300));
+
+    // Windows until one had enough idle time to judge (a busy host leaves little).
+    let mut judged = Vec::new();
+    for _ in 0..10 {
+        let (idle_before, iowait_before) = idle_and_iowait_ticks();
+        std::thread::sleep(Duration::from_secs(1));
+        let (idle_after, iowait_after) = idle_and_iowait_ticks();
+        let (idle, iowait) = (idle_after - idle_before, iowait_after - iowait_before);
+        judged.push((idle, iowait));
+        if idle + iowait >= 50 {
+            // Before the fix every sleeping shard's CPU was all iowait: about half the
+            // not-busy time or more on this 2-CPU machine.
+            assert!(
+                iowait * 5 < idle + iowait,
+                "{iowait} of {} not-busy ticks in iowait with only an idle server running \
+                 (windows: {judged:?})",
+                idle + iowait
+            );
+            eprintln!("idle {idle} ticks, iowait {iowait} ticks over 1 s");
+            return;
+        }
+    }
+    panic!("no 1 s window had 50 ticks of idle or iowait time to judge: {judged:?}");
+}
