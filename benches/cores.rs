@@ -8,7 +8,11 @@
 //! - two cores at once, each over partitions of its own (same key count each): the cost of two
 //!   busy CPUs without the sharing (memory bandwidth, a host's sibling threads).
 //!
-//!   cargo bench --bench cores [-- --rounds N]
+//!   cargo bench --bench cores [-- --rounds N] [--set-every N]
+//!
+//! `--set-every 11` makes every 11th request a SET of the same size (memtier's
+//! `--ratio=1:10`): a SET writes the partition's allocator state, index and records, which the
+//! other core then reads.
 //!
 //! Prints the median ns per GET of each over rounds (the order rotating each round). CPU time
 //! per request, not the server's: the kernel's TCP work is not in these figures.
@@ -22,14 +26,14 @@ use headroom::server::lookahead::{Lookahead, FRAMES};
 use headroom::server::partition::Partitions;
 
 mod common;
-use common::gets::{filled_partitions, get_batches, run_batch};
+use common::gets::{filled_partitions, request_batches, run_batch};
 use common::{arena, median};
 
 const VALUE_BYTES: usize = 32;
 const PARTITIONS: usize = 16;
 const BATCHES_PER_CHUNK: usize = 4_000;
 
-/// ns per GET over every batch, run as a connection runs them.
+/// ns per request over every batch, run as a connection runs them.
 fn run(partitions: &Partitions, batches: &[Vec<u8>]) -> f64 {
     let mut lookahead = Lookahead::default();
     let mut out = Vec::with_capacity(FRAMES * VALUE_BYTES);
@@ -44,7 +48,7 @@ fn run(partitions: &Partitions, batches: &[Vec<u8>]) -> f64 {
 /// What one core runs: the partitions it looks keys up in, and its batches of GET frames.
 type CoreWork = (Arc<Partitions>, Arc<Vec<Vec<u8>>>);
 
-/// Runs `per_core` on CPUs 0, 1, ... at once; the mean ns per GET.
+/// Runs `per_core` on CPUs 0, 1, ... at once; the mean ns per request.
 fn together(per_core: Vec<CoreWork>) -> f64 {
     let start = Arc::new(Barrier::new(per_core.len()));
     let threads: Vec<_> = per_core
@@ -75,12 +79,21 @@ fn main() {
     }
     let rounds = common::arg(&args, "--rounds").unwrap_or(15);
     let keys: u64 = common::arg(&args, "--keys").unwrap_or(100_000);
+    let set_every: u64 = common::arg(&args, "--set-every").unwrap_or(0);
     let arena = arena((keys * 2 * 160).next_power_of_two().max(512 << 20), 16);
     install_core_batch();
     let shared = Arc::new(filled_partitions(&arena, PARTITIONS, keys, VALUE_BYTES));
     let own = Arc::new(filled_partitions(&arena, PARTITIONS, keys, VALUE_BYTES));
     let work: Vec<Arc<Vec<Vec<u8>>>> = (0..2)
-        .map(|core| Arc::new(get_batches(keys, 0x9e37_79b9 + core, BATCHES_PER_CHUNK)))
+        .map(|core| {
+            Arc::new(request_batches(
+                keys,
+                0x9e37_79b9 + core,
+                BATCHES_PER_CHUNK,
+                set_every,
+                VALUE_BYTES,
+            ))
+        })
         .collect();
     let ways: [(&str, Vec<CoreWork>); 3] = [
         ("one core", vec![(shared.clone(), work[0].clone())]),
@@ -109,20 +122,26 @@ fn main() {
             }
         }
     }
+    let (requests, unit) = if set_every > 0 {
+        (format!("requests (every {set_every}th a SET)"), "request")
+    } else {
+        ("GETs".to_string(), "GET")
+    };
     println!(
-        "Batches of {FRAMES} binary GETs of {VALUE_BYTES} B values over {keys} random keys, \
-         {PARTITIONS} partitions; median of {rounds} rounds of {BATCHES_PER_CHUNK} batches a core"
+        "Batches of {FRAMES} binary {requests} of {VALUE_BYTES} B values over {keys} random \
+         keys, {PARTITIONS} partitions; median of {rounds} rounds of {BATCHES_PER_CHUNK} \
+         batches a core"
     );
     // The host's speed drifts from round to round; a round's ways ran side by side, so the
     // cost of sharing is read from each round's difference, not from the medians'.
     let sharing: Vec<f64> = ns[1].iter().zip(&ns[2]).map(|(s, o)| s - o).collect();
-    println!("| way | ns per GET |");
+    println!("| way | ns per {unit} |");
     println!("| --- | --- |");
     for ((name, _), ns) in ways.iter().zip(ns) {
         println!("| {name} | {:.1} |", median(ns));
     }
     println!(
-        "sharing the partitions costs {:.1} ns per GET (the median of the rounds' differences)",
+        "sharing the partitions costs {:.1} ns per {unit} (the median of the rounds' differences)",
         median(sharing)
     );
 }

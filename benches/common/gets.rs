@@ -1,11 +1,12 @@
-//! Pipelined binary GETs run against partitions as a connection runs them: the keys, the
-//! frames, the filled partitions and the request loop the `lookahead` and `cores` benches share.
+//! Pipelined binary GETs (and, on request, SETs among them) run against partitions as a
+//! connection runs them: the keys, the frames, the filled partitions and the request loop the
+//! `lookahead` and `cores` benches share.
 
 use headroom::arena::Arena;
 use headroom::proto::{decode_streaming, opcode, Decoded, Request, StoreMode};
 use headroom::server::lookahead::{Lookahead, FRAMES};
 use headroom::server::partition::Partitions;
-use headroom::store::{KeyHasher, Lookup, StoreConfig};
+use headroom::store::{KeyHasher, Lookup, StoreConfig, StoreOutcome};
 use std::sync::Arc;
 
 /// A small deterministic generator (xorshift64*), so every run asks for the same keys.
@@ -34,6 +35,19 @@ pub fn get_frame(out: &mut Vec<u8>, key: &[u8]) {
     out.extend_from_slice(key);
 }
 
+/// A binary SET frame for `key` (flags 0, no expiry).
+pub fn set_frame(out: &mut Vec<u8>, key: &[u8], value: &[u8]) {
+    const EXTRAS_BYTES: usize = 8;
+    out.extend_from_slice(&[0x80, opcode::SET]);
+    out.extend_from_slice(&(key.len() as u16).to_be_bytes());
+    out.extend_from_slice(&[EXTRAS_BYTES as u8, 0, 0, 0]);
+    out.extend_from_slice(&((EXTRAS_BYTES + key.len() + value.len()) as u32).to_be_bytes());
+    out.extend_from_slice(&[0; 12]);
+    out.extend_from_slice(&[0; EXTRAS_BYTES]);
+    out.extend_from_slice(key);
+    out.extend_from_slice(value);
+}
+
 /// `count` partitions over `arena` holding keys `0..keys`, each a `value_bytes` value.
 pub fn filled_partitions(
     arena: &Arc<Arena>,
@@ -57,20 +71,40 @@ pub fn filled_partitions(
 
 /// `count` batches of `FRAMES` GET frames for random keys of `0..keys`, from `seed`.
 pub fn get_batches(keys: u64, seed: u64, count: usize) -> Vec<Vec<u8>> {
+    request_batches(keys, seed, count, 0, 0)
+}
+
+/// As [`get_batches`], with every `set_every`-th request a SET of a `value_bytes` value
+/// instead (none when 0): memtier's `--ratio=1:10` is `set_every` 11.
+pub fn request_batches(
+    keys: u64,
+    seed: u64,
+    count: usize,
+    set_every: u64,
+    value_bytes: usize,
+) -> Vec<Vec<u8>> {
     let mut rng = Rng(seed);
+    let value = vec![9u8; value_bytes];
+    let mut made = 0u64;
     (0..count)
         .map(|_| {
             let mut frames = Vec::new();
             for _ in 0..FRAMES {
-                get_frame(&mut frames, &key(rng.below(keys)));
+                let key = key(rng.below(keys));
+                made += 1;
+                if set_every > 0 && made % set_every == 0 {
+                    set_frame(&mut frames, &key, &value);
+                } else {
+                    get_frame(&mut frames, &key);
+                }
             }
             frames
         })
         .collect()
 }
 
-/// Runs every GET of `batch` as a connection does (the look ahead first, when given); every
-/// one must hit. Returns the value bytes copied into `out`.
+/// Runs every request of `batch` as a connection does (the look ahead first, when given):
+/// every GET must hit, every SET be stored. Returns the value bytes copied into `out`.
 pub fn run_batch(
     partitions: &Partitions,
     batch: &[u8],
@@ -86,18 +120,29 @@ pub fn run_batch(
             l.before_frame(partitions, batch, at);
         }
         let Decoded::Request {
-            request: Request::Get { key, .. },
-            consumed,
-            ..
+            request, consumed, ..
         } = decode_streaming(&batch[at..], 1 << 20, 256 << 10)
         else {
-            panic!("a GET frame");
+            panic!("a whole frame");
         };
-        let (_, mut store) = partitions.lock_key(key);
-        let Lookup::Small(hit) = store.lookup(key, None, 1, true) else {
-            panic!("every GET a hit");
-        };
-        out.extend_from_slice(&hit.value.contiguous());
+        match request {
+            Request::Get { key, .. } => {
+                let (_, mut store) = partitions.lock_key(key);
+                let Lookup::Small(hit) = store.lookup(key, None, 1, true) else {
+                    panic!("every GET a hit");
+                };
+                out.extend_from_slice(&hit.value.contiguous());
+            }
+            Request::Store { key, value, .. } => {
+                let (_, mut store) = partitions.lock_key(key);
+                let outcome = store.store(StoreMode::Set, key, value, 0, 0, 0, 1);
+                assert!(
+                    matches!(outcome, StoreOutcome::Stored { .. }),
+                    "every SET stored: {outcome:?}"
+                );
+            }
+            _ => panic!("a GET or a SET frame"),
+        }
         at += consumed;
     }
     out.len()
