@@ -298,11 +298,7 @@ fn run(seed: u64, steps: usize) {
         &arena,
         KeyHasher::with_seed(seed),
         count,
-        |index| StoreConfig {
-            max_item_bytes: 1 << 20,
-            partition: index,
-            promotion_half_life_seconds: 10,
-        },
+        store_config,
     ));
     let total_blocks = arena.table().len();
     let mut to_core = Vec::new();
@@ -598,6 +594,15 @@ fn run(seed: u64, steps: usize) {
     }
 }
 
+/// Partition `index`'s store: 1 MiB items, a 10 s promotion half-life.
+fn store_config(index: usize) -> StoreConfig {
+    StoreConfig {
+        max_item_bytes: 1 << 20,
+        partition: index,
+        promotion_half_life_seconds: 10,
+    }
+}
+
 #[test]
 fn partitions_and_core_batches_hold_every_invariant_under_seeded_interleavings() {
     for_each_seed("partition_model", 48, |seed| run(seed, 3000));
@@ -635,13 +640,7 @@ fn one_small_block_means_one_partition() {
     // What a caller counting only the fixed-head blocks asks for.
     let asked = default_count(1, 10);
     assert_eq!(asked, 2);
-    let partitions = Partitions::new(&arena, KeyHasher::with_seed(7), asked, |index| {
-        StoreConfig {
-            max_item_bytes: 1 << 20,
-            partition: index,
-            promotion_half_life_seconds: 10,
-        }
-    });
+    let partitions = Partitions::new(&arena, KeyHasher::with_seed(7), asked, store_config);
     assert_eq!(partitions.len(), 1);
     install_core_batch();
     let value = |i: u64| -> Vec<u8> {
@@ -687,11 +686,7 @@ fn lock_counts_are_exact_across_more_threads_than_counter_slots() {
         &arena,
         KeyHasher::with_seed(3),
         4,
-        |index| StoreConfig {
-            max_item_bytes: 1 << 20,
-            partition: index,
-            promotion_half_life_seconds: 10,
-        },
+        store_config,
     ));
     let (before, _, holds_before) = partitions.lock_stats();
     let threads: Vec<_> = (0..THREADS)
