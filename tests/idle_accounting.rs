@@ -31,15 +31,10 @@ fn idle_and_iowait_ticks() -> (u64, u64) {
     (fields[3], fields[4])
 }
 
-/// Whether the kernel can take a wait off the I/O-wait books (6.15 and later).
+/// Whether the kernel can take a wait off the I/O-wait books: the feature bit the server
+/// checks too (`IORING_FEAT_NO_IOWAIT`, kernel 6.15+).
 fn kernel_has_no_iowait() -> bool {
-    let release = std::fs::read_to_string("/proc/sys/kernel/osrelease").expect("osrelease");
-    let mut numbers = release
-        .trim()
-        .split(|c: char| !c.is_ascii_digit())
-        .map(|n| n.parse::<u32>().unwrap_or(0));
-    let (major, minor) = (numbers.next().unwrap_or(0), numbers.next().unwrap_or(0));
-    (major, minor) >= (6, 15)
+    io_uring::IoUring::new(2).is_ok_and(|ring| ring.params().is_feature_no_iowait())
 }
 
 #[test]

@@ -525,11 +525,10 @@ pub struct Ring {
     /// Completions wait for this thread to run them, and the kernel says when some do
     /// (`IORING_SETUP_COOP_TASKRUN` with `TASKRUN_FLAG`): a reap that sees the flag enters.
     taskrun_flag: bool,
-    /// The flags of a sleep's enter with no file I/O in flight: `GETEVENTS`, and `NO_IOWAIT`
-    /// where the kernel has it. The kernel counts any wait with operations in flight as I/O
-    /// wait, armed receives included, so an idle server showed its CPUs in iowait, not idle
-    /// (`top`, `/proc/stat`).
-    sleep_enter_flags: u32,
+    /// The kernel can count a sleep as idle time (`IORING_FEAT_NO_IOWAIT`, 6.15+). It counts
+    /// any wait with operations in flight as I/O wait, armed receives included, so an idle
+    /// server showed its CPUs in iowait, not idle (`top`, `/proc/stat`).
+    no_iowait: bool,
     /// When the last reap that took a receive ran (see [`Ring::reaped_at`]).
     reaped_at: Cell<ReapClock>,
     /// Shown the bytes of every receive reaped (see [`Ring::watch_receives`]).
@@ -603,11 +602,7 @@ impl Ring {
                 false,
             ),
         };
-        let sleep_enter_flags = if uring.params().is_feature_no_iowait() {
-            ENTER_GETEVENTS | ENTER_NO_IOWAIT
-        } else {
-            ENTER_GETEVENTS
-        };
+        let no_iowait = uring.params().is_feature_no_iowait();
         // SAFETY: a plain eventfd syscall; the descriptor is owned right away.
         let raw = unsafe { libc::eventfd(0, libc::EFD_CLOEXEC) };
         if raw < 0 {
@@ -675,7 +670,7 @@ impl Ring {
             flush_scheduled: Cell::new(false),
             flusher: RefCell::new(None),
             taskrun_flag,
-            sleep_enter_flags,
+            no_iowait,
             reaped_at: Cell::new(ReapClock::now()),
             receive_watch: RefCell::new(None),
             provided: RefCell::new(None),
@@ -867,15 +862,15 @@ impl Ring {
     /// Whether a shard sleeping in this ring with no file I/O in flight is idle, not in I/O
     /// wait, to the kernel's accounting (`IORING_ENTER_NO_IOWAIT`, kernel 6.15+).
     pub fn sleeps_idle(&self) -> bool {
-        self.sleep_enter_flags & ENTER_NO_IOWAIT != 0
+        self.no_iowait
     }
 
     /// A sleep's enter flags now: I/O wait only while a file read or write is out.
     fn sleep_flags(&self) -> u32 {
-        if self.file_ops_in_flight.get() > 0 {
-            ENTER_GETEVENTS
+        if self.no_iowait && self.file_ops_in_flight.get() == 0 {
+            ENTER_GETEVENTS | ENTER_NO_IOWAIT
         } else {
-            self.sleep_enter_flags
+            ENTER_GETEVENTS
         }
     }
 
