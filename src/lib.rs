@@ -10,6 +10,7 @@
 pub mod arena;
 pub mod bench;
 pub mod config;
+pub mod dir;
 pub mod lockfile;
 pub mod logging;
 pub mod placement;

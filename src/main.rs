@@ -203,7 +203,12 @@ fn main() -> ExitCode {
                 tracing::error!("{err}");
             }
             say_fatal(&err.to_string());
-            return ExitCode::from(1);
+            // Who may run it is configuration: restarting cannot fix it.
+            let status = match err {
+                server::ServerError::User(_) => CONFIG_ERROR_EXIT as u8,
+                _ => 1,
+            };
+            return ExitCode::from(status);
         }
     };
     *phase.lock().unwrap_or_else(|e| e.into_inner()) = Phase::Serving;

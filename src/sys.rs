@@ -306,17 +306,18 @@ pub fn base_page_bytes() -> usize {
         .map_or(4096, |size| size as usize)
 }
 
-/// The O_DIRECT file-offset alignment the kernel reports for a path (statx `STATX_DIOALIGN`,
-/// Linux 6.1); `None` when it cannot tell.
-pub fn statx_dio_offset_align(path: &std::ffi::CStr) -> Option<u32> {
+/// The O_DIRECT file-offset alignment the kernel reports for an open file (statx
+/// `STATX_DIOALIGN`, Linux 6.1); `None` when it cannot tell.
+pub fn statx_dio_offset_align(file: &std::fs::File) -> Option<u32> {
     // SAFETY: an all-zero statx is a valid value to pass for the kernel to fill.
     let mut stx: libc::statx = unsafe { std::mem::zeroed() };
-    // SAFETY: `path` is NUL-terminated and `stx` is a valid, writable statx.
+    // SAFETY: the empty path is NUL-terminated, the descriptor is open for the call (borrowed
+    // from `file`), and `stx` is a valid, writable statx.
     let rc = unsafe {
         libc::statx(
-            libc::AT_FDCWD,
-            path.as_ptr(),
-            0,
+            std::os::fd::AsRawFd::as_raw_fd(file),
+            c"".as_ptr(),
+            libc::AT_EMPTY_PATH,
             libc::STATX_DIOALIGN,
             &mut stx,
         )

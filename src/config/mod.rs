@@ -46,8 +46,7 @@ pub const DEFAULT_DATA_DIR: &str = "./data";
 pub const STATE_DIRECTORY_ENV: &str = "STATE_DIRECTORY";
 /// The default file segment's size (a sparse file: disk is used as values are written).
 pub const DEFAULT_SEGMENT_BYTES: u64 = 1 << 30;
-/// Segment sizes are whole device blocks.
-pub const SEGMENT_GRANULE_BYTES: u64 = 4096;
+pub use crate::segment::spec::SEGMENT_GRANULE_BYTES;
 
 /// The version with the commit it was built from (`build.rs`): `0.1.0 (commit 1a2b3c4d5e6f)`,
 /// `-dirty` when the tree had uncommitted changes, `unknown` when built without git.
@@ -339,6 +338,18 @@ pub struct Cli {
     #[arg(long, value_name = "POLICY")]
     pub placement_policy: Option<String>,
 
+    /// Started as root, drop to this user (a name or a uid) once the ports, the locked memory,
+    /// the segments and the data directory are taken, as memcached's `-u`: the data directory
+    /// is handed to the user, and every thread serves as it. `--user root` stays root on
+    /// purpose. Without root, only the user it already runs as is accepted.
+    #[arg(long, value_name = "USER")]
+    pub user: Option<String>,
+
+    /// Run as root without --user (refused otherwise, as memcached refuses root without -u).
+    /// No effect when not started as root.
+    #[arg(long)]
+    pub allow_root: bool,
+
     /// When no segment has room for a large value: `none` fails it with "out of memory" and
     /// touches nothing else (for data that must not be lost, such as RL rollouts); `lru` evicts
     /// the least recently used large values of the best candidate target until it fits
@@ -394,6 +405,9 @@ pub struct FileConfig {
     pub log_file: Option<PathBuf>,
     pub placement_policy: Option<String>,
     pub segment_eviction: Option<String>,
+    pub user: Option<String>,
+    #[serde(default)]
+    pub allow_root: bool,
 }
 
 impl FileConfig {
@@ -721,6 +735,10 @@ pub struct Settings {
     pub placement_policy: Policy,
     /// Evict least recently used large values when a segment is full (`--segment-eviction lru`).
     pub segment_eviction_lru: bool,
+    /// `--user`: who to drop to when started as root.
+    pub user: Option<String>,
+    /// `--allow-root`: started as root without `--user`, stay root.
+    pub allow_root: bool,
     /// Each shard's streaming pool.
     pub io_pool_bytes: u64,
     /// Try the io_uring data path (`--io-ring on`).
@@ -1062,13 +1080,7 @@ pub fn resolve_with_file(
             } => vec![*n],
             SegmentSpec::File { .. } => Vec::new(),
         };
-        let parts = nodes.len().max(1) as u64;
-        let size = segment.size();
-        if size == 0
-            || size % (SEGMENT_GRANULE_BYTES * parts) != 0
-                && matches!(segment, SegmentSpec::Mem { .. })
-            || size % SEGMENT_GRANULE_BYTES != 0
-        {
+        if segment.check_size().is_err() {
             return Err(ConfigError::SegmentSize {
                 segment: segment.to_string(),
             });
@@ -1196,6 +1208,8 @@ pub fn resolve_with_file(
         data_dir,
         placement_policy,
         segment_eviction_lru,
+        user: cli.user.clone().or_else(|| file.user.clone()),
+        allow_root: cli.allow_root || file.allow_root,
         dry_run: cli.dry_run,
         log_level: cli
             .log_level

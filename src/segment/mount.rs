@@ -5,7 +5,8 @@ use std::fmt;
 use std::hash::{Hash, Hasher};
 use std::sync::Arc;
 
-use crate::topology::Topology;
+use crate::topology::{NodeId, Topology};
+use crate::units::ByteSize;
 
 use super::spec::{FileLocality, SegmentSpec};
 use super::storage::{FileStorage, MemStorage, MountOrigin};
@@ -54,20 +55,72 @@ fn uuid_of(parts: impl Hash) -> u128 {
     (u128::from(high.finish()) << 64) | u128::from(low.finish())
 }
 
+/// Memory per node that something else already holds: the arena's pages and the memory
+/// segments mounted before. A memory segment can have only what is left.
+pub type NodeBytes = std::collections::BTreeMap<NodeId, u64>;
+
+/// What a node's memory can back for a memory segment: its MemTotal less its huge page pool
+/// (ordinary pages cannot use the pool), from sysfs; the machine's (`/proc/meminfo`) when the
+/// node has no sysfs entry. `None` when neither says.
+fn node_backable_bytes(node: NodeId, huge_page_bytes: u64) -> Option<u64> {
+    let field = |text: &str, name: &str| {
+        text.lines().find_map(|line| {
+            let (key, value) = line.split_once(':')?;
+            (key.split_whitespace().last()? == name)
+                .then(|| value.split_whitespace().next()?.parse::<u64>().ok())
+                .flatten()
+        })
+    };
+    let text = std::fs::read_to_string(format!("/sys/devices/system/node/node{node}/meminfo"))
+        .or_else(|_| std::fs::read_to_string("/proc/meminfo"))
+        .ok()?;
+    let total = field(&text, "MemTotal")? * 1024;
+    let pool = field(&text, "HugePages_Total").unwrap_or(0) * huge_page_bytes;
+    Some(total.saturating_sub(pool))
+}
+
+/// Refuses a memory segment of `per_node` bytes on `node` that the node could never back, with
+/// the figures.
+fn check_backable(
+    per_node: u64,
+    node: NodeId,
+    held: u64,
+    huge_page_bytes: u64,
+) -> Result<(), String> {
+    let Some(backable) = node_backable_bytes(node, huge_page_bytes) else {
+        return Ok(());
+    };
+    if per_node > backable.saturating_sub(held) {
+        return Err(format!(
+            "node {node} cannot back {} of memory: it has {} outside its huge page pool, and the arena and other memory segments already hold {} of it",
+            ByteSize(per_node),
+            ByteSize(backable),
+            ByteSize(held)
+        ));
+    }
+    Ok(())
+}
+
 /// Mounts every segment: files are created and sized when missing and must take O_DIRECT;
-/// memory is mapped per node and bound there.
+/// memory is mapped per node and bound there, and refused when the node could never back it
+/// beside what `held` says is taken.
 pub fn mount_all(
     specs: &[SegmentSpec],
     topology: &Topology,
     host: HostId,
     origin: &MountOrigin,
+    held: &NodeBytes,
 ) -> Result<Vec<MountedTarget>, MountFailure> {
     let mut targets = Vec::new();
+    let mut held = held.clone();
     for spec in specs {
         let fail = |reason: String| MountFailure {
             segment: spec.to_string(),
             reason,
         };
+        if let Err(reason) = spec.check_size() {
+            return Err(fail(reason));
+        }
         match spec {
             SegmentSpec::File {
                 path,
@@ -106,6 +159,12 @@ pub fn mount_all(
             }
             SegmentSpec::Mem { size, nodes } => {
                 let per_node = size / nodes.len() as u64;
+                for &node in nodes {
+                    let taken = held.get(&node).copied().unwrap_or(0);
+                    check_backable(per_node, node, taken, topology.huge_page_bytes())
+                        .map_err(fail)?;
+                    *held.entry(node).or_insert(0) += per_node;
+                }
                 for (i, &node) in nodes.iter().enumerate() {
                     let storage = MemStorage::map(per_node, Some(node))
                         .map_err(|e| fail(format!("node {node}: {e}")))?;

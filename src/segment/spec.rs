@@ -29,11 +29,30 @@ pub enum SegmentSpec {
     Mem { size: u64, nodes: Vec<NodeId> },
 }
 
+/// Segment sizes are whole device blocks (per node, for memory).
+pub const SEGMENT_GRANULE_BYTES: u64 = 4096;
+
 impl SegmentSpec {
     pub fn size(&self) -> u64 {
         match self {
             SegmentSpec::File { size, .. } | SegmentSpec::Mem { size, .. } => *size,
         }
+    }
+
+    /// Whether the size is a nonzero whole multiple of 4 KiB (of 4 KiB per node, for memory);
+    /// checked before anything is created.
+    pub fn check_size(&self) -> Result<(), String> {
+        let parts = match self {
+            SegmentSpec::Mem { nodes, .. } => nodes.len().max(1) as u64,
+            SegmentSpec::File { .. } => 1,
+        };
+        let size = self.size();
+        if size == 0 || size % (SEGMENT_GRANULE_BYTES * parts) != 0 {
+            return Err(format!(
+                "size {size} bytes is not a nonzero whole multiple of 4 KiB (and, for memory, of 4 KiB per node)"
+            ));
+        }
+        Ok(())
     }
 }
 

@@ -3,8 +3,11 @@
 
 use std::fs::{self, OpenOptions};
 use std::io;
-use std::os::unix::fs::{FileTypeExt, MetadataExt, OpenOptionsExt};
+use std::os::unix::fs::{FileTypeExt, MetadataExt, OpenOptionsExt, PermissionsExt};
 use std::path::{Path, PathBuf};
+use std::sync::Arc;
+
+use crate::dir::Dir;
 
 pub use crate::sys::AlignedBuf;
 use crate::sys::{self, Mapping};
@@ -110,19 +113,17 @@ pub struct FileStorage {
     _lock: std::sync::Arc<crate::lockfile::FileLock>,
 }
 
-/// The O_DIRECT alignment of `path`: what `statx` reports (`STATX_DIOALIGN`), else the
-/// logical block size sysfs gives for the device behind it, else (said in the log) the common
-/// 4096.
-fn dio_alignment(path: &Path) -> u64 {
-    let from_statx = std::ffi::CString::new(path.as_os_str().as_encoded_bytes())
-        .ok()
-        .and_then(|c_path| sys::statx_dio_offset_align(&c_path))
+/// The O_DIRECT alignment of the open segment `file` (at `path`): what `statx` reports
+/// (`STATX_DIOALIGN`), else the logical block size sysfs gives for the device behind it, else
+/// (said in the log) the common 4096.
+fn dio_alignment(file: &fs::File, path: &Path) -> u64 {
+    let from_statx = sys::statx_dio_offset_align(file)
         .filter(|align| align.is_power_of_two())
         .map(|align| u64::from(align).max(512));
     if let Some(align) = from_statx {
         return align;
     }
-    if let Some(align) = sysfs_logical_block_bytes(path) {
+    if let Some(align) = sysfs_logical_block_bytes(file) {
         return align;
     }
     tracing::warn!(
@@ -132,10 +133,10 @@ fn dio_alignment(path: &Path) -> u64 {
     DEFAULT_DIO_ALIGN_BYTES
 }
 
-/// `queue/logical_block_size` of the block device behind `path` (the device itself, or the
+/// `queue/logical_block_size` of the block device behind `file` (the device itself, or the
 /// one holding the file; a partition's queue is its parent's).
-fn sysfs_logical_block_bytes(path: &Path) -> Option<u64> {
-    let meta = fs::metadata(path).ok()?;
+fn sysfs_logical_block_bytes(file: &fs::File) -> Option<u64> {
+    let meta = file.metadata().ok()?;
     let dev = if meta.file_type().is_block_device() {
         meta.rdev()
     } else {
@@ -152,14 +153,18 @@ fn sysfs_logical_block_bytes(path: &Path) -> Option<u64> {
     .filter(|bytes| bytes.is_power_of_two() && *bytes >= 512)
 }
 
-/// Who asks for a file segment, which decides what may be mounted.
-#[derive(Clone, Debug, PartialEq, Eq)]
+/// Who asks for a file segment, which decides what may be mounted and how it is opened.
+#[derive(Clone, Debug)]
 pub enum MountOrigin {
     /// `--segment` on the command line (or in `--config`): the operator named the file, so an
-    /// existing file or block device is taken (and a file gets Headroom's label).
-    CommandLine,
+    /// existing file or block device is taken (and a file gets Headroom's label). A file directly
+    /// in the data directory (the default `segment-0`, or one the operator put there) is reached
+    /// through `data_dir` and never through a link; elsewhere the path is followed as the
+    /// operator wrote it (a link such as `/dev/disk/by-id/...` is the operator's own).
+    CommandLine { data_dir: Arc<Dir> },
     /// ADMIN `mount` at runtime: only a file inside one of these directories, which Headroom
-    /// created itself (its label says so), or a new file there; never a block device.
+    /// created itself (its label says so), or a new file there; never a block device, never
+    /// through a link.
     Runtime { allowed_dirs: Vec<PathBuf> },
 }
 
@@ -170,34 +175,47 @@ fn refuse(path: &Path, why: impl std::fmt::Display) -> io::Error {
     )
 }
 
-/// Whether `path`'s directory is inside one of `dirs` (both resolved, so `..` and symlinked
-/// directories cannot lead out).
-fn inside_allowed_dirs(path: &Path, dirs: &[PathBuf]) -> io::Result<()> {
+/// `path`'s directory and file name.
+fn split(path: &Path) -> io::Result<(&Path, &std::ffi::OsStr)> {
+    let name = path
+        .file_name()
+        .ok_or_else(|| refuse(path, "names no file"))?;
+    let parent = path
+        .parent()
+        .filter(|p| !p.as_os_str().is_empty())
+        .unwrap_or(Path::new("."));
+    Ok((parent, name))
+}
+
+/// Opens `path`'s directory and checks that it is inside one of `dirs` (the open directory's
+/// own resolved path is compared, so `..` and symlinked directories cannot lead out, and
+/// nothing can be swapped in after the check).
+fn open_inside_allowed_dirs(path: &Path, dirs: &[PathBuf]) -> io::Result<Dir> {
     let listed = || {
         dirs.iter()
             .map(|d| d.display().to_string())
             .collect::<Vec<_>>()
             .join(", ")
     };
-    let parent = path
-        .parent()
-        .filter(|p| !p.as_os_str().is_empty())
-        .unwrap_or(Path::new("."));
-    let parent = fs::canonicalize(parent).map_err(|err| {
-        refuse(
-            path,
-            format!(
-                "its directory cannot be resolved ({err}); a runtime mount takes files inside {}",
-                listed()
-            ),
-        )
-    })?;
+    let (parent, _) = split(path)?;
+    let dir = Dir::open(parent, false)
+        .and_then(|dir| Ok((dir.resolved_path()?, dir)))
+        .map_err(|err| {
+            refuse(
+                path,
+                format!(
+                    "its directory cannot be opened ({err}); a runtime mount takes files inside {}",
+                    listed()
+                ),
+            )
+        });
+    let (resolved, dir) = dir?;
     let inside = dirs
         .iter()
         .filter_map(|dir| fs::canonicalize(dir).ok())
-        .any(|dir| parent.starts_with(dir));
+        .any(|dir| resolved.starts_with(dir));
     if inside {
-        Ok(())
+        Ok(dir)
     } else {
         Err(refuse(
             path,
@@ -209,44 +227,109 @@ fn inside_allowed_dirs(path: &Path, dirs: &[PathBuf]) -> io::Result<()> {
     }
 }
 
-impl FileStorage {
-    /// Opens (creating it when missing) and locks a segment file or block device, checks it may
-    /// be mounted from `origin`, sizes and labels a file, and reopens it with O_DIRECT. Nothing
-    /// is written to a file that is refused.
-    pub fn prepare(path: &Path, size: u64, origin: &MountOrigin) -> io::Result<FileStorage> {
-        let runtime = matches!(origin, MountOrigin::Runtime { .. });
-        match origin {
-            MountOrigin::Runtime { allowed_dirs } => inside_allowed_dirs(path, allowed_dirs)?,
-            MountOrigin::CommandLine => {
-                if let Some(dir) = path.parent().filter(|d| !d.as_os_str().is_empty()) {
-                    fs::create_dir_all(dir)?;
+/// Where a segment file is opened from: a directory Headroom holds (never through a link), or
+/// the path the operator wrote (followed as written).
+enum Opener<'a> {
+    In(&'a Dir, &'a std::ffi::OsStr),
+    Path(&'a Path),
+}
+
+impl Opener<'_> {
+    /// Opens the file read-write, creating it (mode 0600, `O_EXCL`) when missing; returns
+    /// whether it was created.
+    fn open(&self) -> io::Result<(fs::File, bool)> {
+        match self {
+            Opener::In(dir, name) => dir.open_file(name, true),
+            Opener::Path(path) => {
+                let open = |create_new: bool| {
+                    OpenOptions::new()
+                        .read(true)
+                        .write(true)
+                        .create_new(create_new)
+                        .mode(crate::dir::FILE_MODE)
+                        .open(path)
+                };
+                match open(true) {
+                    Ok(file) => {
+                        // The umask may have taken bits away; the mode is ours to say.
+                        file.set_permissions(fs::Permissions::from_mode(crate::dir::FILE_MODE))?;
+                        Ok((file, true))
+                    }
+                    Err(err) if err.kind() == io::ErrorKind::AlreadyExists => {
+                        Ok((open(false)?, false))
+                    }
+                    Err(err) => Err(err),
                 }
             }
         }
-        // A symlink at runtime could point anywhere: refused (O_NOFOLLOW).
-        let no_follow = if runtime { libc::O_NOFOLLOW } else { 0 };
-        let open = |create_new: bool| {
-            OpenOptions::new()
-                .read(true)
-                .write(true)
-                .create_new(create_new)
-                .custom_flags(no_follow)
-                .open(path)
+    }
+
+    /// The same file again, with O_DIRECT (checked to be the same inode as `like`).
+    fn reopen_direct(&self, like: &fs::File) -> io::Result<fs::File> {
+        match self {
+            Opener::In(dir, name) => dir.reopen_file(name, like, nix::fcntl::OFlag::O_DIRECT),
+            Opener::Path(path) => {
+                let file = OpenOptions::new()
+                    .read(true)
+                    .write(true)
+                    .custom_flags(libc::O_DIRECT)
+                    .open(path)?;
+                crate::dir::same_file(&file, like, path)?;
+                Ok(file)
+            }
+        }
+    }
+
+    /// Removes the file this opener created (a mount that failed leaves nothing behind).
+    fn remove(&self) {
+        let _ = match self {
+            Opener::In(dir, name) => dir.remove_file(name),
+            Opener::Path(path) => fs::remove_file(path),
         };
-        let (file, created) = match open(true) {
-            Ok(file) => (file, true),
-            Err(err) if err.kind() == io::ErrorKind::AlreadyExists => match open(false) {
-                Ok(file) => (file, false),
-                Err(err) if err.raw_os_error() == Some(libc::ELOOP) => {
-                    return Err(refuse(
-                        path,
-                        "a symbolic link; a runtime mount takes only regular files",
-                    ))
+    }
+}
+
+impl FileStorage {
+    /// Opens (creating it when missing) and locks a segment file or block device, checks it may
+    /// be mounted from `origin`, sizes and labels a file, and reopens it with O_DIRECT. Nothing
+    /// is written to a file that is refused, and a file created here is removed again when
+    /// the mount fails.
+    pub fn prepare(path: &Path, size: u64, origin: &MountOrigin) -> io::Result<FileStorage> {
+        let runtime = matches!(origin, MountOrigin::Runtime { .. });
+        let (parent, name) = split(path)?;
+        let held_dir;
+        let opener = match origin {
+            MountOrigin::Runtime { allowed_dirs } => {
+                held_dir = open_inside_allowed_dirs(path, allowed_dirs)?;
+                Opener::In(&held_dir, name)
+            }
+            MountOrigin::CommandLine { data_dir } => {
+                let absolute =
+                    |p: &Path| std::path::absolute(p).unwrap_or_else(|_| p.to_path_buf());
+                if absolute(parent) == absolute(data_dir.path()) {
+                    Opener::In(data_dir, name)
+                } else {
+                    fs::create_dir_all(parent)?;
+                    Opener::Path(path)
                 }
-                Err(err) => return Err(err),
-            },
-            Err(err) => return Err(err),
+            }
         };
+        let (file, created) = opener.open()?;
+        let prepared = Self::prepare_opened(path, size, runtime, file, created, &opener);
+        if prepared.is_err() && created {
+            opener.remove();
+        }
+        prepared
+    }
+
+    fn prepare_opened(
+        path: &Path,
+        size: u64,
+        runtime: bool,
+        file: fs::File,
+        created: bool,
+        opener: &Opener,
+    ) -> io::Result<FileStorage> {
         let meta = file.metadata()?;
         let block_device = meta.file_type().is_block_device();
         if runtime && !meta.file_type().is_file() {
@@ -308,21 +391,16 @@ impl FileStorage {
             Label::new(size).write(file)?;
         }
         // O_DIRECT must work here: tmpfs and some network filesystems refuse it.
-        let direct = OpenOptions::new()
-            .read(true)
-            .write(true)
-            .custom_flags(libc::O_DIRECT | no_follow)
-            .open(path)
-            .map_err(|err| {
-                io::Error::new(
-                    err.kind(),
-                    format!("{} cannot be opened with O_DIRECT: {err}", path.display()),
-                )
-            })?;
+        let direct = opener.reopen_direct(file).map_err(|err| {
+            io::Error::new(
+                err.kind(),
+                format!("{} cannot be opened with O_DIRECT: {err}", path.display()),
+            )
+        })?;
         Ok(FileStorage {
             path: path.to_path_buf(),
             size,
-            dio_align: dio_alignment(path),
+            dio_align: dio_alignment(&direct, path),
             block_device,
             file: direct,
             _lock: lock,
@@ -357,7 +435,7 @@ impl FileStorage {
 
     /// The node of the block device holding the file, from sysfs.
     pub fn device_node(&self, topology: &Topology) -> Option<NodeId> {
-        let meta = fs::metadata(&self.path).ok()?;
+        let meta = self.file.metadata().ok()?;
         let dev = if self.block_device {
             meta.rdev()
         } else {

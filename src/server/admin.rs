@@ -163,14 +163,45 @@ fn listener_alive(stream: &std::os::unix::net::UnixStream) -> bool {
     }
 }
 
-/// Binds the admin socket on the current executor, readable and writable by its owner only.
+/// Binds the admin socket on the current executor, readable and writable by its owner only,
+/// and never reachable with any other mode, whatever the umask: it is bound inside a private
+/// directory (mode 0700) beside `path`, set to 0600 there, and only then renamed into place
+/// (never over anything that appeared meanwhile). The umask is left alone: it is process-wide,
+/// and other threads may be creating files at that moment.
 pub fn bind_socket(path: &Path) -> Result<glommio::net::UnixListener, String> {
+    use nix::fcntl::{renameat2, RenameFlags, AT_FDCWD};
     use std::os::unix::fs::PermissionsExt;
     let fail = |err: std::io::Error| format!("--admin-socket {}: {err}", path.display());
-    let listener = glommio::net::UnixListener::bind(path).map_err(|e| fail(e.into()))?;
-    std::fs::set_permissions(path, std::fs::Permissions::from_mode(ADMIN_SOCKET_MODE))
-        .map_err(fail)?;
-    Ok(listener)
+    let name = path
+        .file_name()
+        .ok_or_else(|| format!("--admin-socket {}: names no file", path.display()))?;
+    let parent = path
+        .parent()
+        .filter(|p| !p.as_os_str().is_empty())
+        .unwrap_or(Path::new("."));
+    // Short, so the socket's path inside it stays within the kernel's 108 bytes.
+    let private = parent.join(format!(".hr-{}", std::process::id()));
+    let inner = private.join(name);
+    let _ = std::fs::remove_file(&inner);
+    let _ = std::fs::remove_dir(&private);
+    nix::unistd::mkdir(&private, nix::sys::stat::Mode::S_IRWXU)
+        .map_err(|errno| fail(errno.into()))?;
+    let bound = (|| {
+        std::fs::set_permissions(&private, std::fs::Permissions::from_mode(0o700))?;
+        let listener = glommio::net::UnixListener::bind(&inner)?;
+        std::fs::set_permissions(&inner, std::fs::Permissions::from_mode(ADMIN_SOCKET_MODE))?;
+        renameat2(
+            AT_FDCWD,
+            &inner,
+            AT_FDCWD,
+            path,
+            RenameFlags::RENAME_NOREPLACE,
+        )?;
+        Ok::<_, std::io::Error>(listener)
+    })();
+    let _ = std::fs::remove_file(&inner);
+    let _ = std::fs::remove_dir(&private);
+    bound.map_err(fail)
 }
 
 /// Serves the admin socket until the shard stops, one connection at a time per task.
@@ -192,10 +223,9 @@ pub async fn serve_socket(ctx: Rc<ShardCtx>, listener: glommio::net::UnixListene
             }
         }
     }
-    if let Ok(addr) = listener.local_addr() {
-        if let Some(path) = addr.as_pathname() {
-            let _ = std::fs::remove_file(path);
-        }
+    // Bound in a private directory and renamed: its own address names that directory.
+    if let Some(path) = &ctx.shared.settings.admin_socket {
+        let _ = std::fs::remove_file(path);
     }
 }
 

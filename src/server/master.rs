@@ -46,11 +46,17 @@ fn mount(
     let origin = MountOrigin::Runtime {
         allowed_dirs: master.shared.settings.mount_dirs.clone(),
     };
+    let held = super::memory_held(
+        &master.shared.arena,
+        &master.shared.topology,
+        master.placer.targets().map(|(_, t)| &t.spec),
+    );
     let targets = mount_all(
         std::slice::from_ref(spec),
         &master.shared.topology,
         master.placer.local_host(),
         &origin,
+        &held,
     )
     .map_err(|e| e.to_string())?;
     for target in &targets {

@@ -10,6 +10,7 @@
 mod admin;
 mod auth;
 mod conn;
+pub mod data_dir;
 mod deferred;
 mod event;
 mod execute;
@@ -24,6 +25,7 @@ pub mod partition;
 mod shard;
 mod stats;
 mod text;
+pub mod user;
 mod warm;
 mod watch;
 mod wire;
@@ -155,8 +157,8 @@ pub struct Shared {
     /// all are known.
     peers: Mutex<(Vec<Option<usize>>, Option<usize>)>,
     joined: std::sync::Barrier,
-    /// The data directory, locked for the life of the process.
-    _data_dir_lock: Arc<crate::lockfile::FileLock>,
+    /// The data directory, opened once and locked for the life of the process.
+    pub data_dir: Arc<data_dir::DataDir>,
 }
 
 impl Shared {
@@ -187,6 +189,8 @@ impl Shared {
 #[derive(Debug)]
 pub enum ServerError {
     DataDir(String),
+    /// `--user`/`--allow-root`: who may run it (an invalid configuration, exit 2).
+    User(String),
     Bind(listen::BindError),
     Admin(String),
     Credentials(String),
@@ -203,6 +207,7 @@ impl std::fmt::Display for ServerError {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         match self {
             ServerError::DataDir(reason)
+            | ServerError::User(reason)
             | ServerError::Admin(reason)
             | ServerError::Credentials(reason)
             | ServerError::Metrics(reason) => write!(f, "{reason}"),
@@ -254,44 +259,25 @@ fn random_seed() -> u64 {
     h.finish()
 }
 
-/// Locks `dir` (creating it) for this process: `headroom.lock` inside it, holding our pid.
-fn lock_data_dir(dir: &std::path::Path) -> Result<Arc<crate::lockfile::FileLock>, ServerError> {
-    use std::io::{Seek, Write};
-    let fail = |why: String| ServerError::DataDir(format!("--data-dir {}: {why}", dir.display()));
-    std::fs::create_dir_all(dir).map_err(|err| fail(format!("cannot create it: {err}")))?;
-    let path = dir.join("headroom.lock");
-    let file = std::fs::OpenOptions::new()
-        .read(true)
-        .write(true)
-        .create(true)
-        .truncate(false)
-        .open(&path)
-        .map_err(|err| fail(format!("cannot open {}: {err}", path.display())))?;
-    let lock = crate::lockfile::lock_exclusive(file).map_err(|err| match err {
-        crate::lockfile::LockError::Held { pid } => {
-            // The holder wrote its pid into the file; /proc/locks is the fallback.
-            let written = std::fs::read_to_string(&path)
-                .ok()
-                .and_then(|text| text.trim().parse::<u32>().ok());
-            match written.or(pid) {
-                Some(pid) => fail(format!(
-                    "in use by another Headroom ({}, pid {pid}); two servers on one data directory would hand out the same extents",
-                    listen::process_name(pid)
-                )),
-                None => fail("in use by another process".to_string()),
-            }
+/// Memory per node that a new memory segment cannot have: the arena's regions on ordinary
+/// pages (those on huge pages come out of the pool, which memory segments never use) and the
+/// memory segments in `mounted`. Unbound memory (`--no-numa`) counts on the first node.
+pub(crate) fn memory_held<'a>(
+    arena: &Arena,
+    topology: &Topology,
+    mounted: impl Iterator<Item = &'a crate::segment::TargetSpec>,
+) -> crate::segment::mount::NodeBytes {
+    let first = topology.node_ids().first().copied().unwrap_or(0);
+    let mut held = crate::segment::mount::NodeBytes::new();
+    for region in arena.regions() {
+        if !matches!(region.backing, crate::arena::Backing::HugeTlb { .. }) {
+            *held.entry(region.plan.node.unwrap_or(first)).or_insert(0) += region.plan.bytes;
         }
-        crate::lockfile::LockError::Io(err) => fail(format!("cannot lock {}: {err}", path.display())),
-    })?;
-    let mut file = lock.file();
-    let written = file
-        .set_len(0)
-        .and_then(|()| file.seek(std::io::SeekFrom::Start(0)))
-        .and_then(|_| writeln!(file, "{}", std::process::id()));
-    if let Err(err) = written {
-        return Err(fail(format!("cannot write {}: {err}", path.display())));
     }
-    Ok(lock)
+    for spec in mounted.filter(|s| s.kind == crate::segment::TargetKind::Mem) {
+        *held.entry(spec.locality.unwrap_or(first)).or_insert(0) += spec.size;
+    }
+    held
 }
 
 /// Takes the data directory, the listeners, the admin socket and the credentials, then maps
@@ -299,7 +285,11 @@ fn lock_data_dir(dir: &std::path::Path) -> Result<Arc<crate::lockfile::FileLock>
 /// placement master, and returns once every shard serves.
 pub fn start(settings: Settings, topology: &Topology) -> Result<Running, ServerError> {
     let shards = settings.cpus.len();
-    let data_dir_lock = lock_data_dir(&settings.data_dir)?;
+    let privileges =
+        user::plan(settings.user.as_deref(), settings.allow_root).map_err(ServerError::User)?;
+    let data_dir = data_dir::DataDir::take(&settings.data_dir, privileges.run_as())
+        .map(Arc::new)
+        .map_err(ServerError::DataDir)?;
     let listeners = listen::bind_all(settings.listen, shards).map_err(ServerError::Bind)?;
     if let Some(path) = &settings.admin_socket {
         admin::prepare_socket(path).map_err(ServerError::Admin)?;
@@ -318,13 +308,12 @@ pub fn start(settings: Settings, topology: &Topology) -> Result<Running, ServerE
     }
     let plan = MemoryPlan::new(&settings.arena, topology);
     let arena = Arena::map_for_serving(plan, topology, shards).map_err(ServerError::Map)?;
-    let targets = mount_all(
-        &settings.segments,
-        topology,
-        LOCAL_HOST,
-        &crate::segment::MountOrigin::CommandLine,
-    )
-    .map_err(ServerError::Mount)?;
+    let origin = crate::segment::MountOrigin::CommandLine {
+        data_dir: Arc::clone(&data_dir.dir),
+    };
+    let held = memory_held(&arena, topology, std::iter::empty());
+    let targets = mount_all(&settings.segments, topology, LOCAL_HOST, &origin, &held)
+        .map_err(ServerError::Mount)?;
     let mut placer = Placer::new(LOCAL_HOST, settings.placement_policy, random_seed());
     for target in &targets {
         placer.mount(target.spec.clone()).map_err(|err| {
@@ -363,6 +352,20 @@ pub fn start(settings: Settings, topology: &Topology) -> Result<Running, ServerE
         shards,
         "key space partitioned"
     );
+    // Everything that needs root is held: drop it before any executor thread starts.
+    if let user::Privileges::DropTo(user) = &privileges {
+        let in_data_dir = data_dir.names_of(&settings.segments);
+        data_dir
+            .hand_to(privileges.run_as(), &in_data_dir)
+            .map_err(|err| {
+                ServerError::DataDir(format!(
+                    "--data-dir {}: cannot hand it to --user {}: {err}",
+                    settings.data_dir.display(),
+                    user.name
+                ))
+            })?;
+        user::drop_to(user).map_err(ServerError::User)?;
+    }
     let shared = Arc::new(Shared {
         partitions,
         restore_done: std::sync::Barrier::new(shards),
@@ -387,7 +390,7 @@ pub fn start(settings: Settings, topology: &Topology) -> Result<Running, ServerE
         topology: topology.clone(),
         peers: Mutex::new((vec![None; shards], None)),
         joined: std::sync::Barrier::new(shards + 1),
-        _data_dir_lock: data_dir_lock,
+        data_dir,
         arena,
         settings,
     });

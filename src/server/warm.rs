@@ -6,11 +6,13 @@
 //! resurrects anything. See `src/snapshot.rs` for the format.
 
 use std::collections::HashMap;
-use std::path::PathBuf;
+use std::ffi::{OsStr, OsString};
+use std::path::Path;
 use std::rc::Rc;
 use std::sync::atomic::Ordering;
 use std::sync::Arc;
 
+use crate::dir::Dir;
 use crate::placement::TargetId;
 use crate::proto::StoreMode;
 use crate::segment::{Extent, TargetKind, TargetSpec, TargetStorage};
@@ -20,8 +22,16 @@ use crate::store::{LargeLink, StoreOutcome};
 use super::shard::{ShardCtx, ShardReply, ShardRequest, TargetRow};
 use super::unix_now;
 
-fn snapshot_dir(ctx: &ShardCtx) -> PathBuf {
-    ctx.shared.settings.data_dir.join("snapshot")
+/// The snapshot directory's name in the data directory.
+const SNAPSHOT_DIR: &str = super::data_dir::SNAPSHOT_DIR;
+
+/// The snapshot directory, opened through the data directory (never through a link); `None`
+/// when there is none.
+fn snapshot_dir(ctx: &ShardCtx, create: bool) -> std::io::Result<Option<Dir>> {
+    ctx.shared
+        .data_dir
+        .dir
+        .sub_dir(OsStr::new(SNAPSHOT_DIR), create)
 }
 
 async fn target_rows(ctx: &ShardCtx) -> Vec<TargetRow> {
@@ -81,9 +91,15 @@ pub async fn write_part(ctx: &Rc<ShardCtx>) {
     if snapshot.objects.is_empty() {
         return;
     }
-    let dir = snapshot_dir(ctx);
-    let path = dir.join(format!("part-{}.bin", ctx.id));
-    let tmp = dir.join(format!(".part-{}.tmp", ctx.id));
+    let data_dir = Arc::clone(&ctx.shared.data_dir.dir);
+    let path = data_dir
+        .path()
+        .join(SNAPSHOT_DIR)
+        .join(format!("part-{}.bin", ctx.id));
+    let (name, tmp) = (
+        OsString::from(format!("part-{}.bin", ctx.id)),
+        OsString::from(format!(".part-{}.tmp", ctx.id)),
+    );
     let bytes = snapshot::encode(&snapshot);
     // The values reach the device before the snapshot that names them does.
     let files: Vec<Arc<crate::segment::FileStorage>> = ctx
@@ -101,12 +117,22 @@ pub async fn write_part(ctx: &Rc<ShardCtx>) {
             for file in &files {
                 file.sync_data()?;
             }
-            std::fs::create_dir_all(&dir)?;
-            let mut out = std::fs::File::create(&tmp)?;
+            let dir = data_dir
+                .sub_dir(OsStr::new(SNAPSHOT_DIR), true)?
+                .expect("created");
+            // A leftover of ours (or anything planted) is removed, never written through.
+            dir.remove_file(&tmp)?;
+            let (mut out, created) = dir.open_file(&tmp, true)?;
+            if !created {
+                return Err(std::io::Error::other(format!(
+                    "{} appeared while it was being written",
+                    dir.path().join(&tmp).display()
+                )));
+            }
             std::io::Write::write_all(&mut out, &bytes)?;
             out.sync_all()?;
-            std::fs::rename(&tmp, &path)?;
-            std::fs::File::open(&dir)?.sync_all()
+            dir.rename(&tmp, &name)?;
+            dir.sync()
         })
         .await;
     match written {
@@ -166,23 +192,39 @@ async fn verify(
 
 /// Restores the objects of this shard's partitions from every snapshot part.
 pub async fn restore(ctx: &Rc<ShardCtx>) {
-    let dir = snapshot_dir(ctx);
-    let Ok(entries) = std::fs::read_dir(&dir) else {
-        finish_restore(ctx, &dir);
-        return;
+    let dir = match snapshot_dir(ctx, false) {
+        Ok(Some(dir)) => dir,
+        Ok(None) => {
+            finish_restore(ctx, None);
+            return;
+        }
+        Err(err) => {
+            if ctx.id == 0 {
+                tracing::warn!(%err, "snapshot directory unusable: every object starts empty");
+            }
+            finish_restore(ctx, None);
+            return;
+        }
     };
+    let names = dir.names().unwrap_or_default();
     let rows = target_rows(ctx).await;
     let by_uuid: HashMap<u128, &TargetRow> = rows.iter().map(|r| (r.spec.uuid, r)).collect();
     let (mut restored, mut skipped) = (0u64, 0u64);
     let now = unix_now();
     let head_bytes = ctx.shared.settings.arena.ram_head_bytes as usize;
-    let mut parts: Vec<PathBuf> = entries
-        .filter_map(|e| e.ok().map(|e| e.path()))
-        .filter(|p| p.extension().is_some_and(|x| x == "bin"))
+    let mut parts: Vec<OsString> = names
+        .into_iter()
+        .filter(|n| Path::new(n).extension().is_some_and(|x| x == "bin"))
         .collect();
     parts.sort();
-    for part in parts {
-        let decoded = std::fs::read(&part)
+    for name in parts {
+        let part = dir.path().join(&name);
+        let decoded = dir
+            .open_file(&name, false)
+            .and_then(|(mut file, _)| {
+                let mut bytes = Vec::new();
+                std::io::Read::read_to_end(&mut file, &mut bytes).map(|_| bytes)
+            })
             .map_err(|e| e.to_string())
             .and_then(|b| snapshot::decode(&b).map_err(|e| e.to_string()));
         let (snap, bad_records) = match decoded {
@@ -278,12 +320,17 @@ pub async fn restore(ctx: &Rc<ShardCtx>) {
             "warm restart from the snapshot"
         );
     }
-    finish_restore(ctx, &dir);
+    finish_restore(ctx, Some(&dir));
 }
 
-/// The last shard to finish reading deletes the parts: nothing is restored twice.
-fn finish_restore(ctx: &ShardCtx, dir: &std::path::Path) {
+/// The last shard to finish reading deletes the parts: nothing is restored twice. Entries are
+/// removed through the directory (a link among them goes, its target stays).
+fn finish_restore(ctx: &ShardCtx, dir: Option<&Dir>) {
     if ctx.shared.restored.fetch_add(1, Ordering::AcqRel) + 1 == ctx.shards {
-        let _ = std::fs::remove_dir_all(dir);
+        let Some(dir) = dir else { return };
+        for name in dir.names().unwrap_or_default() {
+            let _ = dir.remove_file(&name);
+        }
+        let _ = ctx.shared.data_dir.dir.remove_dir(OsStr::new(SNAPSHOT_DIR));
     }
 }

@@ -1,0 +1,308 @@
+//! Directories opened once, and the files Headroom names itself in them (in the data directory
+//! and the `--mount-dir`s), reached so that nothing anyone else planted there is followed or
+//! written through.
+//!
+//! A [`Dir`] is a descriptor (`O_DIRECTORY`); every file in it is reached relative to that
+//! descriptor with `O_NOFOLLOW`, a new one is created `O_CREAT|O_EXCL` (which never follows a
+//! link either), and modes are set explicitly (directories 0700, files 0600) whatever the
+//! umask. Renames and removals are `renameat`/`unlinkat` relative to the same descriptor.
+
+use std::ffi::OsStr;
+use std::fs::File;
+use std::io;
+use std::os::fd::{AsFd, AsRawFd, OwnedFd};
+use std::os::unix::ffi::OsStrExt;
+use std::path::{Path, PathBuf};
+
+use nix::errno::Errno;
+use nix::fcntl::{AtFlags, OFlag};
+use nix::sys::stat::{Mode, SFlag};
+use nix::unistd::{Gid, Uid};
+
+/// Directories Headroom creates: their owner only.
+pub const DIR_MODE: u32 = 0o700;
+/// Files Headroom creates: their owner only.
+pub const FILE_MODE: u32 = 0o600;
+pub fn mode(bits: u32) -> Mode {
+    Mode::from_bits_truncate(bits as libc::mode_t)
+}
+
+pub fn io_err(errno: Errno) -> io::Error {
+    io::Error::from(errno)
+}
+
+/// A directory opened once; names inside it are resolved against the descriptor.
+#[derive(Debug)]
+pub struct Dir {
+    path: PathBuf,
+    fd: OwnedFd,
+}
+
+/// Whether `name` is one plain name (no `/`, not `.` or `..`): the only kind a [`Dir`] opens.
+fn plain_name(name: &OsStr) -> io::Result<&OsStr> {
+    let bytes = name.as_bytes();
+    if bytes.is_empty() || bytes.contains(&b'/') || name == "." || name == ".." {
+        return Err(io::Error::new(
+            io::ErrorKind::InvalidInput,
+            format!("'{}' is not a plain file name", name.to_string_lossy()),
+        ));
+    }
+    Ok(name)
+}
+
+impl Dir {
+    /// Opens the directory at `path`. The path's earlier components are the operator's and are
+    /// resolved as written; with `no_follow`, its last component must not be a link.
+    pub fn open(path: &Path, no_follow: bool) -> io::Result<Dir> {
+        let mut flags = OFlag::O_DIRECTORY | OFlag::O_RDONLY | OFlag::O_CLOEXEC;
+        if no_follow {
+            flags |= OFlag::O_NOFOLLOW;
+        }
+        let fd = nix::fcntl::open(path, flags, Mode::empty()).map_err(io_err)?;
+        Ok(Dir {
+            path: path.to_path_buf(),
+            fd,
+        })
+    }
+
+    pub fn path(&self) -> &Path {
+        &self.path
+    }
+
+    /// What the kernel says the directory is now (resolved, absolute), from its descriptor.
+    pub fn resolved_path(&self) -> io::Result<PathBuf> {
+        std::fs::read_link(format!("/proc/self/fd/{}", self.fd.as_raw_fd()))
+    }
+
+    /// The descriptor.
+    pub fn fd(&self) -> &OwnedFd {
+        &self.fd
+    }
+
+    pub fn stat(&self) -> io::Result<nix::sys::stat::FileStat> {
+        nix::sys::stat::fstat(&self.fd).map_err(io_err)
+    }
+
+    /// Opens `name` read-write without following a link; with `create`, makes it (mode 0600)
+    /// when it does not exist. Returns the file and whether it was created. Anything but a
+    /// regular file is refused.
+    pub fn open_file(&self, name: &OsStr, create: bool) -> io::Result<(File, bool)> {
+        let name = plain_name(name)?;
+        let base = OFlag::O_RDWR | OFlag::O_CLOEXEC | OFlag::O_NOFOLLOW | OFlag::O_NONBLOCK;
+        let shown = || self.path.join(name).display().to_string();
+        let opened = if create {
+            match nix::fcntl::openat(
+                &self.fd,
+                name,
+                base | OFlag::O_CREAT | OFlag::O_EXCL,
+                mode(FILE_MODE),
+            ) {
+                Ok(fd) => {
+                    // The umask may have taken bits away; the mode is ours to say.
+                    nix::sys::stat::fchmod(&fd, mode(FILE_MODE)).map_err(io_err)?;
+                    Ok((fd, true))
+                }
+                Err(Errno::EEXIST) => {
+                    nix::fcntl::openat(&self.fd, name, base, Mode::empty()).map(|fd| (fd, false))
+                }
+                Err(errno) => Err(errno),
+            }
+        } else {
+            nix::fcntl::openat(&self.fd, name, base, Mode::empty()).map(|fd| (fd, false))
+        };
+        let (fd, created) = opened.map_err(|errno| match errno {
+            Errno::ELOOP => refuse_link(&shown()),
+            errno => io::Error::new(io_err(errno).kind(), format!("{}: {errno}", shown())),
+        })?;
+        let stat = nix::sys::stat::fstat(&fd).map_err(io_err)?;
+        if SFlag::from_bits_truncate(stat.st_mode) & SFlag::S_IFMT != SFlag::S_IFREG {
+            return Err(io::Error::new(
+                io::ErrorKind::InvalidInput,
+                format!("{} is not a regular file; it is left alone", shown()),
+            ));
+        }
+        // Back to blocking I/O (O_NONBLOCK only kept a planted FIFO from holding the open).
+        nix::fcntl::fcntl(&fd, nix::fcntl::FcntlArg::F_SETFL(OFlag::O_RDWR)).map_err(io_err)?;
+        Ok((File::from(fd), created))
+    }
+
+    /// Opens `name` again with `extra` flags (`O_DIRECT`), never through a link, and checks it
+    /// is the very file `like` is (nobody swapped it in between).
+    pub fn reopen_file(&self, name: &OsStr, like: &File, extra: OFlag) -> io::Result<File> {
+        let name = plain_name(name)?;
+        let fd = nix::fcntl::openat(
+            &self.fd,
+            name,
+            OFlag::O_RDWR | OFlag::O_CLOEXEC | OFlag::O_NOFOLLOW | extra,
+            Mode::empty(),
+        )
+        .map_err(|errno| match errno {
+            Errno::ELOOP => refuse_link(&self.path.join(name).display().to_string()),
+            errno => io_err(errno),
+        })?;
+        let file = File::from(fd);
+        same_file(&file, like, &self.path.join(name))?;
+        Ok(file)
+    }
+
+    /// Opens (with `create`, makes, mode 0700) the directory `name` inside this one, never
+    /// through a link. `None` when it does not exist and `create` is off.
+    pub fn sub_dir(&self, name: &OsStr, create: bool) -> io::Result<Option<Dir>> {
+        let name = plain_name(name)?;
+        let mut made = false;
+        if create {
+            match nix::sys::stat::mkdirat(&self.fd, name, mode(DIR_MODE)) {
+                Ok(()) => made = true,
+                Err(Errno::EEXIST) => {}
+                Err(errno) => return Err(io_err(errno)),
+            }
+        }
+        let path = self.path.join(name);
+        let fd = match nix::fcntl::openat(
+            &self.fd,
+            name,
+            OFlag::O_DIRECTORY | OFlag::O_RDONLY | OFlag::O_CLOEXEC | OFlag::O_NOFOLLOW,
+            Mode::empty(),
+        ) {
+            Ok(fd) => fd,
+            Err(Errno::ENOENT) if !create => return Ok(None),
+            Err(Errno::ELOOP) | Err(Errno::ENOTDIR) => {
+                return Err(io::Error::new(
+                    io::ErrorKind::InvalidInput,
+                    format!(
+                        "{} is not a directory (a symbolic link or a file); it is left alone",
+                        path.display()
+                    ),
+                ))
+            }
+            Err(errno) => return Err(io_err(errno)),
+        };
+        if made {
+            nix::sys::stat::fchmod(&fd, mode(DIR_MODE)).map_err(io_err)?;
+        }
+        Ok(Some(Dir { path, fd }))
+    }
+
+    /// The names in the directory.
+    pub fn names(&self) -> io::Result<Vec<std::ffi::OsString>> {
+        let fd = self.fd.try_clone()?;
+        let mut dir = nix::dir::Dir::from_fd(fd).map_err(io_err)?;
+        let mut names = Vec::new();
+        for entry in dir.iter() {
+            let entry = entry.map_err(io_err)?;
+            let name = OsStr::from_bytes(entry.file_name().to_bytes());
+            if name != "." && name != ".." {
+                names.push(name.to_os_string());
+            }
+        }
+        Ok(names)
+    }
+
+    /// Renames `from` to `to`, both in this directory (replacing `to`; a link named `to` is
+    /// replaced, never followed).
+    pub fn rename(&self, from: &OsStr, to: &OsStr) -> io::Result<()> {
+        nix::fcntl::renameat(&self.fd, plain_name(from)?, &self.fd, plain_name(to)?).map_err(io_err)
+    }
+
+    /// Removes the file (or link) `name`; a missing one is no error.
+    pub fn remove_file(&self, name: &OsStr) -> io::Result<()> {
+        match nix::unistd::unlinkat(
+            &self.fd,
+            plain_name(name)?,
+            nix::unistd::UnlinkatFlags::NoRemoveDir,
+        ) {
+            Ok(()) | Err(Errno::ENOENT) => Ok(()),
+            Err(errno) => Err(io_err(errno)),
+        }
+    }
+
+    /// Removes the empty directory `name`; a missing one is no error.
+    pub fn remove_dir(&self, name: &OsStr) -> io::Result<()> {
+        match nix::unistd::unlinkat(
+            &self.fd,
+            plain_name(name)?,
+            nix::unistd::UnlinkatFlags::RemoveDir,
+        ) {
+            Ok(()) | Err(Errno::ENOENT) => Ok(()),
+            Err(errno) => Err(io_err(errno)),
+        }
+    }
+
+    /// Makes the directory's entries durable.
+    pub fn sync(&self) -> io::Result<()> {
+        nix::unistd::fsync(&self.fd).map_err(io_err)
+    }
+
+    /// Hands the directory and `names` in it (those that exist, never through a link) to
+    /// `uid:gid`.
+    pub fn chown_to(&self, names: &[&OsStr], uid: Uid, gid: Gid) -> io::Result<()> {
+        nix::unistd::fchown(self.fd.as_fd(), Some(uid), Some(gid)).map_err(io_err)?;
+        for name in names {
+            match nix::unistd::fchownat(
+                &self.fd,
+                plain_name(name)?,
+                Some(uid),
+                Some(gid),
+                AtFlags::AT_SYMLINK_NOFOLLOW,
+            ) {
+                Ok(()) | Err(Errno::ENOENT) => {}
+                Err(errno) => return Err(io_err(errno)),
+            }
+        }
+        Ok(())
+    }
+}
+
+fn refuse_link(shown: &str) -> io::Error {
+    io::Error::new(
+        io::ErrorKind::InvalidInput,
+        format!("{shown} is a symbolic link; Headroom never follows a link for a file it names itself, and left it alone"),
+    )
+}
+
+/// Fails unless `a` and `b` are the same file (device and inode).
+pub fn same_file(a: &File, b: &File, shown: &Path) -> io::Result<()> {
+    use std::os::unix::fs::MetadataExt;
+    let (ma, mb) = (a.metadata()?, b.metadata()?);
+    if (ma.dev(), ma.ino()) != (mb.dev(), mb.ino()) {
+        return Err(io::Error::new(
+            io::ErrorKind::InvalidInput,
+            format!("{} was replaced while it was being opened", shown.display()),
+        ));
+    }
+    Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn temp(name: &str) -> PathBuf {
+        let path = std::env::temp_dir().join(format!("headroom-dir-{name}-{}", std::process::id()));
+        let _ = std::fs::remove_dir_all(&path);
+        path
+    }
+
+    #[test]
+    fn files_are_never_opened_through_a_link_and_get_0600() {
+        let path = temp("links");
+        std::fs::create_dir_all(&path).unwrap();
+        let target = path.join("target");
+        std::fs::write(&target, b"keep").unwrap();
+        std::os::unix::fs::symlink(&target, path.join("link")).unwrap();
+        let dir = Dir::open(&path, true).unwrap();
+        let err = dir.open_file(OsStr::new("link"), true).unwrap_err();
+        assert!(err.to_string().contains("symbolic link"), "{err}");
+        assert!(dir.open_file(OsStr::new("../x"), true).is_err());
+        assert_eq!(std::fs::read(&target).unwrap(), b"keep");
+        let (_, created) = dir.open_file(OsStr::new("new"), true).unwrap();
+        assert!(created);
+        use std::os::unix::fs::PermissionsExt;
+        let mode = std::fs::metadata(path.join("new"))
+            .unwrap()
+            .permissions()
+            .mode();
+        assert_eq!(mode & 0o777, 0o600);
+        std::fs::remove_dir_all(&path).unwrap();
+    }
+}
