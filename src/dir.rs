@@ -16,7 +16,7 @@ use std::path::{Path, PathBuf};
 
 use nix::errno::Errno;
 use nix::fcntl::{AtFlags, OFlag};
-use nix::sys::stat::{Mode, SFlag};
+use nix::sys::stat::Mode;
 use nix::unistd::{Gid, Uid};
 
 /// Directories Headroom creates: their owner only.
@@ -83,9 +83,24 @@ impl Dir {
         nix::sys::stat::fstat(&self.fd).map_err(io_err)
     }
 
+    /// [`Dir::open_file`] for a regular file only: anything else (a FIFO, a device) is refused.
+    pub fn open_regular_file(&self, name: &OsStr, create: bool) -> io::Result<(File, bool)> {
+        let (file, created) = self.open_file(name, create)?;
+        if !file.metadata()?.file_type().is_file() {
+            return Err(io::Error::new(
+                io::ErrorKind::InvalidInput,
+                format!(
+                    "{} is not a regular file; it is left alone",
+                    self.path.join(name).display()
+                ),
+            ));
+        }
+        Ok((file, created))
+    }
+
     /// Opens `name` read-write without following a link; with `create`, makes it (mode 0600)
-    /// when it does not exist. Returns the file and whether it was created. Anything but a
-    /// regular file is refused.
+    /// when it does not exist. Returns the file and whether it was created. What kind of file
+    /// it is, the caller checks (a segment may be a block device).
     pub fn open_file(&self, name: &OsStr, create: bool) -> io::Result<(File, bool)> {
         let name = plain_name(name)?;
         let base = OFlag::O_RDWR | OFlag::O_CLOEXEC | OFlag::O_NOFOLLOW | OFlag::O_NONBLOCK;
@@ -114,14 +129,7 @@ impl Dir {
             Errno::ELOOP => refuse_link(&shown()),
             errno => io::Error::new(io_err(errno).kind(), format!("{}: {errno}", shown())),
         })?;
-        let stat = nix::sys::stat::fstat(&fd).map_err(io_err)?;
-        if SFlag::from_bits_truncate(stat.st_mode) & SFlag::S_IFMT != SFlag::S_IFREG {
-            return Err(io::Error::new(
-                io::ErrorKind::InvalidInput,
-                format!("{} is not a regular file; it is left alone", shown()),
-            ));
-        }
-        // Back to blocking I/O (O_NONBLOCK only kept a planted FIFO from holding the open).
+        // Back to blocking I/O (O_NONBLOCK only kept a FIFO from holding the open).
         nix::fcntl::fcntl(&fd, nix::fcntl::FcntlArg::F_SETFL(OFlag::O_RDWR)).map_err(io_err)?;
         Ok((File::from(fd), created))
     }

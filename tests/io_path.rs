@@ -114,7 +114,14 @@ fn a_refused_ring_is_said_once_and_the_plain_path_serves() {
     // 4 MiB arena and two 2 MiB streaming pools, not for registering them with every ring as well.
     let dir = fresh_data_dir();
     std::fs::create_dir_all(&dir).unwrap();
-    std::fs::set_permissions(&dir, std::os::unix::fs::PermissionsExt::from_mode(0o777)).unwrap();
+    // The data directory must be the server's user's own (and not group- or world-writable).
+    nix::unistd::chown(
+        &dir,
+        Some(nix::unistd::Uid::from_raw(65534)),
+        Some(nix::unistd::Gid::from_raw(65534)),
+    )
+    .unwrap();
+    std::fs::set_permissions(&dir, std::os::unix::fs::PermissionsExt::from_mode(0o700)).unwrap();
     let limit = nix::sys::resource::getrlimit(nix::sys::resource::Resource::RLIMIT_MEMLOCK)
         .unwrap()
         .1;

@@ -336,6 +336,7 @@ fn sighup_survives_and_reopens_the_log_file() {
     };
     let mut child = std::process::Command::new(env!("CARGO_BIN_EXE_headroom"))
         .args([
+            "--allow-root",
             "--listen",
             "127.0.0.1:0",
             "--threads",
@@ -396,6 +397,7 @@ fn a_stop_signal_during_start_up_is_honoured() {
         let log = dir.join("headroom.log");
         let mut child = std::process::Command::new(env!("CARGO_BIN_EXE_headroom"))
             .args([
+                "--allow-root",
                 "--listen",
                 "127.0.0.1:0",
                 "--memory",
@@ -456,6 +458,7 @@ fn a_stalled_start_up_names_the_shards_it_waits_for() {
         .args(["-e", "inject=io_uring_register:delay_exit=12000000:when=1"])
         .arg(env!("CARGO_BIN_EXE_headroom"))
         .args([
+            "--allow-root",
             "--listen",
             "127.0.0.1:0",
             "--threads",

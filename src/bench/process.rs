@@ -87,11 +87,18 @@ pub fn default_headroom() -> PathBuf {
         .unwrap_or_else(|| PathBuf::from("headroom"))
 }
 
-/// Starts Headroom with `args` on a free loopback port (`--listen` is added).
+/// Starts Headroom with `args` on a free loopback port (`--listen` is added, and
+/// `--allow-root` unless `args` name a `--user`: a benchmark started as root stays root).
 pub fn start_headroom(binary: &Path, args: &[String]) -> Result<Started, String> {
     let port = free_port().map_err(|e| format!("no free port: {e}"))?;
     let mut full = vec![binary.display().to_string()];
     full.extend(args.iter().cloned());
+    if !args
+        .iter()
+        .any(|a| a == "--user" || a.starts_with("--user="))
+    {
+        full.push("--allow-root".into());
+    }
     full.push("--listen".into());
     full.push(format!("127.0.0.1:{port}"));
     spawn(&full, port)

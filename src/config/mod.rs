@@ -346,8 +346,8 @@ pub struct Cli {
     pub user: Option<String>,
 
     /// Run as root without --user (refused otherwise, as memcached refuses root without -u).
-    /// No effect when not started as root.
-    #[arg(long)]
+    /// No effect when not started as root (so scripts may always pass it).
+    #[arg(long, overrides_with = "allow_root")]
     pub allow_root: bool,
 
     /// When no segment has room for a large value: `none` fails it with "out of memory" and
@@ -674,7 +674,7 @@ impl fmt::Display for ConfigError {
             ),
             SegmentSize { segment } => write!(
                 f,
-                "--segment {segment}: the size must be a nonzero whole multiple of 4 KiB (and, for memory, of 4 KiB per node)"
+                "--segment {segment}: the size must be a nonzero whole multiple of 4 KiB (and, for memory, of 4 KiB per node) of at most 1 EiB"
             ),
             SegmentNode { segment, node } => {
                 write!(f, "--segment {segment}: node {node} is not online")

@@ -31,6 +31,9 @@ pub enum SegmentSpec {
 
 /// Segment sizes are whole device blocks (per node, for memory).
 pub const SEGMENT_GRANULE_BYTES: u64 = 4096;
+/// The largest segment: 1 EiB, so a file's size and label stay far inside the kernel's file
+/// offsets (63 bits) and no sum of sizes can wrap.
+pub const SEGMENT_MAX_BYTES: u64 = 1 << 60;
 
 impl SegmentSpec {
     pub fn size(&self) -> u64 {
@@ -39,17 +42,17 @@ impl SegmentSpec {
         }
     }
 
-    /// Whether the size is a nonzero whole multiple of 4 KiB (of 4 KiB per node, for memory);
-    /// checked before anything is created.
+    /// Whether the size is a nonzero whole multiple of 4 KiB (of 4 KiB per node, for memory)
+    /// of at most 1 EiB; checked before anything is created.
     pub fn check_size(&self) -> Result<(), String> {
         let parts = match self {
             SegmentSpec::Mem { nodes, .. } => nodes.len().max(1) as u64,
             SegmentSpec::File { .. } => 1,
         };
         let size = self.size();
-        if size == 0 || size % (SEGMENT_GRANULE_BYTES * parts) != 0 {
+        if size == 0 || size % (SEGMENT_GRANULE_BYTES * parts) != 0 || size > SEGMENT_MAX_BYTES {
             return Err(format!(
-                "size {size} bytes is not a nonzero whole multiple of 4 KiB (and, for memory, of 4 KiB per node)"
+                "size {size} bytes is not a nonzero whole multiple of 4 KiB (and, for memory, of 4 KiB per node) of at most 1 EiB"
             ));
         }
         Ok(())

@@ -119,13 +119,13 @@ fn lock(dir: &Dir) -> Result<Arc<crate::lockfile::FileLock>, String> {
     use std::io::{Read, Seek, Write};
     let path = dir.path().join(LOCK_FILE);
     let (file, _) = dir
-        .open_file(OsStr::new(LOCK_FILE), true)
+        .open_regular_file(OsStr::new(LOCK_FILE), true)
         .map_err(|err| format!("cannot open the lock file: {err}"))?;
     let lock = crate::lockfile::lock_exclusive(file).map_err(|err| match err {
         crate::lockfile::LockError::Held { pid } => {
             // The holder wrote its pid into the file; /proc/locks is the fallback.
             let written = dir
-                .open_file(OsStr::new(LOCK_FILE), false)
+                .open_regular_file(OsStr::new(LOCK_FILE), false)
                 .ok()
                 .and_then(|(mut file, _)| {
                     let mut text = String::new();

@@ -122,7 +122,7 @@ pub async fn write_part(ctx: &Rc<ShardCtx>) {
                 .expect("created");
             // A leftover of ours (or anything planted) is removed, never written through.
             dir.remove_file(&tmp)?;
-            let (mut out, created) = dir.open_file(&tmp, true)?;
+            let (mut out, created) = dir.open_regular_file(&tmp, true)?;
             if !created {
                 return Err(std::io::Error::other(format!(
                     "{} appeared while it was being written",
@@ -220,7 +220,7 @@ pub async fn restore(ctx: &Rc<ShardCtx>) {
     for name in parts {
         let part = dir.path().join(&name);
         let decoded = dir
-            .open_file(&name, false)
+            .open_regular_file(&name, false)
             .and_then(|(mut file, _)| {
                 let mut bytes = Vec::new();
                 std::io::Read::read_to_end(&mut file, &mut bytes).map(|_| bytes)

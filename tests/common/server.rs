@@ -68,6 +68,10 @@ impl Server {
                 command.args(["--ring-sleep", &sleep]);
             }
         }
+        // The suite runs as root in CI: every test server stays root unless a test names a user.
+        if !args.contains(&"--user") {
+            command.arg("--allow-root");
+        }
         let admin_socket = data_dir.join("admin.sock");
         if !args.contains(&"--admin-socket") {
             command.arg("--admin-socket").arg(&admin_socket);
@@ -209,6 +213,7 @@ pub fn run_to_exit(args: &[&str], limit: Duration) -> (Option<i32>, String, Dura
     let started = std::time::Instant::now();
     let mut child = Command::new(env!("CARGO_BIN_EXE_headroom"))
         .args(args)
+        .args((!args.contains(&"--user")).then_some("--allow-root"))
         .stdin(Stdio::null())
         .stdout(Stdio::null())
         .stderr(Stdio::piped())

@@ -1,0 +1,549 @@
+//! The data directory through the real binary: modes are 0700/0600 whatever the umask, links
+//! planted in it are never followed, a directory others can write or own is refused, memory and
+//! file segments that cannot be are refused without leaving files, and root drops to `--user`.
+
+mod common;
+
+use std::io::Read;
+use std::os::unix::fs::{MetadataExt, PermissionsExt};
+use std::path::{Path, PathBuf};
+use std::process::{Command, Stdio};
+use std::time::Duration;
+
+use common::server::{fresh_data_dir, run_to_exit, Server};
+use common::{fresh_temp_path, pattern};
+
+/// Runs `sh -c 'umask 000; exec headroom ARGS'`: the server sees the most permissive umask.
+const UMASK_000: &[&str] = &["sh", "-c", "umask 000; exec \"$0\" \"$@\""];
+
+fn mode_of(path: &Path) -> u32 {
+    std::fs::symlink_metadata(path)
+        .unwrap_or_else(|err| panic!("{}: {err}", path.display()))
+        .permissions()
+        .mode()
+        & 0o7777
+}
+
+fn is_root() -> bool {
+    nix::unistd::geteuid().is_root()
+}
+
+/// Whether a test that needs root may skip (said loudly) when not root.
+fn skip_without_root(what: &str) -> bool {
+    if is_root() {
+        return false;
+    }
+    assert!(
+        std::env::var_os("HEADROOM_REQUIRE_ROOT_TESTS").is_none(),
+        "HEADROOM_REQUIRE_ROOT_TESTS is set but this is not root"
+    );
+    println!("SKIPPED: {what} needs root");
+    true
+}
+
+/// Runs the binary with exactly `args` (no `--allow-root` added), killed after 30 s: its exit
+/// status (None when it had to be killed) and stderr.
+fn run_bare(args: &[&str]) -> (Option<i32>, String) {
+    let mut child = Command::new(env!("CARGO_BIN_EXE_headroom"))
+        .args(args)
+        .stdin(Stdio::null())
+        .stdout(Stdio::null())
+        .stderr(Stdio::piped())
+        .spawn()
+        .unwrap();
+    let mut stderr = child.stderr.take().unwrap();
+    let reader = std::thread::spawn(move || {
+        let mut text = String::new();
+        let _ = stderr.read_to_string(&mut text);
+        text
+    });
+    let started = std::time::Instant::now();
+    let status = loop {
+        if let Some(status) = child.try_wait().unwrap() {
+            break status.code();
+        }
+        if started.elapsed() > Duration::from_secs(30) {
+            let _ = child.kill();
+            let _ = child.wait();
+            break None;
+        }
+        std::thread::sleep(Duration::from_millis(20));
+    };
+    (status, reader.join().unwrap())
+}
+
+/// A file outside the data directory that a planted link points at, and its bytes.
+fn victim(name: &str) -> (PathBuf, Vec<u8>) {
+    let dir = fresh_temp_path("victim");
+    std::fs::create_dir_all(&dir).unwrap();
+    let path = dir.join(name);
+    let bytes = format!("{name}: not Headroom's to write\n").into_bytes();
+    std::fs::write(&path, &bytes).unwrap();
+    (path, bytes)
+}
+
+fn assert_untouched(path: &Path, bytes: &[u8]) {
+    assert_eq!(
+        std::fs::read(path).unwrap(),
+        bytes,
+        "{} was written through a link",
+        path.display()
+    );
+}
+
+#[test]
+fn under_umask_000_the_data_dir_is_0700_and_every_file_0600() {
+    let dir = fresh_data_dir();
+    let args = ["--threads", "2"];
+    // The admin socket is watched from before the server starts: it must never be seen with
+    // another mode (it used to be bound, then chmod-ed).
+    let socket = dir.join("admin.sock");
+    let watching = std::sync::Arc::new(std::sync::atomic::AtomicBool::new(true));
+    let watcher = {
+        let (socket, watching) = (socket.clone(), watching.clone());
+        std::thread::spawn(move || {
+            let mut seen = Vec::new();
+            while watching.load(std::sync::atomic::Ordering::Relaxed) {
+                if let Ok(meta) = std::fs::symlink_metadata(&socket) {
+                    seen.push(meta.permissions().mode() & 0o7777);
+                }
+            }
+            seen
+        })
+    };
+    let server = Server::start_command(UMASK_000, &dir, &args);
+    watching.store(false, std::sync::atomic::Ordering::Relaxed);
+    let seen = watcher.join().unwrap();
+    let odd: Vec<String> = seen
+        .iter()
+        .filter(|&&m| m != 0o600)
+        .map(|m| format!("{m:o}"))
+        .collect();
+    assert!(
+        odd.is_empty(),
+        "the admin socket was seen with modes {odd:?}"
+    );
+    assert_eq!(mode_of(&dir), 0o700, "the data directory");
+    assert_eq!(mode_of(&dir.join("segment-0")), 0o600, "segment-0");
+    assert_eq!(mode_of(&dir.join("headroom.lock")), 0o600, "headroom.lock");
+    assert_eq!(mode_of(&socket), 0o600, "the admin socket");
+    // A large value on the file segment makes the stop write a snapshot.
+    let value = pattern(3, 3 << 20);
+    assert_eq!(
+        server.client().set_streamed(0x01, b"big", &value, 5).status,
+        0
+    );
+    // A segment file made at runtime, too.
+    assert_eq!(
+        server.admin(&format!(
+            "mount file:{},size=4M",
+            dir.join("runtime-0").display()
+        )),
+        Ok("mounted t1".to_string())
+    );
+    assert_eq!(mode_of(&dir.join("runtime-0")), 0o600, "runtime-0");
+    assert_eq!(server.stop().code(), Some(0));
+    let snapshot = dir.join("snapshot");
+    assert_eq!(mode_of(&snapshot), 0o700, "the snapshot directory");
+    let parts: Vec<PathBuf> = std::fs::read_dir(&snapshot)
+        .unwrap()
+        .map(|e| e.unwrap().path())
+        .collect();
+    assert!(!parts.is_empty(), "no snapshot part written");
+    for part in &parts {
+        assert_eq!(mode_of(part), 0o600, "{}", part.display());
+    }
+    // And it is read back (through the directory) on the next start.
+    let server = Server::start_command(UMASK_000, &dir, &args);
+    let got = server.client().get(b"big");
+    assert_eq!(got.status, 0);
+    assert!(got.value == value, "the restored value differs");
+}
+
+#[test]
+fn a_planted_segment_or_lock_link_is_refused_and_its_target_untouched() {
+    for name in ["segment-0", "headroom.lock"] {
+        let dir = fresh_data_dir();
+        std::fs::create_dir_all(&dir).unwrap();
+        let (target, bytes) = victim(name);
+        std::os::unix::fs::symlink(&target, dir.join(name)).unwrap();
+        let (status, stderr, _) = run_to_exit(
+            &[
+                "--listen",
+                "127.0.0.1:0",
+                "--threads",
+                "1",
+                "--data-dir",
+                &dir.display().to_string(),
+            ],
+            Duration::from_secs(30),
+        );
+        assert_eq!(status, Some(1), "{name}: {stderr}");
+        assert!(
+            stderr.contains(&format!("{} is a symbolic link", dir.join(name).display())),
+            "{name}: {stderr}"
+        );
+        assert_eq!(
+            stderr.trim().lines().last().unwrap().matches(". ").count(),
+            0
+        );
+        assert_untouched(&target, &bytes);
+        assert_eq!(
+            std::fs::metadata(&target).unwrap().len(),
+            bytes.len() as u64
+        );
+    }
+}
+
+#[test]
+fn a_data_dir_that_is_a_link_is_refused() {
+    let real = fresh_data_dir();
+    std::fs::create_dir_all(&real).unwrap();
+    std::fs::set_permissions(&real, std::fs::Permissions::from_mode(0o700)).unwrap();
+    let link = fresh_temp_path("data-link");
+    std::os::unix::fs::symlink(&real, &link).unwrap();
+    let (status, stderr, _) = run_to_exit(
+        &[
+            "--listen",
+            "127.0.0.1:0",
+            "--data-dir",
+            &link.display().to_string(),
+        ],
+        Duration::from_secs(30),
+    );
+    assert_eq!(status, Some(1), "{stderr}");
+    assert!(
+        stderr.contains("is not a directory (a symbolic link"),
+        "{stderr}"
+    );
+    assert_eq!(
+        std::fs::read_dir(&real).unwrap().count(),
+        0,
+        "nothing made in it"
+    );
+}
+
+#[test]
+fn planted_snapshot_links_are_never_followed() {
+    let dir = fresh_data_dir();
+    let args = ["--threads", "2"];
+    let value = pattern(8, 3 << 20);
+    let (target, bytes) = victim("snapshot-victim");
+
+    // 1. `snapshot` itself a link to a directory elsewhere: nothing is written there.
+    let elsewhere = fresh_temp_path("snapshot-elsewhere");
+    std::fs::create_dir_all(&elsewhere).unwrap();
+    let server = Server::start_in(&dir, &args);
+    assert_eq!(
+        server.client().set_streamed(0x01, b"big", &value, 1).status,
+        0
+    );
+    std::os::unix::fs::symlink(&elsewhere, dir.join("snapshot")).unwrap();
+    assert_eq!(server.stop().code(), Some(0));
+    assert_eq!(
+        std::fs::read_dir(&elsewhere).unwrap().count(),
+        0,
+        "the snapshot went through the link"
+    );
+    std::fs::remove_file(dir.join("snapshot")).unwrap();
+
+    // 2. The temporary parts are links to a file: removed and made anew, never written through.
+    let server = Server::start_in(&dir, &args);
+    assert_eq!(
+        server.client().set_streamed(0x01, b"big", &value, 1).status,
+        0
+    );
+    std::fs::create_dir(dir.join("snapshot")).unwrap();
+    std::fs::set_permissions(dir.join("snapshot"), std::fs::Permissions::from_mode(0o700)).unwrap();
+    for shard in 0..2 {
+        std::os::unix::fs::symlink(&target, dir.join(format!("snapshot/.part-{shard}.tmp")))
+            .unwrap();
+    }
+    assert_eq!(server.stop().code(), Some(0));
+    assert_untouched(&target, &bytes);
+    // The shard that held the value wrote a real part (one with nothing to write left its
+    // planted link alone: restore reads only `part-*.bin`).
+    let parts: Vec<PathBuf> = std::fs::read_dir(dir.join("snapshot"))
+        .unwrap()
+        .map(|e| e.unwrap().path())
+        .filter(|p| p.extension().is_some_and(|x| x == "bin"))
+        .collect();
+    assert_eq!(parts.len(), 1, "{parts:?}");
+    assert!(std::fs::symlink_metadata(&parts[0])
+        .unwrap()
+        .file_type()
+        .is_file());
+
+    // 3. A part that is a link is refused at restore and removed (the link, not its target);
+    // the real parts are restored.
+    std::os::unix::fs::symlink(&target, dir.join("snapshot/part-9.bin")).unwrap();
+    let server = Server::start_in(&dir, &args);
+    assert!(
+        server.logs("snapshot part unusable"),
+        "{}",
+        server.log_text()
+    );
+    let got = server.client().get(b"big");
+    assert_eq!(got.status, 0);
+    assert!(got.value == value, "the restored value differs");
+    assert!(!dir.join("snapshot").exists(), "the parts were not removed");
+    assert_untouched(&target, &bytes);
+}
+
+#[test]
+fn a_data_dir_others_can_write_or_own_is_refused_with_exit_1() {
+    for mode in [0o777, 0o770, 0o1777] {
+        let dir = fresh_data_dir();
+        std::fs::create_dir_all(&dir).unwrap();
+        std::fs::set_permissions(&dir, std::fs::Permissions::from_mode(mode)).unwrap();
+        let shown = dir.display().to_string();
+        let (status, stderr, _) = run_to_exit(
+            &["--listen", "127.0.0.1:0", "--data-dir", &shown],
+            Duration::from_secs(30),
+        );
+        assert_eq!(status, Some(1), "{mode:o}: {stderr}");
+        assert!(
+            stderr.contains(&format!(
+                "--data-dir {shown} is mode {mode:04o} (group- or world-writable)"
+            )) && stderr.contains(&format!("chmod 700 {shown}")),
+            "{mode:o}: {stderr}"
+        );
+        assert_eq!(
+            std::fs::read_dir(&dir).unwrap().count(),
+            0,
+            "nothing made in it"
+        );
+    }
+    // Owned by another user: as root, a directory given to nobody; otherwise root's own `/`.
+    let (dir, owner) = if is_root() {
+        let dir = fresh_data_dir();
+        std::fs::create_dir_all(&dir).unwrap();
+        std::fs::set_permissions(&dir, std::fs::Permissions::from_mode(0o700)).unwrap();
+        nix::unistd::chown(&dir, Some(nix::unistd::Uid::from_raw(65534)), None).unwrap();
+        (dir, 65534)
+    } else {
+        (PathBuf::from("/"), 0)
+    };
+    let shown = dir.display().to_string();
+    let (status, stderr, _) = run_to_exit(
+        &["--listen", "127.0.0.1:0", "--data-dir", &shown],
+        Duration::from_secs(30),
+    );
+    assert_eq!(status, Some(1), "{stderr}");
+    assert!(
+        stderr.contains(&format!("--data-dir {shown} is owned by uid {owner}")),
+        "{stderr}"
+    );
+    assert!(!dir.join("headroom.lock").exists());
+}
+
+/// The machine's MemTotal in bytes.
+fn mem_total_bytes() -> u64 {
+    let text = std::fs::read_to_string("/proc/meminfo").unwrap();
+    let line = text.lines().find(|l| l.starts_with("MemTotal:")).unwrap();
+    line.split_whitespace()
+        .nth(1)
+        .unwrap()
+        .parse::<u64>()
+        .unwrap()
+        * 1024
+}
+
+#[test]
+fn memory_segments_that_cannot_be_backed_are_refused() {
+    // Twice the machine's memory, in whole GiB.
+    let too_much = format!("mem:size={}G,numa=0", (mem_total_bytes() >> 30) * 2 + 2);
+    let dir = fresh_data_dir();
+    let (status, stderr, _) = run_to_exit(
+        &[
+            "--listen",
+            "127.0.0.1:0",
+            "--threads",
+            "1",
+            "--segment",
+            &too_much,
+            "--data-dir",
+            &dir.display().to_string(),
+        ],
+        Duration::from_secs(30),
+    );
+    assert_eq!(status, Some(1), "{stderr}");
+    assert!(
+        stderr.contains("node 0 cannot back") && stderr.contains("outside its huge page pool"),
+        "{stderr}"
+    );
+    // At runtime too, and the server goes on.
+    let server = Server::start(&["--threads", "1"]);
+    let refused = server.admin(&format!("mount {too_much}")).unwrap_err();
+    assert!(refused.contains("node 0 cannot back"), "{refused}");
+    assert_eq!(
+        server.admin("mount mem:size=8M,numa=0"),
+        Ok("mounted t1".to_string())
+    );
+}
+
+#[test]
+fn a_failed_mount_leaves_no_file_behind() {
+    let server = Server::start(&["--threads", "1"]);
+    let before: Vec<_> = std::fs::read_dir(&server.data_dir)
+        .unwrap()
+        .map(|e| e.unwrap().file_name())
+        .collect();
+    // Refused before anything is made: no size, and one past the 1 EiB limit (whose label
+    // offset would wrap).
+    let mut sizes = vec!["0", "18446744073709547520"];
+    // Refused after the file was made, where the filesystem cannot hold 1 EiB (ext4, overlay):
+    // the file goes again.
+    let probe = fresh_temp_path("probe");
+    let fits = std::fs::File::create(&probe)
+        .unwrap()
+        .set_len((1 << 60) + 4096)
+        .is_ok();
+    let _ = std::fs::remove_file(&probe);
+    if !fits {
+        sizes.push("1E");
+    }
+    for size in sizes {
+        let path = server.data_dir.join(format!("bad-{size}"));
+        let refused = server
+            .admin(&format!("mount file:{},size={size}", path.display()))
+            .unwrap_err();
+        assert!(
+            !path.exists(),
+            "size={size} left {}: {refused}",
+            path.display()
+        );
+    }
+    let after: Vec<_> = std::fs::read_dir(&server.data_dir)
+        .unwrap()
+        .map(|e| e.unwrap().file_name())
+        .collect();
+    assert_eq!(before.len(), after.len(), "{before:?} -> {after:?}");
+    // Still serving.
+    assert_eq!(server.client().set(b"k", b"v", 0, 0).status, 0);
+}
+
+/// Every thread's real, effective, saved and filesystem ids of process `pid`.
+fn thread_ids(pid: u32) -> Vec<(String, String, String)> {
+    std::fs::read_dir(format!("/proc/{pid}/task"))
+        .unwrap()
+        .map(|task| {
+            let path = task.unwrap().path();
+            let status = std::fs::read_to_string(path.join("status")).unwrap();
+            let field = |name: &str| {
+                status
+                    .lines()
+                    .find(|l| l.starts_with(name))
+                    .unwrap()
+                    .split_whitespace()
+                    .skip(1)
+                    .collect::<Vec<_>>()
+                    .join(" ")
+            };
+            (field("Name:"), field("Uid:"), field("Gid:"))
+        })
+        .collect()
+}
+
+#[test]
+fn root_is_refused_without_user_or_allow_root() {
+    if skip_without_root("refusing root") {
+        return;
+    }
+    let dir = fresh_data_dir();
+    let shown = dir.display().to_string();
+    let (status, stderr) = run_bare(&["--listen", "127.0.0.1:0", "--data-dir", &shown]);
+    assert_eq!(status, Some(2), "{stderr}");
+    assert!(
+        stderr.contains("refusing to run as root: give --user USER")
+            && stderr.contains("--allow-root"),
+        "{stderr}"
+    );
+    assert!(
+        !dir.exists(),
+        "the data directory was made before the refusal"
+    );
+    let (status, stderr) = run_bare(&[
+        "--listen",
+        "127.0.0.1:0",
+        "--data-dir",
+        &shown,
+        "--user",
+        "no-such-user-headroom",
+    ]);
+    assert_eq!(status, Some(2), "{stderr}");
+    assert!(
+        stderr.contains("--user no-such-user-headroom: no such user"),
+        "{stderr}"
+    );
+    // `--user root` stays root on purpose, as memcached's `-u root`.
+    let server = Server::start_in(&dir, &["--threads", "1", "--user", "root"]);
+    assert_eq!(server.client().set(b"k", b"v", 0, 0).status, 0);
+    assert!(thread_ids(server.pid())
+        .iter()
+        .all(|(_, uid, _)| uid == "0 0 0 0"));
+}
+
+#[test]
+fn user_drops_every_thread_to_that_user_and_it_serves() {
+    if skip_without_root("--user") {
+        return;
+    }
+    let nobody = nix::unistd::User::from_name("nobody").unwrap().unwrap();
+    let (uid, gid) = (nobody.uid.as_raw(), nobody.gid.as_raw());
+    let dir = fresh_data_dir();
+    let value = pattern(21, 3 << 20);
+    // A first run as root leaves a root-owned data directory with a snapshot in it.
+    let server = Server::start_in(&dir, &["--threads", "2"]);
+    assert_eq!(
+        server.client().set_streamed(0x01, b"big", &value, 4).status,
+        0
+    );
+    assert_eq!(server.stop().code(), Some(0));
+    assert_eq!(std::fs::metadata(&dir).unwrap().uid(), 0);
+
+    // Started as root with --user nobody: it takes the port, memory and directory, then drops.
+    let args = ["--threads", "2", "--user", "nobody"];
+    let server = Server::start_in(&dir, &args);
+    let ids = thread_ids(server.pid());
+    let want_uid = format!("{uid} {uid} {uid} {uid}");
+    let want_gid = format!("{gid} {gid} {gid} {gid}");
+    assert!(ids.len() >= 4, "{ids:?}");
+    for (name, uids, gids) in &ids {
+        assert_eq!((uids, gids), (&want_uid, &want_gid), "thread {name}");
+    }
+    // It serves, restored the root run's snapshot as nobody, and removed it.
+    let mut c = server.client();
+    let got = c.get(b"big");
+    assert_eq!(got.status, 0);
+    assert!(got.value == value, "the restored value differs");
+    assert_eq!(c.set(b"k", b"v", 0, 0).status, 0);
+    assert_eq!(c.get(b"k").value, b"v");
+    assert!(!dir.join("snapshot").exists());
+    // The data directory and what Headroom keeps there are nobody's now.
+    for path in [
+        dir.clone(),
+        dir.join("headroom.lock"),
+        dir.join("segment-0"),
+    ] {
+        assert_eq!(
+            std::fs::metadata(&path).unwrap().uid(),
+            uid,
+            "{}",
+            path.display()
+        );
+    }
+    assert_eq!(mode_of(&dir), 0o700);
+    // ADMIN after the drop: a file made at runtime is nobody's.
+    assert_eq!(
+        server.admin(&format!(
+            "mount file:{},size=4M",
+            dir.join("runtime-0").display()
+        )),
+        Ok("mounted t1".to_string())
+    );
+    assert_eq!(std::fs::metadata(dir.join("runtime-0")).unwrap().uid(), uid);
+    assert_eq!(server.stop().code(), Some(0));
+    // The snapshot the dropped server wrote is its own.
+    assert_eq!(std::fs::metadata(dir.join("snapshot")).unwrap().uid(), uid);
+}
