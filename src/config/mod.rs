@@ -308,7 +308,9 @@ pub struct Cli {
     pub segments: Vec<SegmentSpec>,
 
     /// Where the default file segment and the warm-restart snapshot live; locked for the life
-    /// of the process, so a second server cannot share it [default: $STATE_DIRECTORY when set
+    /// of the process, so a second server cannot share it. Created mode 0700; it must be the
+    /// run user's own with no group or world write bit (refused otherwise), and no file
+    /// Headroom names in it is ever opened through a link [default: $STATE_DIRECTORY when set
     /// (systemd's StateDirectory=), else ./data].
     #[arg(long, value_name = "DIR")]
     pub data_dir: Option<PathBuf>,

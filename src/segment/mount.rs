@@ -79,6 +79,15 @@ fn node_backable_bytes(node: NodeId, huge_page_bytes: u64) -> Option<u64> {
     Some(total.saturating_sub(pool))
 }
 
+/// `bytes` for a sentence: GiB with one decimal from 1 GiB up (MemTotal is no round figure).
+fn rounded(bytes: u64) -> String {
+    if bytes >= 1 << 30 {
+        format!("{:.1} GiB", bytes as f64 / (1u64 << 30) as f64)
+    } else {
+        ByteSize(bytes).to_string()
+    }
+}
+
 /// Refuses a memory segment of `per_node` bytes on `node` that the node could never back, with
 /// the figures.
 fn check_backable(
@@ -94,8 +103,8 @@ fn check_backable(
         return Err(format!(
             "node {node} cannot back {} of memory: it has {} outside its huge page pool, and the arena and other memory segments already hold {} of it",
             ByteSize(per_node),
-            ByteSize(backable),
-            ByteSize(held)
+            rounded(backable),
+            rounded(held)
         ));
     }
     Ok(())
