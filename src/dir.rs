@@ -241,14 +241,27 @@ impl Dir {
         nix::unistd::fsync(&self.fd).map_err(io_err)
     }
 
-    /// Hands the directory and `names` in it (those that exist, never through a link) to
-    /// `uid:gid`.
-    pub fn chown_to(&self, names: &[&OsStr], uid: Uid, gid: Gid) -> io::Result<()> {
+    /// Hands the directory, and the regular files and directories directly in it (never a
+    /// link, never a device), to `uid:gid`.
+    pub fn chown_regular_files(&self, uid: Uid, gid: Gid) -> io::Result<()> {
         nix::unistd::fchown(self.fd.as_fd(), Some(uid), Some(gid)).map_err(io_err)?;
-        for name in names {
+        for name in self.names()? {
+            let stat = match nix::sys::stat::fstatat(
+                &self.fd,
+                name.as_os_str(),
+                AtFlags::AT_SYMLINK_NOFOLLOW,
+            ) {
+                Ok(stat) => stat,
+                Err(Errno::ENOENT) => continue,
+                Err(errno) => return Err(io_err(errno)),
+            };
+            let kind = stat.st_mode & libc::S_IFMT;
+            if kind != libc::S_IFREG && kind != libc::S_IFDIR {
+                continue;
+            }
             match nix::unistd::fchownat(
                 &self.fd,
-                plain_name(name)?,
+                name.as_os_str(),
                 Some(uid),
                 Some(gid),
                 AtFlags::AT_SYMLINK_NOFOLLOW,

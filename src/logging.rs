@@ -30,7 +30,13 @@ pub struct Log {
 }
 
 fn open_append(path: &Path) -> io::Result<File> {
-    OpenOptions::new().create(true).append(true).open(path)
+    use std::os::unix::fs::OpenOptionsExt;
+    // Its owner only, whatever the umask (a log names keys and admin commands).
+    OpenOptions::new()
+        .create(true)
+        .append(true)
+        .mode(0o600)
+        .open(path)
 }
 
 /// Installs the process's log: `filter` is a level or tracing directive; lines go to `file`

@@ -158,6 +158,24 @@ fn under_umask_000_the_data_dir_is_0700_and_every_file_0600() {
     let got = server.client().get(b"big");
     assert_eq!(got.status, 0);
     assert!(got.value == value, "the restored value differs");
+    drop(server);
+
+    // The log file too (made before a refused data directory stops the start-up).
+    let log = fresh_temp_path("log");
+    let refused_dir = fresh_data_dir();
+    std::fs::create_dir_all(&refused_dir).unwrap();
+    std::fs::set_permissions(&refused_dir, std::fs::Permissions::from_mode(0o777)).unwrap();
+    let status = Command::new(UMASK_000[0])
+        .args(&UMASK_000[1..])
+        .arg(env!("CARGO_BIN_EXE_headroom"))
+        .args(["--allow-root", "--listen", "127.0.0.1:0", "--log-file"])
+        .arg(&log)
+        .arg("--data-dir")
+        .arg(&refused_dir)
+        .status()
+        .unwrap();
+    assert_eq!(status.code(), Some(1));
+    assert_eq!(mode_of(&log), 0o600, "the log file");
 }
 
 #[test]
@@ -493,11 +511,17 @@ fn user_drops_every_thread_to_that_user_and_it_serves() {
     let (uid, gid) = (nobody.uid.as_raw(), nobody.gid.as_raw());
     let dir = fresh_data_dir();
     let value = pattern(21, 3 << 20);
-    // A first run as root leaves a root-owned data directory with a snapshot in it.
+    // A first run as root leaves a root-owned data directory with a snapshot and a runtime
+    // segment in it.
     let server = Server::start_in(&dir, &["--threads", "2"]);
     assert_eq!(
         server.client().set_streamed(0x01, b"big", &value, 4).status,
         0
+    );
+    let earlier = dir.join("runtime-root");
+    assert_eq!(
+        server.admin(&format!("mount file:{},size=4M", earlier.display())),
+        Ok("mounted t1".to_string())
     );
     assert_eq!(server.stop().code(), Some(0));
     assert_eq!(std::fs::metadata(&dir).unwrap().uid(), 0);
@@ -525,6 +549,7 @@ fn user_drops_every_thread_to_that_user_and_it_serves() {
         dir.clone(),
         dir.join("headroom.lock"),
         dir.join("segment-0"),
+        earlier.clone(),
     ] {
         assert_eq!(
             std::fs::metadata(&path).unwrap().uid(),
@@ -543,6 +568,11 @@ fn user_drops_every_thread_to_that_user_and_it_serves() {
         Ok("mounted t1".to_string())
     );
     assert_eq!(std::fs::metadata(dir.join("runtime-0")).unwrap().uid(), uid);
+    // And the root run's segment file, handed over, mounts again.
+    assert_eq!(
+        server.admin(&format!("mount file:{},size=4M", earlier.display())),
+        Ok("mounted t2".to_string())
+    );
     assert_eq!(server.stop().code(), Some(0));
     // The snapshot the dropped server wrote is its own.
     assert_eq!(std::fs::metadata(dir.join("snapshot")).unwrap().uid(), uid);

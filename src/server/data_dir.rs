@@ -81,31 +81,13 @@ impl DataDir {
         })
     }
 
-    /// The names of the file segments among `segments` that live directly in the directory.
-    pub fn names_of<'a>(&self, segments: &'a [crate::segment::SegmentSpec]) -> Vec<&'a OsStr> {
-        let absolute = |p: &Path| std::path::absolute(p).unwrap_or_else(|_| p.to_path_buf());
-        let dir = absolute(self.dir.path());
-        segments
-            .iter()
-            .filter_map(|s| match s {
-                crate::segment::SegmentSpec::File { path, .. } => Some(path),
-                crate::segment::SegmentSpec::Mem { .. } => None,
-            })
-            .filter(|path| path.parent().map(absolute) == Some(dir.clone()))
-            .filter_map(|path| path.file_name())
-            .collect()
-    }
-
-    /// Hands the directory and the names Headroom keeps in it (the lock file, `extra` files,
-    /// the snapshot directory and its parts) to `run_as`, before the server drops root.
-    pub fn hand_to(&self, run_as: RunAs, extra: &[&OsStr]) -> io::Result<()> {
-        let mut names: Vec<&OsStr> = vec![OsStr::new(LOCK_FILE), OsStr::new(SNAPSHOT_DIR)];
-        names.extend_from_slice(extra);
-        self.dir.chown_to(&names, run_as.uid, run_as.gid)?;
+    /// Hands the directory, the regular files in it (the lock file, segment files, earlier
+    /// runtime mounts) and the snapshot directory with its parts to `run_as`, before the
+    /// server drops root. Links and devices in it are left as they are.
+    pub fn hand_to(&self, run_as: RunAs) -> io::Result<()> {
+        self.dir.chown_regular_files(run_as.uid, run_as.gid)?;
         if let Some(snapshot) = self.dir.sub_dir(OsStr::new(SNAPSHOT_DIR), false)? {
-            let parts = snapshot.names()?;
-            let parts: Vec<&OsStr> = parts.iter().map(|n| n.as_os_str()).collect();
-            snapshot.chown_to(&parts, run_as.uid, run_as.gid)?;
+            snapshot.chown_regular_files(run_as.uid, run_as.gid)?;
         }
         Ok(())
     }

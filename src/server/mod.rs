@@ -354,16 +354,13 @@ pub fn start(settings: Settings, topology: &Topology) -> Result<Running, ServerE
     );
     // Everything that needs root is held: drop it before any executor thread starts.
     if let user::Privileges::DropTo(user) = &privileges {
-        let in_data_dir = data_dir.names_of(&settings.segments);
-        data_dir
-            .hand_to(privileges.run_as(), &in_data_dir)
-            .map_err(|err| {
-                ServerError::DataDir(format!(
-                    "--data-dir {}: cannot hand it to --user {}: {err}",
-                    settings.data_dir.display(),
-                    user.name
-                ))
-            })?;
+        data_dir.hand_to(privileges.run_as()).map_err(|err| {
+            ServerError::DataDir(format!(
+                "--data-dir {}: cannot hand it to --user {}: {err}",
+                settings.data_dir.display(),
+                user.name
+            ))
+        })?;
         user::drop_to(user).map_err(ServerError::User)?;
     }
     let shared = Arc::new(Shared {
