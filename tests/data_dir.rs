@@ -458,7 +458,11 @@ fn thread_ids(pid: u32) -> Vec<(String, String, String)> {
                     .collect::<Vec<_>>()
                     .join(" ")
             };
-            (field("Name:"), field("Uid:"), field("Gid:"))
+            (
+                field("Name:"),
+                field("Uid:"),
+                format!("{} caps {}", field("Gid:"), field("CapEff:")),
+            )
         })
         .collect()
 }
@@ -497,9 +501,8 @@ fn root_is_refused_without_user_or_allow_root() {
     // `--user root` stays root on purpose, as memcached's `-u root`.
     let server = Server::start_in(&dir, &["--threads", "1", "--user", "root"]);
     assert_eq!(server.client().set(b"k", b"v", 0, 0).status, 0);
-    assert!(thread_ids(server.pid())
-        .iter()
-        .all(|(_, uid, _)| uid == "0 0 0 0"));
+    let ids = thread_ids(server.pid());
+    assert!(ids.iter().all(|(_, uid, _)| uid == "0 0 0 0"), "{ids:?}");
 }
 
 #[test]
@@ -531,7 +534,8 @@ fn user_drops_every_thread_to_that_user_and_it_serves() {
     let server = Server::start_in(&dir, &args);
     let ids = thread_ids(server.pid());
     let want_uid = format!("{uid} {uid} {uid} {uid}");
-    let want_gid = format!("{gid} {gid} {gid} {gid}");
+    // No capability left either: root cannot be taken back.
+    let want_gid = format!("{gid} {gid} {gid} {gid} caps 0000000000000000");
     assert!(ids.len() >= 4, "{ids:?}");
     for (name, uids, gids) in &ids {
         assert_eq!((uids, gids), (&want_uid, &want_gid), "thread {name}");
@@ -576,4 +580,40 @@ fn user_drops_every_thread_to_that_user_and_it_serves() {
     assert_eq!(server.stop().code(), Some(0));
     // The snapshot the dropped server wrote is its own.
     assert_eq!(std::fs::metadata(dir.join("snapshot")).unwrap().uid(), uid);
+}
+
+#[test]
+fn runtime_mounts_refuse_what_another_user_could_have_put_there() {
+    let shared = fresh_temp_path("mount-shared");
+    std::fs::create_dir_all(&shared).unwrap();
+    std::fs::set_permissions(&shared, std::fs::Permissions::from_mode(0o1777)).unwrap();
+    let server = Server::start(&[
+        "--threads",
+        "1",
+        "--mount-dir",
+        &shared.display().to_string(),
+    ]);
+    // A world-writable --mount-dir: anyone could have left a labelled file there.
+    let refused = server
+        .admin(&format!(
+            "mount file:{},size=4M",
+            shared.join("seg").display()
+        ))
+        .unwrap_err();
+    assert!(
+        refused.contains("is mode 1777 (group- or world-writable)"),
+        "{refused}"
+    );
+    assert!(!shared.join("seg").exists());
+    // A file another user owns, even in the data directory (root can place one there).
+    if is_root() {
+        let theirs = server.data_dir.join("theirs");
+        std::fs::write(&theirs, b"theirs").unwrap();
+        nix::unistd::chown(&theirs, Some(nix::unistd::Uid::from_raw(65534)), None).unwrap();
+        let refused = server
+            .admin(&format!("mount file:{},size=4M", theirs.display()))
+            .unwrap_err();
+        assert!(refused.contains("owned by uid 65534"), "{refused}");
+        assert_eq!(std::fs::read(&theirs).unwrap(), b"theirs");
+    }
 }

@@ -301,6 +301,17 @@ impl FileStorage {
         let opener = match origin {
             MountOrigin::Runtime { allowed_dirs } => {
                 held_dir = open_inside_allowed_dirs(path, allowed_dirs)?;
+                // Where others may write, they could have left a labelled file of their own.
+                let mode = held_dir.stat()?.st_mode & 0o7777;
+                if mode & 0o022 != 0 {
+                    return Err(refuse(
+                        path,
+                        format!(
+                            "its directory {} is mode {mode:04o} (group- or world-writable); a runtime mount takes files only where no other user can put one",
+                            parent.display()
+                        ),
+                    ));
+                }
                 Opener::In(&held_dir, name)
             }
             MountOrigin::CommandLine { data_dir } => {
@@ -336,6 +347,16 @@ impl FileStorage {
             return Err(refuse(
                 path,
                 "not a regular file; block devices are mounted only from the command line (--segment)",
+            ));
+        }
+        let me = nix::unistd::Uid::effective().as_raw();
+        if runtime && meta.uid() != me {
+            return Err(refuse(
+                path,
+                format!(
+                    "owned by uid {}, not by uid {me} that the server runs as; a runtime mount takes only the server's own files",
+                    meta.uid()
+                ),
             ));
         }
         let lock = crate::lockfile::lock_exclusive(file).map_err(|err| {
