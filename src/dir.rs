@@ -23,6 +23,18 @@ use nix::unistd::{Gid, Uid};
 pub const DIR_MODE: u32 = 0o700;
 /// Files Headroom creates: their owner only.
 pub const FILE_MODE: u32 = 0o600;
+/// Missing parents of a path the operator named: traversable (a user the server drops to must
+/// reach its data directory through them), never writable by others, whatever the umask.
+pub const PARENT_MODE: u32 = 0o755;
+
+/// Creates `path` and its missing parents with [`PARENT_MODE`].
+pub fn create_parents(path: &Path) -> io::Result<()> {
+    use std::os::unix::fs::DirBuilderExt;
+    std::fs::DirBuilder::new()
+        .recursive(true)
+        .mode(PARENT_MODE)
+        .create(path)
+}
 pub fn mode(bits: u32) -> Mode {
     Mode::from_bits_truncate(bits as libc::mode_t)
 }

@@ -320,7 +320,7 @@ impl FileStorage {
                 if absolute(parent) == absolute(data_dir.path()) {
                     Opener::In(data_dir, name)
                 } else {
-                    fs::create_dir_all(parent)?;
+                    crate::dir::create_parents(parent)?;
                     Opener::Path(path)
                 }
             }

@@ -35,7 +35,7 @@ impl DataDir {
     pub fn take(path: &Path, run_as: RunAs) -> Result<DataDir, String> {
         let fail = |why: String| format!("--data-dir {}: {why}", path.display());
         if let Some(parent) = path.parent().filter(|p| !p.as_os_str().is_empty()) {
-            std::fs::create_dir_all(parent)
+            crate::dir::create_parents(parent)
                 .map_err(|err| fail(format!("cannot create its parent: {err}")))?;
         }
         let created = match nix::unistd::mkdir(path, mode(DIR_MODE)) {

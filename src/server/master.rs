@@ -35,6 +35,27 @@ struct Master {
     evictions: u64,
 }
 
+/// Memory per node that a new memory segment cannot have: the arena's regions on ordinary
+/// pages (those on huge pages come out of the pool, which memory segments never use) and the
+/// memory segments in `mounted`. Unbound memory (`--no-numa`) counts on the first node.
+pub(crate) fn memory_held<'a>(
+    arena: &crate::arena::Arena,
+    topology: &crate::topology::Topology,
+    mounted: impl Iterator<Item = &'a crate::segment::TargetSpec>,
+) -> crate::segment::mount::NodeBytes {
+    let first = topology.node_ids().first().copied().unwrap_or(0);
+    let mut held = crate::segment::mount::NodeBytes::new();
+    for region in arena.regions() {
+        if !matches!(region.backing, crate::arena::Backing::HugeTlb { .. }) {
+            *held.entry(region.plan.node.unwrap_or(first)).or_insert(0) += region.plan.bytes;
+        }
+    }
+    for spec in mounted.filter(|s| s.kind == crate::segment::TargetKind::Mem) {
+        *held.entry(spec.locality.unwrap_or(first)).or_insert(0) += spec.size;
+    }
+    held
+}
+
 /// Mounts a segment at runtime: its targets are placed in `Draining` (no placements) until
 /// every shard knows their storage and they are activated. A target mounted before (same
 /// uuid) must keep its base, size, kind and host, and a known node; an unknown one may be
@@ -46,7 +67,7 @@ fn mount(
     let origin = MountOrigin::Runtime {
         allowed_dirs: master.shared.settings.mount_dirs.clone(),
     };
-    let held = super::memory_held(
+    let held = memory_held(
         &master.shared.arena,
         &master.shared.topology,
         master.placer.targets().map(|(_, t)| &t.spec),

@@ -259,27 +259,6 @@ fn random_seed() -> u64 {
     h.finish()
 }
 
-/// Memory per node that a new memory segment cannot have: the arena's regions on ordinary
-/// pages (those on huge pages come out of the pool, which memory segments never use) and the
-/// memory segments in `mounted`. Unbound memory (`--no-numa`) counts on the first node.
-pub(crate) fn memory_held<'a>(
-    arena: &Arena,
-    topology: &Topology,
-    mounted: impl Iterator<Item = &'a crate::segment::TargetSpec>,
-) -> crate::segment::mount::NodeBytes {
-    let first = topology.node_ids().first().copied().unwrap_or(0);
-    let mut held = crate::segment::mount::NodeBytes::new();
-    for region in arena.regions() {
-        if !matches!(region.backing, crate::arena::Backing::HugeTlb { .. }) {
-            *held.entry(region.plan.node.unwrap_or(first)).or_insert(0) += region.plan.bytes;
-        }
-    }
-    for spec in mounted.filter(|s| s.kind == crate::segment::TargetKind::Mem) {
-        *held.entry(spec.locality.unwrap_or(first)).or_insert(0) += spec.size;
-    }
-    held
-}
-
 /// Takes the data directory, the listeners, the admin socket and the credentials, then maps
 /// the arena, mounts the segments, starts one shard per CPU of `settings.cpus` and the
 /// placement master, and returns once every shard serves.
@@ -311,7 +290,7 @@ pub fn start(settings: Settings, topology: &Topology) -> Result<Running, ServerE
     let origin = crate::segment::MountOrigin::CommandLine {
         data_dir: Arc::clone(&data_dir.dir),
     };
-    let held = memory_held(&arena, topology, std::iter::empty());
+    let held = master::memory_held(&arena, topology, std::iter::empty());
     let targets = mount_all(&settings.segments, topology, LOCAL_HOST, &origin, &held)
         .map_err(ServerError::Mount)?;
     let mut placer = Placer::new(LOCAL_HOST, settings.placement_policy, random_seed());
