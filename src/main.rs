@@ -287,6 +287,7 @@ fn log_startup(settings: &Settings) {
         admin_socket = %optional_path(&settings.admin_socket, "none (ADMIN closed)"),
         sasl_password_file = %optional_path(&settings.sasl_password_file, "none (no authentication)"),
         log_file = %optional_path(&settings.log_file, "stderr"),
+        user = %settings.user.as_deref().unwrap_or("none (runs as the user that started it)"),
         "starting headroom"
     );
 }
