@@ -617,3 +617,48 @@ fn runtime_mounts_refuse_what_another_user_could_have_put_there() {
         assert_eq!(std::fs::read(&theirs).unwrap(), b"theirs");
     }
 }
+
+#[test]
+fn user_reopens_its_log_file_on_sighup() {
+    if skip_without_root("--user") {
+        return;
+    }
+    let dir = fresh_data_dir();
+    let logs = fresh_temp_path("user-log");
+    std::fs::create_dir_all(&logs).unwrap();
+    let log = logs.join("headroom.log");
+    let read = || std::fs::read_to_string(&log).unwrap_or_default();
+    let wait_for = |text: &str| {
+        for _ in 0..500 {
+            if read().contains(text) {
+                return;
+            }
+            std::thread::sleep(Duration::from_millis(20));
+        }
+        panic!("the log never said {text:?}: {}", read());
+    };
+    let mut child = Command::new(env!("CARGO_BIN_EXE_headroom"))
+        .args([
+            "--listen",
+            "127.0.0.1:0",
+            "--threads",
+            "1",
+            "--user",
+            "nobody",
+        ])
+        .arg("--data-dir")
+        .arg(&dir)
+        .arg("--log-file")
+        .arg(&log)
+        .stderr(Stdio::null())
+        .spawn()
+        .unwrap();
+    let pid = nix::unistd::Pid::from_raw(child.id() as i32);
+    wait_for("listening on ");
+    // Made by root before the drop, handed to nobody: the dropped server can open it again.
+    assert_eq!(std::fs::metadata(&log).unwrap().uid(), 65534);
+    nix::sys::signal::kill(pid, nix::sys::signal::SIGHUP).unwrap();
+    wait_for("SIGHUP: log file reopened");
+    nix::sys::signal::kill(pid, nix::sys::signal::SIGTERM).unwrap();
+    assert_eq!(child.wait().unwrap().code(), Some(0));
+}

@@ -340,7 +340,7 @@ pub fn start(settings: Settings, topology: &Topology) -> Result<Running, ServerE
                 user.name
             ))
         })?;
-        user::drop_to(user).map_err(ServerError::User)?;
+        user::drop_to(user, settings.log_file.as_deref()).map_err(ServerError::User)?;
     }
     let shared = Arc::new(Shared {
         partitions,

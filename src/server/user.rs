@@ -73,9 +73,10 @@ pub fn plan(user: Option<&str>, allow_root: bool) -> Result<Privileges, String> 
     Ok(Privileges::DropTo(user))
 }
 
-/// Drops root for good: unlimited RLIMIT_MEMLOCK, then the user's groups, group and user. It
-/// checks that every id is the user's and that root cannot be taken back.
-pub fn drop_to(user: &User) -> Result<(), String> {
+/// Drops root for good: unlimited RLIMIT_MEMLOCK, the log file handed to the user (SIGHUP
+/// reopens it as the user), then the user's groups, group and user. It checks that every id is
+/// the user's and that root cannot be taken back.
+pub fn drop_to(user: &User, log_file: Option<&std::path::Path>) -> Result<(), String> {
     use nix::sys::resource::{getrlimit, setrlimit, Resource, RLIM_INFINITY};
     let fail = |what: &str, err: nix::Error| format!("--user {}: {what}: {err}", user.name);
     if setrlimit(Resource::RLIMIT_MEMLOCK, RLIM_INFINITY, RLIM_INFINITY).is_err() {
@@ -89,6 +90,22 @@ pub fn drop_to(user: &User) -> Result<(), String> {
             limit = %crate::units::ByteSize(hard),
             "RLIMIT_MEMLOCK cannot be lifted (no CAP_SYS_RESOURCE): after the switch, a shard ring that must register more than that falls back to the plain path (raise the hard limit, e.g. LimitMEMLOCK=infinity)"
         );
+    }
+    if let Some(path) = log_file {
+        nix::unistd::fchownat(
+            nix::fcntl::AT_FDCWD,
+            path,
+            Some(user.uid),
+            Some(user.gid),
+            nix::fcntl::AtFlags::AT_SYMLINK_NOFOLLOW,
+        )
+        .map_err(|err| {
+            format!(
+                "--log-file {}: cannot hand it to --user {}: {err}",
+                path.display(),
+                user.name
+            )
+        })?;
     }
     let name = std::ffi::CString::new(user.name.as_bytes())
         .map_err(|_| format!("--user {}: the name holds a NUL byte", user.name))?;
