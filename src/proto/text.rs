@@ -564,17 +564,58 @@ fn is_multiget(line: &[u8]) -> bool {
         && (rest.starts_with(b"get ") || rest.starts_with(b"gets "))
 }
 
+/// Where the search for the end of the line at a buffer's front stopped, so that a line
+/// arriving in many reads is searched once, not once per read: a caller that decodes the same
+/// unfinished line again (the buffer's front unchanged, more bytes behind) passes the same
+/// `LineScan` back, and the search resumes where it stopped. A caller that consumes bytes
+/// moves the buffer's front and must say so ([`LineScan::consumed`]).
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct LineScan {
+    /// Bytes at the buffer's front known to hold no `\n`.
+    pub newline_free: usize,
+    /// Bytes examined by line-end searches so far (a count for STAT `line_scan_bytes`).
+    pub bytes_examined: u64,
+}
+
+impl LineScan {
+    /// The buffer's front moved `bytes` forward (bytes consumed or skipped).
+    pub fn consumed(&mut self, bytes: usize) {
+        self.newline_free = self.newline_free.saturating_sub(bytes);
+    }
+
+    /// Searches `buf[..end]` for `\n`, from where the last search stopped.
+    fn find(&mut self, buf: &[u8], end: usize) -> Option<usize> {
+        let from = self.newline_free.min(end);
+        let found = memchr::memchr(b'\n', &buf[from..end]).map(|i| from + i);
+        let stop = found.map_or(end, |at| at + 1);
+        self.bytes_examined += (stop - from) as u64;
+        self.newline_free = self.newline_free.max(found.unwrap_or(end));
+        found
+    }
+}
+
 /// Decodes the first command of `buf`. Values longer than `max_value_bytes` are never buffered
 /// ([`TextDecoded::TooLarge`]); values longer than `stream_from` come back as
 /// [`TextDecoded::LargeStore`] once their line is in, for the caller to stream.
 pub fn decode_text(buf: &[u8], max_value_bytes: usize, stream_from: usize) -> TextDecoded<'_> {
-    let find_newline = |within: usize| memchr::memchr(b'\n', &buf[..buf.len().min(within)]);
-    let mut newline = find_newline(LINE_MAX_BYTES + 1);
+    decode_text_resuming(buf, &mut LineScan::default(), max_value_bytes, stream_from)
+}
+
+/// [`decode_text`], resuming the search for the line's end where `scan` says the last search
+/// over the same buffer front stopped. Each byte of a line is examined once however many reads
+/// bring it (the answer is the same as [`decode_text`]'s on the whole buffer).
+pub fn decode_text_resuming<'a>(
+    buf: &'a [u8],
+    scan: &mut LineScan,
+    max_value_bytes: usize,
+    stream_from: usize,
+) -> TextDecoded<'a> {
+    let mut newline = scan.find(buf, buf.len().min(LINE_MAX_BYTES + 1));
     if newline.is_none() && buf.len() > LINE_MAX_BYTES {
         if !is_multiget(&buf[..=LINE_MAX_BYTES]) {
             return close(b"");
         }
-        newline = find_newline(MULTIGET_LINE_MAX_BYTES);
+        newline = scan.find(buf, buf.len().min(MULTIGET_LINE_MAX_BYTES));
         if newline.is_none() && buf.len() >= MULTIGET_LINE_MAX_BYTES {
             return close(errors::MULTIGET_OUT_OF_MEMORY);
         }

@@ -899,8 +899,19 @@ impl Conn {
                 return After::Process;
             }
             let buffered = &self.buf[self.consumed..self.filled];
-            let (command, consumed) = match text::decode_text(buffered, max_item, stream_from) {
+            // The search for the line's end resumes where the last pass's stopped.
+            let mut scan = text::LineScan {
+                newline_free: self.line_scanned_to.saturating_sub(self.consumed),
+                bytes_examined: 0,
+            };
+            let decoded = text::decode_text_resuming(buffered, &mut scan, max_item, stream_from);
+            self.line_scanned_to = self.consumed + scan.newline_free;
+            self.line_scan_bytes += scan.bytes_examined;
+            let (command, consumed) = match decoded {
                 TextDecoded::Incomplete { needed } => {
+                    if scan.newline_free == buffered.len() {
+                        self.line_incomplete_reads += 1;
+                    }
                     self.make_room(needed);
                     return After::Read;
                 }

@@ -1,0 +1,207 @@
+//! One long text line never stalls a shard: while a 600 KB `get` line arrives unfinished, another
+//! client of the same (only) shard is answered, each byte of the line is searched for its end
+//! about once and reads grow (STAT `line_scan_bytes`, `line_incomplete_reads`), SASL on or off;
+//! a line past the 2 MiB multiget limit is refused and closed, one just under it is served.
+
+mod common;
+
+use std::io::{BufRead, BufReader, Read, Write};
+use std::net::TcpStream;
+use std::time::{Duration, Instant};
+
+use common::server::{fresh_data_dir, Server};
+
+/// Bytes examined by line-end searches, at most, per byte of the line received (each byte
+/// once, plus the few bytes of the short commands around it).
+const SCANS_PER_BYTE_MAX: u64 = 2;
+/// Bytes a read brings on average, at least, while the long line arrives (the old fixed-step
+/// buffer took one byte per read after the first 16 KiB).
+const BYTES_PER_READ_MIN: u64 = 1024;
+/// A hang fails the test instead of blocking it.
+const REPLY_WAIT: Duration = Duration::from_secs(20);
+/// `text::MULTIGET_LINE_MAX_BYTES`.
+const MULTIGET_LINE_MAX_BYTES: usize = 2 << 20;
+
+/// The line: 60,000 keys, cut at 600,000 bytes, no newline.
+fn long_get_line() -> Vec<u8> {
+    let keys: Vec<String> = (0..60000).map(|i| format!("kk{i:07}")).collect();
+    let mut line = format!("get {}", keys.join(" ")).into_bytes();
+    line.truncate(600_000);
+    line
+}
+
+fn connect(server: &Server) -> TcpStream {
+    let stream = TcpStream::connect(server.addr).expect("connect");
+    stream.set_read_timeout(Some(REPLY_WAIT)).unwrap();
+    stream.set_nodelay(true).unwrap();
+    stream
+}
+
+/// Sends `request` and reads one line back.
+fn ask(stream: &mut TcpStream, request: &[u8]) -> String {
+    stream.write_all(request).unwrap();
+    let mut reader = BufReader::new(stream.try_clone().unwrap());
+    let mut line = String::new();
+    reader.read_line(&mut line).expect("a reply line in time");
+    line
+}
+
+/// One STAT of the general group, as a number.
+fn stat(stream: &mut TcpStream, name: &str) -> u64 {
+    stream.write_all(b"stats\r\n").unwrap();
+    let mut reader = BufReader::new(stream.try_clone().unwrap());
+    let mut found = None;
+    loop {
+        let mut line = String::new();
+        reader.read_line(&mut line).expect("stats in time");
+        let line = line.trim_end();
+        if line == "END" {
+            return found.unwrap_or_else(|| panic!("no STAT {name}"));
+        }
+        let mut words = line.split(' ');
+        if let (Some("STAT"), Some(n), Some(v)) = (words.next(), words.next(), words.next()) {
+            if n == name {
+                found = Some(v.parse().unwrap());
+            }
+        }
+    }
+}
+
+/// Waits until the server has read `bytes` more than `before` (STAT bytes_read, asked on
+/// `probe`).
+fn wait_read(probe: &mut TcpStream, before: u64, bytes: u64) {
+    let deadline = Instant::now() + REPLY_WAIT;
+    while stat(probe, "bytes_read") < before + bytes {
+        assert!(
+            Instant::now() < deadline,
+            "the server did not read the line"
+        );
+        std::thread::sleep(Duration::from_millis(20));
+    }
+}
+
+/// Holds the long line unfinished on one connection, checks another is answered meanwhile,
+/// and that the line cost about one scan per byte in reads of growing size; then finishes the
+/// line and returns the first reply line to it.
+fn hold_a_long_line(server: &Server, finish: &[u8]) -> String {
+    let mut probe = connect(server);
+    // (Text authentication, as memcached's: a `set` whose value is `user password`; a server
+    // without SASL stores it.)
+    assert_eq!(
+        ask(&mut probe, b"set auth 0 0 16\r\nalice wonderland\r\n"),
+        "STORED\r\n"
+    );
+    let scanned_before = stat(&mut probe, "line_scan_bytes");
+    let reads_before = stat(&mut probe, "line_incomplete_reads");
+    let read_before = stat(&mut probe, "bytes_read");
+    let line = long_get_line();
+    let mut holder = connect(server);
+    for piece in line.chunks(8 << 10) {
+        holder.write_all(piece).unwrap();
+    }
+    wait_read(&mut probe, read_before, line.len() as u64);
+
+    let mut other = connect(server);
+    assert_eq!(
+        ask(&mut other, b"set auth 0 0 16\r\nalice wonderland\r\n"),
+        "STORED\r\n"
+    );
+    let reply = ask(&mut other, b"version\r\n");
+    assert!(reply.starts_with("VERSION "), "{reply:?}");
+
+    let scanned = stat(&mut probe, "line_scan_bytes") - scanned_before;
+    let reads = stat(&mut probe, "line_incomplete_reads") - reads_before;
+    let received = line.len() as u64;
+    assert!(
+        scanned <= SCANS_PER_BYTE_MAX * received,
+        "{scanned} bytes scanned for a line of {received}"
+    );
+    assert!(
+        reads >= 1 && reads <= received / BYTES_PER_READ_MIN,
+        "{reads} reads left the {received}-byte line unfinished"
+    );
+    ask(&mut holder, finish)
+}
+
+#[test]
+fn a_long_line_held_unfinished_does_not_stall_the_shard() {
+    let server = Server::start(&["--threads", "1"]);
+    // 60,000 keys that miss: the multiget is served once its line ends.
+    assert_eq!(hold_a_long_line(&server, b"\r\n"), "END\r\n");
+}
+
+#[test]
+fn a_long_line_before_sasl_authentication_does_not_stall_the_shard() {
+    let dir = fresh_data_dir();
+    std::fs::create_dir_all(&dir).unwrap();
+    let passwords = dir.join("passwords");
+    std::fs::write(&passwords, "alice:wonderland\n").unwrap();
+    let passwords = passwords.display().to_string();
+    let server = Server::start_in(
+        &dir,
+        &["--threads", "1", "--sasl-password-file", &passwords],
+    );
+    assert_eq!(
+        hold_a_long_line(&server, b"\r\n"),
+        "CLIENT_ERROR unauthenticated\r\n"
+    );
+}
+
+#[test]
+fn a_multiget_line_is_served_up_to_two_mib_and_refused_past_it() {
+    let server = Server::start(&["--threads", "1"]);
+    let mut probe = connect(&server);
+    let scanned_before = stat(&mut probe, "line_scan_bytes");
+
+    // Just under the limit, newline included: served.
+    let mut line = b"get".to_vec();
+    let mut i = 0;
+    while line.len() + 12 < MULTIGET_LINE_MAX_BYTES - 2 {
+        line.extend_from_slice(format!(" m{i:09}").as_bytes());
+        i += 1;
+    }
+    line.extend_from_slice(b"\r\n");
+    let served = line.len() as u64;
+    let mut c = connect(&server);
+    for piece in line.chunks(64 << 10) {
+        c.write_all(piece).unwrap();
+    }
+    assert_eq!(ask(&mut c, b""), "END\r\n");
+    assert_eq!(
+        ask(&mut c, b"version\r\n").split(' ').next(),
+        Some("VERSION")
+    );
+
+    // Past it, no newline: memcached's answer to a buffer it cannot grow, then the close.
+    let mut refused = connect(&server);
+    let long = [b"get ".as_slice(), &vec![b'k'; MULTIGET_LINE_MAX_BYTES]].concat();
+    // The server may close before every byte is sent.
+    for piece in long.chunks(64 << 10) {
+        if refused.write_all(piece).is_err() {
+            break;
+        }
+    }
+    let mut reply = Vec::new();
+    let _ = refused.read_to_end(&mut reply);
+    assert_eq!(
+        String::from_utf8_lossy(&reply),
+        "SERVER_ERROR out of memory reading request\r\n"
+    );
+
+    // A long line that is not a multiget: closed without a word once it passes 2048 bytes, as
+    // memcached closes it.
+    let mut junk = connect(&server);
+    let _ = junk.write_all(&vec![b'x'; 64 << 10]);
+    let mut reply = Vec::new();
+    let _ = junk.read_to_end(&mut reply);
+    assert!(reply.is_empty(), "{:?}", String::from_utf8_lossy(&reply));
+
+    // Every byte was searched about once: the served line, the refused one, the junk's first
+    // reads and the short commands.
+    let scanned = stat(&mut probe, "line_scan_bytes") - scanned_before;
+    let sent = served + long.len() as u64 + (64 << 10);
+    assert!(
+        scanned <= SCANS_PER_BYTE_MAX * sent,
+        "{scanned} bytes scanned for {sent} sent"
+    );
+}
