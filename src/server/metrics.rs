@@ -550,8 +550,8 @@ pub const GENERAL: &[(&str, Export)] = &[
     (
         "line_scan_bytes",
         sample(counter(
-            "line_scan_bytes",
-            N,
+            "line_scanned",
+            B,
             "Bytes examined by searches for a text line's end (each byte of a line once).",
         )),
     ),
