@@ -909,7 +909,16 @@ impl Conn {
             self.line_scan_bytes += scan.bytes_examined;
             let (command, consumed) = match decoded {
                 TextDecoded::Incomplete { needed } => {
-                    if scan.newline_free == buffered.len() {
+                    let no_line = scan.newline_free == buffered.len();
+                    if no_line && !self.authenticated && buffered.len() > text::LINE_MAX_BYTES {
+                        // As memcached's text authentication: before it, a line without a
+                        // newline in 2048 bytes closes the connection (no multiget exception).
+                        ctx.counters.borrow_mut().text_errors += 1;
+                        let what = "a line over 2048 bytes before authentication";
+                        log_peer_error(ctx, &self.peer, what, true);
+                        return After::Close;
+                    }
+                    if no_line {
                         self.line_incomplete_reads += 1;
                     }
                     self.make_room(needed);
