@@ -2,14 +2,18 @@
 //! malformed, oversized, long lines), mutated, decoded as a connection decodes them. The decoder
 //! never panics, never reports consuming more than it was given, always makes progress or asks
 //! for more bytes than it has, and the commands a stream decodes to do not depend on how it
-//! arrives: whole, byte by byte, split at every point, or in random chunks. Seeds are printed;
-//! replay one with `HEADROOM_SEED=<seed>`.
+//! arrives: whole, byte by byte, split at every point, or in random chunks. The decoder is driven
+//! as a connection drives it, resuming the search for a line's end where the last one stopped
+//! (`LineScan`), and that search examines each byte about once however the stream is split.
+//! Seeds are printed; replay one with `HEADROOM_SEED=<seed>`.
 
 mod common;
 
 use common::{for_each_seed, Rng};
 use headroom::proto::text::{LINE_MAX_BYTES, MULTIGET_LINE_MAX_BYTES};
-use headroom::proto::{decode_text, TextCommand, TextDecoded, KEY_MAX_BYTES};
+use headroom::proto::{
+    decode_text, decode_text_resuming, LineScan, TextCommand, TextDecoded, KEY_MAX_BYTES,
+};
 
 /// Values over this are too large.
 const MAX_VALUE: usize = 256;
@@ -318,10 +322,13 @@ fn stream(rng: &mut Rng) -> Vec<u8> {
     stream
 }
 
-/// What a connection does with a stream arriving in `chunks`: decode, skip, stream large values,
-/// stop at a close. Returns what it decoded, as text, checking the decoder's promises on the way.
+/// What a connection does with a stream arriving in `chunks`: decode (resuming the line-end
+/// search across reads), skip, stream large values, stop at a close. Returns what it decoded, as
+/// text, checking the decoder's promises on the way.
 fn drive(stream: &[u8], chunks: &mut dyn FnMut() -> usize) -> Vec<String> {
     let mut buffered: Vec<u8> = Vec::new();
+    let mut scan = LineScan::default();
+    let mut decodes: u64 = 0;
     let mut fed = 0;
     let mut skip: u64 = 0;
     // A large value being streamed: bytes still to take (value and its two-byte end), and those
@@ -332,11 +339,13 @@ fn drive(stream: &[u8], chunks: &mut dyn FnMut() -> usize) -> Vec<String> {
         if skip > 0 {
             let drop = (skip as usize).min(buffered.len());
             buffered.drain(..drop);
+            scan.consumed(drop);
             skip -= drop as u64;
         }
         if let Some((left, taken)) = &mut streaming {
             let take = (*left).min(buffered.len());
             taken.extend(buffered.drain(..take));
+            scan.consumed(take);
             *left -= take;
             if *left == 0 {
                 let ok = taken.ends_with(b"\r\n");
@@ -351,7 +360,15 @@ fn drive(stream: &[u8], chunks: &mut dyn FnMut() -> usize) -> Vec<String> {
         let mut more = !ready;
         if ready {
             let have = buffered.len();
-            match decode_text(&buffered, MAX_VALUE, STREAM_FROM) {
+            decodes += 1;
+            // Each byte fed is searched once; a found line's `\n` once more per decode.
+            let decoded = decode_text_resuming(&buffered, &mut scan, MAX_VALUE, STREAM_FROM);
+            assert!(
+                scan.bytes_examined <= fed as u64 + decodes,
+                "{} bytes examined for {fed} fed in {decodes} decodes",
+                scan.bytes_examined
+            );
+            match decoded {
                 TextDecoded::Incomplete { needed } => {
                     assert!(needed > have, "incomplete asks for {needed} with {have}");
                     assert!(
@@ -368,6 +385,7 @@ fn drive(stream: &[u8], chunks: &mut dyn FnMut() -> usize) -> Vec<String> {
                     check(&command);
                     events.push(format!("{command:?} ({consumed})"));
                     buffered.drain(..consumed);
+                    scan.consumed(consumed);
                 }
                 TextDecoded::LargeStore { store, consumed } => {
                     assert!(
@@ -379,6 +397,7 @@ fn drive(stream: &[u8], chunks: &mut dyn FnMut() -> usize) -> Vec<String> {
                     events.push(format!("{store:?} ({consumed})"));
                     streaming = Some((store.value_len + 2, Vec::new()));
                     buffered.drain(..consumed);
+                    scan.consumed(consumed);
                 }
                 TextDecoded::TooLarge {
                     key,

@@ -271,12 +271,10 @@ fn cases() -> Vec<Case> {
         ),
         case(
             "set flags extremes",
-            &["set @a 4294967295 0 1\r\nx\r\nget @a\r\nset @b 4294967296 0 1\r\nx\r\nget @b\r\n\
+            // (Flags past 32 bits are refused, where memcached 1.6.18 truncates them: see
+            // tests/number_limits.rs.)
+            &["set @a 4294967295 0 1\r\nx\r\nget @a\r\n\
                set @c -1 0 1\r\nx\r\nget @c\r\nset @d -0 0 1\r\nx\r\nget @d\r\n"],
-        ),
-        case(
-            "set length truncated to 32 bits",
-            &["set @a 0 0 4294967298\r\nxy\r\nget @a\r\n"],
         ),
         case(
             "set negative exptime expires at once",
@@ -711,7 +709,7 @@ fn cases() -> Vec<Case> {
         case(
             "stats cachedump refusals and an empty class",
             &["stats cachedump\r\nstats cachedump 1\r\nstats cachedump x 1\r\n\
-               stats cachedump 1 -1\r\nstats cachedump 64 1\r\nstats cachedump 4294967296 0\r\n\
+               stats cachedump 1 -1\r\nstats cachedump 64 1\r\n\
                stats cachedump 63 1\r\nstats cachedump 63 0 extra\r\n"],
         ),
     ]

@@ -13,8 +13,9 @@
 //! flag it does not know is `CLIENT_ERROR invalid flag` (`mg key E5`: 1.6.18 has no `E`, `S` or
 //! `x` flags; later versions added them). Only a token's first byte names the flag (`vfoo` is
 //! `v`). Numeric tokens are read as C's `strtol`/`strtoul`/`strtoull` read them (leading blanks, a
-//! sign, trailing blank-separated junk, 32-bit truncation), because that is what memcached
-//! answers to. Per command:
+//! sign, trailing blank-separated junk), because that is what memcached answers to; a number
+//! that does not fit its field is refused, never truncated (as memcached 1.6.45 refuses it:
+//! `ms k 99999999999` is `CLIENT_ERROR bad command line format`, `T4294967296` a bad token). Per command:
 //!
 //! | command | flags that do something | returned in the reply line, in request order |
 //! | --- | --- | --- |

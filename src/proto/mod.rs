@@ -16,7 +16,10 @@ pub use decode::{
 };
 pub use encode::{ResponseWriter, HEADER_BYTES};
 pub use meta::{Key, MaFlags, MdFlags, MetaCode, MetaValues, MgFlags, MsFlags, ReturnFlags};
-pub use text::{decode_text, first_key, is_binary, TextCommand, TextDecoded, TextStore, Words};
+pub use text::{
+    decode_text, decode_text_resuming, first_key, is_binary, LineScan, TextCommand, TextDecoded,
+    TextStore, Words,
+};
 
 /// Request magic byte.
 pub const REQUEST_MAGIC: u8 = 0x80;

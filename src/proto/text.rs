@@ -32,10 +32,15 @@
 //!
 //! Numeric tokens are read as memcached reads them, with C's `strtol`/`strtoul`/`strtoull`:
 //! leading blanks and a sign are accepted, anything after a blank (tab, `\r`, ...) is ignored,
-//! 32-bit fields take the low 32 bits of a 64-bit parse (`set k 0 0 4294967298` stores 2 bytes;
-//! flags `4294967296` are 0), an unsigned field refuses a `-` only when the result would be
-//! negative as a signed number (`-0` is 0, `-18446744073709551615` is 1), and an exptime is
-//! signed (negative: expired at once).
+//! and an exptime is signed (negative: expired at once). Nothing wraps: a number that does not
+//! fit its field is refused with that field's error, never cut to its low bits or wrapped
+//! around zero. memcached 1.6.45 refuses these for a data length (`set k 0 0 4294967298`, `ms k
+//! 99999999999`: `CLIENT_ERROR bad command line format`, sent even under `noreply`, the data
+//! block not swallowed), a `touch`/`gat`/`flush_all` exptime, `verbosity`, and the meta flags'
+//! numbers, as Headroom does; it still truncates a classic storage command's flags and exptime
+//! (`set k 4294967296 0 1` stores flags 0), which Headroom refuses (`CLIENT_ERROR bad command
+//! line format`, the same line memcached gives a malformed one). An unsigned field refuses any
+//! negative number but `-0` (1.6.18 read `-18446744073709551615` as 1).
 //!
 //! # `noreply`
 //!
@@ -454,40 +459,34 @@ fn ends_cleanly(text: &[u8], end: usize) -> bool {
     end == text.len() || c_isspace(text[end])
 }
 
-/// memcached's `safe_strtoull` (also how the store reads a counter for INCR/DECR).
+/// memcached's `safe_strtoull` (also how the store reads a counter for INCR/DECR), except that
+/// a negative number is refused however large (memcached accepted one whose magnitude is past
+/// 2^63, wrapped: `-18446744073709551615` was 1).
 pub fn safe_strtoull(text: &[u8]) -> Option<u64> {
     let (magnitude, negative, end) = c_strtou(text)?;
-    if !ends_cleanly(text, end) {
+    if !ends_cleanly(text, end) || (negative && magnitude != 0) {
         return None;
     }
-    let value = if negative {
-        magnitude.wrapping_neg()
-    } else {
-        magnitude
-    };
-    if (value as i64) < 0 && text.contains(&b'-') {
-        return None;
-    }
-    Some(value)
+    Some(magnitude)
 }
 
-/// memcached's `safe_strtoul` into a `uint32_t`: an unsigned long parse, truncated.
+/// memcached's `safe_strtoul` into a `uint32_t`, refusing what does not fit (never truncated).
 pub(super) fn safe_strtoul(text: &[u8]) -> Option<u32> {
-    safe_strtoull(text).map(|v| v as u32)
+    safe_strtoull(text).and_then(|v| u32::try_from(v).ok())
 }
 
-/// memcached's `safe_strtol` into an `int32_t`: a long parse (ERANGE beyond 64 bits), truncated.
+/// memcached's `safe_strtol` into an `int32_t`, refusing what does not fit (never truncated).
 pub(super) fn safe_strtol(text: &[u8]) -> Option<i32> {
     let (magnitude, negative, end) = c_strtou(text)?;
     let value = if negative {
-        if magnitude > 1 << 63 {
-            return None;
-        }
-        (magnitude as i64).wrapping_neg()
+        0i64.checked_sub_unsigned(magnitude)?
     } else {
         i64::try_from(magnitude).ok()?
     };
-    ends_cleanly(text, end).then_some(value as i32)
+    if !ends_cleanly(text, end) {
+        return None;
+    }
+    i32::try_from(value).ok()
 }
 
 // ---------------------------------------------------------------------------------------------
@@ -564,17 +563,58 @@ fn is_multiget(line: &[u8]) -> bool {
         && (rest.starts_with(b"get ") || rest.starts_with(b"gets "))
 }
 
+/// Where the search for the end of the line at a buffer's front stopped, so that a line
+/// arriving in many reads is searched once, not once per read: a caller that decodes the same
+/// unfinished line again (the buffer's front unchanged, more bytes behind) passes the same
+/// `LineScan` back, and the search resumes where it stopped. A caller that consumes bytes
+/// moves the buffer's front and must say so ([`LineScan::consumed`]).
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct LineScan {
+    /// Bytes at the buffer's front known to hold no `\n`.
+    pub newline_free: usize,
+    /// Bytes examined by line-end searches so far (a count for STAT `line_scan_bytes`).
+    pub bytes_examined: u64,
+}
+
+impl LineScan {
+    /// The buffer's front moved `bytes` forward (bytes consumed or skipped).
+    pub fn consumed(&mut self, bytes: usize) {
+        self.newline_free = self.newline_free.saturating_sub(bytes);
+    }
+
+    /// Searches `buf[..end]` for `\n`, from where the last search stopped.
+    fn find(&mut self, buf: &[u8], end: usize) -> Option<usize> {
+        let from = self.newline_free.min(end);
+        let found = memchr::memchr(b'\n', &buf[from..end]).map(|i| from + i);
+        let stop = found.map_or(end, |at| at + 1);
+        self.bytes_examined += (stop - from) as u64;
+        self.newline_free = self.newline_free.max(found.unwrap_or(end));
+        found
+    }
+}
+
 /// Decodes the first command of `buf`. Values longer than `max_value_bytes` are never buffered
 /// ([`TextDecoded::TooLarge`]); values longer than `stream_from` come back as
 /// [`TextDecoded::LargeStore`] once their line is in, for the caller to stream.
 pub fn decode_text(buf: &[u8], max_value_bytes: usize, stream_from: usize) -> TextDecoded<'_> {
-    let find_newline = |within: usize| memchr::memchr(b'\n', &buf[..buf.len().min(within)]);
-    let mut newline = find_newline(LINE_MAX_BYTES + 1);
+    decode_text_resuming(buf, &mut LineScan::default(), max_value_bytes, stream_from)
+}
+
+/// [`decode_text`], resuming the search for the line's end where `scan` says the last search
+/// over the same buffer front stopped. Each byte of a line is examined once however many reads
+/// bring it (the answer is the same as [`decode_text`]'s on the whole buffer).
+pub fn decode_text_resuming<'a>(
+    buf: &'a [u8],
+    scan: &mut LineScan,
+    max_value_bytes: usize,
+    stream_from: usize,
+) -> TextDecoded<'a> {
+    let mut newline = scan.find(buf, buf.len().min(LINE_MAX_BYTES + 1));
     if newline.is_none() && buf.len() > LINE_MAX_BYTES {
         if !is_multiget(&buf[..=LINE_MAX_BYTES]) {
             return close(b"");
         }
-        newline = find_newline(MULTIGET_LINE_MAX_BYTES);
+        newline = scan.find(buf, buf.len().min(MULTIGET_LINE_MAX_BYTES));
         if newline.is_none() && buf.len() >= MULTIGET_LINE_MAX_BYTES {
             return close(errors::MULTIGET_OUT_OF_MEMORY);
         }
@@ -766,12 +806,16 @@ fn update<'a>(
 ) -> TextDecoded<'a> {
     let noreply = tokens.noreply();
     let t = &tokens.toks;
+    // memcached 1.6.45 reads the data length first, before it looks for `noreply`: a length
+    // that is not a number from 0 to 2^31 - 3 is answered even under `noreply`.
+    let len = match safe_strtol(t[4]) {
+        Some(len) if len >= 0 && len as usize <= TEXT_VALUE_MAX_BYTES => len as usize,
+        _ => return error(errors::BAD_FORMAT, line_len),
+    };
     if t[1].len() > KEY_MAX_BYTES {
         return error_unless(noreply, errors::BAD_FORMAT, line_len);
     }
-    let (Some(flags), Some(exptime), Some(len)) =
-        (safe_strtoul(t[2]), safe_strtol(t[3]), safe_strtol(t[4]))
-    else {
+    let (Some(flags), Some(exptime)) = (safe_strtoul(t[2]), safe_strtol(t[3])) else {
         return error_unless(noreply, errors::BAD_FORMAT, line_len);
     };
     let cas = if with_cas {
@@ -782,16 +826,13 @@ fn update<'a>(
     } else {
         None
     };
-    if len < 0 || len as usize > TEXT_VALUE_MAX_BYTES {
-        return error_unless(noreply, errors::BAD_FORMAT, line_len);
-    }
     let store = TextStore {
         mode,
         key: Key::text(t[1]),
         flags,
         exptime,
         cas,
-        value_len: len as usize,
+        value_len: len,
         noreply,
         meta: None,
     };
@@ -1182,25 +1223,31 @@ mod tests {
     use super::*;
 
     #[test]
-    fn numbers_parse_as_memcached_parses_them() {
-        assert_eq!(safe_strtol(b"4294967298"), Some(2));
+    fn numbers_parse_as_memcached_parses_them_and_never_wrap() {
+        assert_eq!(safe_strtol(b"4294967298"), None);
+        assert_eq!(safe_strtol(b"2147483647"), Some(i32::MAX));
+        assert_eq!(safe_strtol(b"2147483648"), None);
+        assert_eq!(safe_strtol(b"-2147483648"), Some(i32::MIN));
+        assert_eq!(safe_strtol(b"-2147483649"), None);
         assert_eq!(safe_strtol(b"-1"), Some(-1));
-        assert_eq!(safe_strtol(b"9223372036854775807"), Some(-1));
-        assert_eq!(safe_strtol(b"9223372036854775808"), None);
-        assert_eq!(safe_strtol(b"-9223372036854775808"), Some(0));
+        assert_eq!(safe_strtol(b"9223372036854775807"), None);
         assert_eq!(safe_strtol(b"-9223372036854775809"), None);
         assert_eq!(safe_strtol(b"5\tjunk"), Some(5));
         assert_eq!(safe_strtol(b"\x0b1"), Some(1));
         assert_eq!(safe_strtol(b"5x"), None);
         assert_eq!(safe_strtol(b"+"), None);
         assert_eq!(safe_strtol(b""), None);
-        assert_eq!(safe_strtoul(b"4294967296"), Some(0));
+        assert_eq!(safe_strtoul(b"4294967295"), Some(u32::MAX));
+        assert_eq!(safe_strtoul(b"4294967296"), None);
         assert_eq!(safe_strtoul(b"-1"), None);
         assert_eq!(safe_strtoul(b"-0"), Some(0));
-        assert_eq!(safe_strtoul(b"-18446744073709551615"), Some(1));
+        assert_eq!(safe_strtoul(b"-18446744073709551615"), None);
         assert_eq!(safe_strtoull(b"18446744073709551615"), Some(u64::MAX));
+        assert_eq!(safe_strtoull(b"-18446744073709551615"), None);
+        assert_eq!(safe_strtoull(b"-9223372036854775809"), None);
         assert_eq!(safe_strtoull(b"18446744073709551616"), None);
-        assert_eq!(safe_strtoull(b"18446744073709551615\t-"), None);
+        // (memcached looks for the sign only before the number's end.)
+        assert_eq!(safe_strtoull(b"18446744073709551615\t-"), Some(u64::MAX));
         assert_eq!(safe_strtoull(b"0x1"), None);
     }
 

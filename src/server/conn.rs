@@ -28,7 +28,9 @@ use super::stats::{write_stats, ConnInfo};
 use super::unix_now;
 use super::wire::Wire;
 
-/// Read buffer a connection starts with (and shrinks back to when idle).
+/// Read buffer a connection starts with (and shrinks back to when idle). A frame or line that
+/// needs more doubles it (at least), so a long line takes a few reads of growing size, never
+/// one read per byte.
 const READ_BUFFER_BYTES: usize = 16 << 10;
 /// Replies gathered before they are written, so a pipeline of large GETs stays bounded.
 pub(super) const OUTPUT_CAP_BYTES: usize = 1 << 20;
@@ -67,6 +69,13 @@ pub(super) struct Conn {
     /// Bytes of `buf` holding received data, and how many of those are processed.
     pub(super) filled: usize,
     pub(super) consumed: usize,
+    /// Text: `buf[consumed..line_scanned_to]` is known to hold no `\n` (where the search for
+    /// the unfinished line's end resumes; see `proto::text::LineScan`).
+    pub(super) line_scanned_to: usize,
+    /// Bytes examined by line-end searches, and passes that ended inside an unfinished line,
+    /// not yet added to the shard's counters.
+    pub(super) line_scan_bytes: u64,
+    pub(super) line_incomplete_reads: u64,
     /// Prefetching for the received frames not yet run.
     lookahead: Lookahead,
     /// Stream bytes still to discard (the rest of a rejected or too-large frame).
@@ -454,7 +463,12 @@ impl Conn {
         let buffered = &self.buf[self.consumed..self.filled];
         let command_in = match self.protocol {
             Some(Protocol::Binary) => buffered.len() >= crate::proto::HEADER_BYTES,
-            Some(Protocol::Text) => buffered.contains(&b'\n'),
+            // Where the last search for the line's end stopped (after a pass, that is the
+            // buffer's end when no line is in, or the `\n` itself): nothing is searched twice.
+            Some(Protocol::Text) => {
+                let from = self.line_scanned_to.clamp(self.consumed, self.filled);
+                memchr::memchr(b'\n', &self.buf[from..self.filled]).is_some()
+            }
             None => false,
         };
         if self.skip > 0 {
@@ -467,16 +481,30 @@ impl Conn {
     }
 
     /// Makes the buffer able to hold a frame of `needed` bytes from `consumed`.
+    /// The buffer grows geometrically (to twice its size at least), so a frame or line that
+    /// arrives in many pieces costs a few reads of growing size, not a read per byte.
     pub(super) fn make_room(&mut self, needed: usize) {
         self.lookahead.reset();
         if self.consumed > 0 {
             self.buf.copy_within(self.consumed..self.filled, 0);
             self.filled -= self.consumed;
+            self.line_scanned_to = self.line_scanned_to.saturating_sub(self.consumed);
             self.consumed = 0;
         }
         if self.buf.len() < needed {
-            self.buf.resize(needed, 0);
+            let grown = needed.max(self.buf.len().saturating_mul(2));
+            self.buf.resize(grown, 0);
         }
+    }
+
+    /// Adds the line-scan counts gathered since the last call to the shard's counters.
+    pub(super) fn count_line_scans(&mut self, ctx: &ShardCtx) {
+        if self.line_scan_bytes == 0 && self.line_incomplete_reads == 0 {
+            return;
+        }
+        let mut counters = ctx.counters.borrow_mut();
+        counters.line_scan_bytes += std::mem::take(&mut self.line_scan_bytes);
+        counters.line_incomplete_reads += std::mem::take(&mut self.line_incomplete_reads);
     }
 
     /// Forgets processed bytes, and gives back a big buffer once it is empty.
@@ -485,6 +513,7 @@ impl Conn {
             self.lookahead.reset();
             self.consumed = 0;
             self.filled = 0;
+            self.line_scanned_to = 0;
             if self.buf.len() > 4 * READ_BUFFER_BYTES {
                 self.buf = vec![0; READ_BUFFER_BYTES];
             }
@@ -492,8 +521,7 @@ impl Conn {
             self.make_room(self.filled - self.consumed + 1);
         }
         if self.filled == self.buf.len() {
-            let grow = self.buf.len() + READ_BUFFER_BYTES;
-            self.buf.resize(grow, 0);
+            self.make_room(self.buf.len() + 1);
         }
     }
 }
@@ -632,6 +660,9 @@ async fn serve_frames(
     let mut conn = Conn {
         buf: vec![0; READ_BUFFER_BYTES],
         filled: 0,
+        line_scanned_to: 0,
+        line_scan_bytes: 0,
+        line_incomplete_reads: 0,
         lookahead: Lookahead::default(),
         consumed: 0,
         skip: 0,
@@ -744,6 +775,7 @@ async fn serve_frames(
         }
         loop {
             let after = conn.process(ctx, now.take().unwrap_or_else(unix_now)).await;
+            conn.count_line_scans(ctx);
             info.state.set("conn_write");
             // Replies in order: bytes up to each large value, the large value streamed, ...
             let mut written = 0;

@@ -548,6 +548,22 @@ pub const GENERAL: &[(&str, Export)] = &[
         )),
     ),
     (
+        "line_scan_bytes",
+        sample(counter(
+            "line_scanned",
+            B,
+            "Bytes examined by searches for a text line's end (each byte of a line once).",
+        )),
+    ),
+    (
+        "line_incomplete_reads",
+        sample(counter(
+            "line_incomplete_reads",
+            N,
+            "Passes over received bytes (about one per read) that ended inside an unfinished text line.",
+        )),
+    ),
+    (
         "idle_closed",
         sample(counter(
             "idle_closed_connections",

@@ -89,6 +89,11 @@ pub struct ConnCounters {
     pub auth_errors: u64,
     /// Text and meta commands answered with an error line (or a close) by the decoder.
     pub text_errors: u64,
+    /// Bytes examined by searches for a text line's end (each byte of a line once, however
+    /// many reads bring it), and passes over received bytes that ended inside an unfinished
+    /// line (about one per read while a long line arrives).
+    pub line_scan_bytes: u64,
+    pub line_incomplete_reads: u64,
 }
 
 impl ConnCounters {
@@ -107,6 +112,8 @@ impl ConnCounters {
         self.auth_cmds += o.auth_cmds;
         self.auth_errors += o.auth_errors;
         self.text_errors += o.text_errors;
+        self.line_scan_bytes += o.line_scan_bytes;
+        self.line_incomplete_reads += o.line_incomplete_reads;
     }
 }
 

@@ -307,6 +307,11 @@ pub(crate) fn general_pairs(f: &GeneralFigures) -> Vec<(String, String)> {
         ("frame_unknown_opcode", conn.unknown_opcodes.to_string()),
         ("frame_too_large", conn.too_large_frames.to_string()),
         ("text_errors", conn.text_errors.to_string()),
+        ("line_scan_bytes", conn.line_scan_bytes.to_string()),
+        (
+            "line_incomplete_reads",
+            conn.line_incomplete_reads.to_string(),
+        ),
         ("idle_closed", conn.idle_closed.to_string()),
         ("auth_cmds", conn.auth_cmds.to_string()),
         ("auth_errors", conn.auth_errors.to_string()),

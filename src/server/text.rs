@@ -899,8 +899,28 @@ impl Conn {
                 return After::Process;
             }
             let buffered = &self.buf[self.consumed..self.filled];
-            let (command, consumed) = match text::decode_text(buffered, max_item, stream_from) {
+            // The search for the line's end resumes where the last pass's stopped.
+            let mut scan = text::LineScan {
+                newline_free: self.line_scanned_to.saturating_sub(self.consumed),
+                bytes_examined: 0,
+            };
+            let decoded = text::decode_text_resuming(buffered, &mut scan, max_item, stream_from);
+            self.line_scanned_to = self.consumed + scan.newline_free;
+            self.line_scan_bytes += scan.bytes_examined;
+            let (command, consumed) = match decoded {
                 TextDecoded::Incomplete { needed } => {
+                    let no_line = scan.newline_free == buffered.len();
+                    if no_line && !self.authenticated && buffered.len() > text::LINE_MAX_BYTES {
+                        // As memcached's text authentication: before it, a line without a
+                        // newline in 2048 bytes closes the connection (no multiget exception).
+                        ctx.counters.borrow_mut().text_errors += 1;
+                        let what = "a line over 2048 bytes before authentication";
+                        log_peer_error(ctx, &self.peer, what, true);
+                        return After::Close;
+                    }
+                    if no_line {
+                        self.line_incomplete_reads += 1;
+                    }
                     self.make_room(needed);
                     return After::Read;
                 }
