@@ -19,7 +19,9 @@
 //! instead; the busy spells of the second test (2 ms period) are preempted that way when they
 //! start a run. Patch 7 takes due timers off the front of the timer map one by one instead of
 //! splitting the map: the fourth test has many timers come due together, in between and while
-//! others are dropped, and checks each fires once, not early, and in deadline order.
+//! others are dropped, and checks each fires once, not early, and in deadline order. Patch 11
+//! keeps the instant a `do_at` timer is given: upstream re-read the clock in between, and a
+//! thread preempted there fired that timer late, after later ones (the fourth test under load).
 //! Patch 8 leaves the main ring's submissions staged when the executor parks and submits them
 //! with the sleep's link and wait in one call: the fifth test parks with a read staged 3,000
 //! times, its data written before, during and after the park, and every read must complete.
@@ -258,6 +260,13 @@ fn due_timers_fire_once_in_deadline_order() {
 /// lost from the map never fires), none early, none twice, and the run order follows the
 /// deadlines (ties in any order). glommio's `Timer` re-arms itself when woken early, so an
 /// early wake shows as a late one, not a wrong result.
+///
+/// The order is what `do_at` promises, whatever the load: a CI run on a busy machine failed
+/// here ("action 343 (at 20ms) ran before action 246 (at 12ms)", seed 1796507228162644366)
+/// because upstream's `do_at` turned its instant into a duration and back with two clock reads,
+/// and the thread lost its CPU between them for 8 ms: that timer's deadline moved by as much.
+/// Replayed beside four busy loops it failed 3 runs in 150, each time after a `do_at` call that
+/// took 8-28 ms; with patch 11 (the instant kept) 0 in 150.
 fn timer_order(seed: u64) {
     const ACTIONS: usize = 400;
     let mut rng = Rng::new(seed);
