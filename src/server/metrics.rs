@@ -568,6 +568,14 @@ pub const GENERAL: &[(&str, Export)] = &[
         )),
     ),
     (
+        "auth_closed",
+        sample(counter(
+            "auth_closed_connections",
+            N,
+            "Connections closed after 3 failed authentications.",
+        )),
+    ),
+    (
         "large_evictions",
         sample(counter(
             "large_evictions",

@@ -85,6 +85,8 @@ pub struct ConnCounters {
     /// SASL AUTH/STEP commands, and those that failed.
     pub auth_cmds: u64,
     pub auth_errors: u64,
+    /// Connections closed after `auth::AUTH_FAILURES_MAX` failed authentications.
+    pub auth_closed: u64,
     /// Text and meta commands answered with an error line (or a close) by the decoder.
     pub text_errors: u64,
 }
@@ -104,6 +106,7 @@ impl ConnCounters {
         self.cmd_flush += o.cmd_flush;
         self.auth_cmds += o.auth_cmds;
         self.auth_errors += o.auth_errors;
+        self.auth_closed += o.auth_closed;
         self.text_errors += o.text_errors;
     }
 }
