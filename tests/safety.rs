@@ -1,9 +1,10 @@
-//! Safe to run: start-up failures exit 1 quickly with one sentence; one server per address,
-//! data directory and segment file; ADMIN only on the admin socket, which mounts only labelled
-//! files inside the allowed directories and never writes a foreign file; SASL PLAIN (our client
-//! and a real client library); SIGHUP survives and reopens the log, SIGUSR1 stops gracefully
-//! with the warm-restart snapshot, a stop signal during start-up is honoured, a start-up that
-//! stalls says which shards it is waiting for.
+//! Safe to run: start-up failures exit 1 with one sentence before start-up's slow work; one
+//! server per address, data directory and segment file; ADMIN only on the admin socket, which
+//! mounts only labelled files inside the allowed directories and never writes a foreign file;
+//! SASL PLAIN (our client and a real client library), nothing served before it, guessing cut
+//! off after three failures; SIGHUP survives and reopens the log, SIGUSR1 stops gracefully with
+//! the warm-restart snapshot, a stop signal during start-up is honoured, a start-up that stalls
+//! says which shards it is waiting for.
 
 mod common;
 
@@ -23,18 +24,30 @@ fn dir_arg(dir: &std::path::Path) -> String {
     dir.display().to_string()
 }
 
+/// The address is checked before start-up's slow work: nothing mapped, no segment created.
+/// (This once asserted the exit came within 2 s; that time stood for this order.)
+fn failed_before_start_up(stderr: &str, dir: &std::path::Path) {
+    assert!(
+        !stderr.contains("region mapped"),
+        "mapped before binding: {stderr}"
+    );
+    assert!(
+        !dir.join("segment-0").exists(),
+        "a segment was created before binding: {stderr}"
+    );
+}
+
 #[test]
-fn a_bind_failure_exits_1_at_once_with_one_sentence() {
-    // Another program (no SO_REUSEPORT) holds the address.
+fn a_bind_failure_exits_1_before_start_up_with_one_sentence() {
+    // Another program (no SO_REUSEPORT) holds the address. The limit only bounds a hang.
     let holder = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
     let addr = holder.local_addr().unwrap().to_string();
     let dir = fresh_data_dir();
-    let (status, stderr, took) = run_to_exit(
+    let (status, stderr, _) = run_to_exit(
         &["--listen", &addr, "--data-dir", &dir_arg(&dir)],
-        Duration::from_secs(10),
+        Duration::from_secs(60),
     );
     assert_eq!(status, Some(1), "{stderr}");
-    assert!(took < Duration::from_secs(2), "took {took:?}");
     let line = stderr.lines().last().unwrap();
     assert!(
         line.starts_with(&format!(
@@ -42,27 +55,24 @@ fn a_bind_failure_exits_1_at_once_with_one_sentence() {
         )) && line.contains(&format!("pid {}", std::process::id())),
         "{stderr}"
     );
-    assert!(
-        !stderr.contains("region mapped"),
-        "mapped before binding: {stderr}"
-    );
+    failed_before_start_up(&stderr, &dir);
 
     // An address no interface has (TEST-NET-3).
-    let (status, stderr, took) = run_to_exit(
+    let (status, stderr, _) = run_to_exit(
         &[
             "--listen",
             "203.0.113.7:11211",
             "--data-dir",
             &dir_arg(&dir),
         ],
-        Duration::from_secs(10),
+        Duration::from_secs(60),
     );
     assert_eq!(status, Some(1), "{stderr}");
-    assert!(took < Duration::from_secs(2), "took {took:?}");
     assert!(
         stderr.contains("--listen 203.0.113.7:11211: no interface of this machine has the address"),
         "{stderr}"
     );
+    failed_before_start_up(&stderr, &dir);
     let _ = std::fs::remove_dir_all(dir);
 }
 
