@@ -532,6 +532,72 @@ fn health_answers_and_bad_http_gets_a_status() {
     assert!(server.stop().success());
 }
 
+/// Clients that connect and send nothing, or trickle half a head, hold no slot a health check
+/// needs: with more of them open than the endpoint serves at once (16), `/health` and
+/// `/metrics` still answer; and a head that trickles in a byte at a time is cut off rather
+/// than held open byte by byte.
+#[test]
+fn health_answers_while_slow_clients_hold_every_slot() {
+    let server = Server::start(&["--threads", "1", "--metrics-listen", "127.0.0.1:0"]);
+    let addr = metrics_addr(&server);
+    let mut slow: Vec<TcpStream> = (0..20).map(|_| TcpStream::connect(addr).unwrap()).collect();
+    for _ in 0..4 {
+        let mut half = TcpStream::connect(addr).unwrap();
+        half.write_all(b"GET /met").unwrap();
+        slow.push(half);
+    }
+    for round in 0..3 {
+        let (status, head, body) = get(addr, "/health", None);
+        assert_eq!(
+            (status, body.as_str()),
+            (200, "ok\n"),
+            "round {round}: {head}"
+        );
+        let (status, _, body) = get(addr, "/metrics", None);
+        assert_eq!(status, 200, "round {round}");
+        assert!(
+            body.contains("headroom_build_info"),
+            "round {round}: {body}"
+        );
+        slow.push(TcpStream::connect(addr).unwrap());
+    }
+    drop(slow);
+
+    // One byte of an endless header line every 100 ms: each read brings something, but the
+    // head never completes, so the endpoint closes the connection (it would wait forever if
+    // every byte restarted its wait). 60 s only bounds a hang.
+    let mut trickle = TcpStream::connect(addr).unwrap();
+    trickle
+        .write_all(b"GET /health HTTP/1.1\r\nX-Slow: ")
+        .unwrap();
+    trickle
+        .set_read_timeout(Some(Duration::from_millis(100)))
+        .unwrap();
+    let started = std::time::Instant::now();
+    let closed = loop {
+        if started.elapsed() > Duration::from_secs(60) {
+            panic!("a head trickled in a byte at a time was never cut off");
+        }
+        if trickle.write_all(b"a").is_err() {
+            break true;
+        }
+        let mut byte = [0u8; 1];
+        match trickle.read(&mut byte) {
+            Ok(0) => break true,
+            Ok(_) => break false,
+            Err(err)
+                if matches!(
+                    err.kind(),
+                    std::io::ErrorKind::WouldBlock | std::io::ErrorKind::TimedOut
+                ) => {}
+            Err(_) => break true,
+        }
+    };
+    assert!(closed, "the endpoint answered a head that never completed");
+    assert_eq!(get(addr, "/health", None).0, 200);
+    assert!(server.stop().success());
+}
+
 #[test]
 fn the_endpoint_is_off_by_default_and_refuses_a_taken_address() {
     let server = Server::start(&["--threads", "1"]);

@@ -724,22 +724,38 @@ fn idle_connections_are_closed_after_the_timeout() {
     assert!(d.stat("", "idle_closed") >= 1);
 }
 
+/// A connection over `--max-connections` is told so, as memcached 1.6.45 tells it (the exact
+/// line, to binary and text clients alike: it is sent before the client's first byte), and
+/// closed.
 #[test]
-fn connections_beyond_the_limit_are_refused() {
+fn connections_beyond_the_limit_are_told_and_closed() {
+    use std::io::Read;
     let server = Server::start(&["--max-connections", "2"]);
     let mut a = server.client();
     let mut b = server.client();
     // Make sure both are accepted before the third arrives (shards accept independently).
     assert_eq!(a.call(&frame(NOOP, &[], &[], &[], 0, 1)).status, OK);
     assert_eq!(b.call(&frame(NOOP, &[], &[], &[], 0, 1)).status, OK);
-    let mut c = server.client();
-    assert!(c.closed(), "the third connection should be closed");
+    // One that sends nothing, and a binary client whose request is already on its way.
+    let mut silent = server.client();
+    let mut binary = server.client();
+    binary.send(&frame(NOOP, &[], &[], &[], 0, 1));
+    for (name, c) in [("silent", &mut silent), ("binary", &mut binary)] {
+        let mut got = Vec::new();
+        let read = c.stream.read_to_end(&mut got);
+        assert_eq!(
+            String::from_utf8_lossy(&got),
+            "ERROR Too many open connections\r\n",
+            "{name}: {read:?}"
+        );
+        assert!(read.is_ok(), "{name}: closed with a reset: {read:?}");
+    }
     assert_eq!(a.set(b"k", b"v", 0, 0).status, OK);
     drop(b);
     std::thread::sleep(std::time::Duration::from_millis(200));
     let mut d = server.client();
-    assert_eq!(d.stat("", "rejected_connections"), 1);
-    let _ = a.get(b"k");
+    assert_eq!(d.stat("", "rejected_connections"), 2);
+    assert_eq!(a.get(b"k").value, b"v");
 }
 
 /// A batch of requests the server has read when the stop comes is answered whole before the

@@ -1,16 +1,17 @@
-//! Safe to run: start-up failures exit 1 quickly with one sentence; one server per address,
-//! data directory and segment file; ADMIN only on the admin socket, which mounts only labelled
-//! files inside the allowed directories and never writes a foreign file; SASL PLAIN (our client
-//! and a real client library); SIGHUP survives and reopens the log, SIGUSR1 stops gracefully
-//! with the warm-restart snapshot, a stop signal during start-up is honoured, a start-up that
-//! stalls says which shards it is waiting for.
+//! Safe to run: start-up failures exit 1 with one sentence before start-up's slow work; one
+//! server per address, data directory and segment file; ADMIN only on the admin socket, which
+//! mounts only labelled files inside the allowed directories and never writes a foreign file;
+//! SASL PLAIN (our client and a real client library), nothing served before it, guessing cut
+//! off after three failures; SIGHUP survives and reopens the log, SIGUSR1 stops gracefully with
+//! the warm-restart snapshot, a stop signal during start-up is honoured, a start-up that stalls
+//! says which shards it is waiting for.
 
 mod common;
 
 use std::time::Duration;
 
 use common::pattern;
-use common::server::{frame, fresh_data_dir, run_to_exit, Server};
+use common::server::{frame, fresh_data_dir, run_to_exit, set_extras, Server};
 use nix::sys::signal::Signal;
 
 const SASL_LIST_MECHS: u8 = 0x20;
@@ -23,18 +24,30 @@ fn dir_arg(dir: &std::path::Path) -> String {
     dir.display().to_string()
 }
 
+/// The address is checked before start-up's slow work: nothing mapped, no segment created.
+/// (This once asserted the exit came within 2 s; that time stood for this order.)
+fn failed_before_start_up(stderr: &str, dir: &std::path::Path) {
+    assert!(
+        !stderr.contains("region mapped"),
+        "mapped before binding: {stderr}"
+    );
+    assert!(
+        !dir.join("segment-0").exists(),
+        "a segment was created before binding: {stderr}"
+    );
+}
+
 #[test]
-fn a_bind_failure_exits_1_at_once_with_one_sentence() {
-    // Another program (no SO_REUSEPORT) holds the address.
+fn a_bind_failure_exits_1_before_start_up_with_one_sentence() {
+    // Another program (no SO_REUSEPORT) holds the address. The limit only bounds a hang.
     let holder = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
     let addr = holder.local_addr().unwrap().to_string();
     let dir = fresh_data_dir();
-    let (status, stderr, took) = run_to_exit(
+    let (status, stderr, _) = run_to_exit(
         &["--listen", &addr, "--data-dir", &dir_arg(&dir)],
-        Duration::from_secs(10),
+        Duration::from_secs(60),
     );
     assert_eq!(status, Some(1), "{stderr}");
-    assert!(took < Duration::from_secs(2), "took {took:?}");
     let line = stderr.lines().last().unwrap();
     assert!(
         line.starts_with(&format!(
@@ -42,27 +55,24 @@ fn a_bind_failure_exits_1_at_once_with_one_sentence() {
         )) && line.contains(&format!("pid {}", std::process::id())),
         "{stderr}"
     );
-    assert!(
-        !stderr.contains("region mapped"),
-        "mapped before binding: {stderr}"
-    );
+    failed_before_start_up(&stderr, &dir);
 
     // An address no interface has (TEST-NET-3).
-    let (status, stderr, took) = run_to_exit(
+    let (status, stderr, _) = run_to_exit(
         &[
             "--listen",
             "203.0.113.7:11211",
             "--data-dir",
             &dir_arg(&dir),
         ],
-        Duration::from_secs(10),
+        Duration::from_secs(60),
     );
     assert_eq!(status, Some(1), "{stderr}");
-    assert!(took < Duration::from_secs(2), "took {took:?}");
     assert!(
         stderr.contains("--listen 203.0.113.7:11211: no interface of this machine has the address"),
         "{stderr}"
     );
+    failed_before_start_up(&stderr, &dir);
     let _ = std::fs::remove_dir_all(dir);
 }
 
@@ -254,21 +264,41 @@ fn sasl_plain_guards_every_command() {
             &dir_arg(&passwords),
         ],
     );
+    // Before authentication nothing but VERSION and SASL is served: anything else, a frame
+    // the decoder refuses included, is answered 0x20 `Auth failure.` and the connection
+    // closed, as memcached 1.6.45 does (proto_bin.c, `authenticated()`).
+    let refused = [
+        ("GET", frame(0x00, &[], b"k", &[], 0, 0)),
+        ("SET", frame(0x01, &set_extras(0, 0), b"k", b"v", 0, 0)),
+        ("STAT", frame(0x10, &[], b"", &[], 0, 0)),
+        ("FLUSH", frame(0x08, &[], b"", &[], 0, 0)),
+        ("NOOP", frame(0x0a, &[], b"", &[], 0, 0)),
+        ("QUIT", frame(0x07, &[], b"", &[], 0, 0)),
+        ("VERBOSITY", frame(0x1b, &[0, 0, 0, 1], b"", &[], 0, 0)),
+        ("ADMIN", frame(ADMIN, &[], b"promote", &[], 0, 0)),
+        ("an unknown opcode", frame(0x5f, &[], b"", &[], 0, 0)),
+    ];
+    for (name, request) in refused {
+        let mut c = server.client();
+        let r = c.call(&request);
+        assert_eq!(
+            (r.status, r.value.as_slice()),
+            (STATUS_AUTH_ERROR, &b"Auth failure."[..]),
+            "{name} before authentication"
+        );
+        assert!(c.closed(), "{name}: the connection stayed open");
+    }
     let mut c = server.client();
-    // Before authentication: refused, and the connection stays.
-    let r = c.get(b"k");
-    assert_eq!(r.status, STATUS_AUTH_ERROR);
-    assert_eq!(r.value, b"Authentication required");
-    let r = c.call(&frame(0x10, &[], b"", &[], 0, 0));
-    assert_eq!(r.status, STATUS_AUTH_ERROR, "STAT needs authentication too");
     let r = c.call(&frame(0x0b, &[], b"", &[], 0, 0));
     assert_eq!(r.status, 0, "VERSION is allowed");
     let r = c.call(&frame(SASL_LIST_MECHS, &[], b"", &[], 0, 0));
     assert_eq!((r.status, r.value.as_slice()), (0, &b"PLAIN"[..]));
-    // A wrong password: refused and counted.
+    // A wrong password: refused and counted; the connection may try again.
     let r = c.call(&frame(SASL_AUTH, &[], b"PLAIN", b"\0alice\0rabbit", 0, 0));
-    assert_eq!(r.status, STATUS_AUTH_ERROR);
-    assert_eq!(c.get(b"k").status, STATUS_AUTH_ERROR);
+    assert_eq!(
+        (r.status, r.value.as_slice()),
+        (STATUS_AUTH_ERROR, &b"Auth failure."[..])
+    );
     // The right one: every command works.
     let r = c.call(&frame(
         SASL_AUTH,
@@ -317,6 +347,143 @@ print(c.get("lib-key"))
     );
     assert_eq!(c.stat("", "auth_errors"), 2);
     assert_eq!(c.get(b"lib-key").value, b"from python");
+}
+
+/// A server with `alice:wonderland` in its password file.
+fn sasl_server() -> (Server, std::path::PathBuf) {
+    let dir = fresh_data_dir();
+    std::fs::create_dir_all(&dir).unwrap();
+    let passwords = dir.join("passwords");
+    std::fs::write(&passwords, "alice:wonderland\n").unwrap();
+    let args = [
+        "--threads",
+        "2",
+        "--sasl-password-file",
+        &dir_arg(&passwords),
+    ];
+    (Server::start_in(&dir, &args), dir)
+}
+
+/// Sends one text line (and data block) and reads its one-line reply.
+fn text_call(stream: &mut std::net::TcpStream, request: &[u8]) -> String {
+    use std::io::Write;
+    stream.write_all(request).unwrap();
+    String::from_utf8_lossy(&common::server::read_text_reply(stream, b"\r\n", 0)).into_owned()
+}
+
+/// Guessing passwords on one connection ends at the third failure: its reply goes out and
+/// the connection closes, in both protocols, however many guesses were pipelined behind it
+/// (20,000 wrong passwords on one connection were once answered in 0.41 s). Every failure is
+/// counted (`auth_errors`), and so is the close (`auth_closed`).
+#[test]
+fn sasl_guessing_ends_with_a_close_after_three_failures() {
+    use std::io::{Read, Write};
+    let (server, _dir) = sasl_server();
+    // Binary: 50 wrong passwords in one write.
+    let mut c = server.client();
+    let wrong = frame(SASL_AUTH, &[], b"PLAIN", b"\0alice\0rabbit", 0, 0);
+    c.send(&wrong.repeat(50));
+    for attempt in 1..=3 {
+        let r = c
+            .recv()
+            .unwrap_or_else(|| panic!("no reply to attempt {attempt}"));
+        assert_eq!(
+            (r.status, r.value.as_slice()),
+            (STATUS_AUTH_ERROR, &b"Auth failure."[..]),
+            "attempt {attempt}"
+        );
+    }
+    assert!(c.recv().is_none(), "a fourth guess was answered");
+
+    // Text (memcached's `set` form): the same, one guess at a time.
+    let mut t = std::net::TcpStream::connect(server.addr).unwrap();
+    t.set_read_timeout(Some(Duration::from_secs(20))).unwrap();
+    for attempt in 1..=3 {
+        assert_eq!(
+            text_call(&mut t, b"set a 0 0 12\r\nalice rabbit\r\n"),
+            "CLIENT_ERROR authentication failure\r\n",
+            "attempt {attempt}"
+        );
+    }
+    let _ = t.write_all(b"set a 0 0 12\r\nalice rabbit\r\n");
+    let mut rest = Vec::new();
+    let _ = t.read_to_end(&mut rest);
+    assert!(rest.is_empty(), "after the third failure: {rest:?}");
+
+    // The right password still works on a new connection; every failure was counted.
+    let mut ok = server.client();
+    let r = ok.call(&frame(
+        SASL_AUTH,
+        &[],
+        b"PLAIN",
+        b"\0alice\0wonderland",
+        0,
+        0,
+    ));
+    assert_eq!(r.status, 0);
+    assert_eq!(ok.stat("", "auth_errors"), 6);
+    assert_eq!(ok.stat("", "auth_closed"), 2);
+}
+
+/// Over text, nothing is served before authentication but memcached's `set user password`:
+/// every other command, `shutdown` and `slabs automove` (once answered before authentication)
+/// and lines the decoder refuses included, gets memcached's `CLIENT_ERROR unauthenticated`,
+/// and the connection may go on to authenticate; after it the same lines get their usual
+/// answers.
+#[test]
+fn nothing_but_authentication_is_served_before_it_over_text() {
+    let (server, _dir) = sasl_server();
+    let mut t = std::net::TcpStream::connect(server.addr).unwrap();
+    t.set_read_timeout(Some(Duration::from_secs(20))).unwrap();
+    let lines: [&[u8]; 14] = [
+        b"shutdown\r\n",
+        b"slabs automove 1\r\n",
+        b"slabs reassign 1 2\r\n",
+        b"stats\r\n",
+        b"version\r\n",
+        b"get k\r\n",
+        b"mn\r\n",
+        b"lru_crawler metadump all\r\n",
+        b"watch\r\n",
+        b"flush_all\r\n",
+        b"verbosity 1\r\n",
+        b"delete k noreply\r\n",
+        b"bogus\r\n",
+        b"ms k 2 T0\r\nhi\r\n",
+    ];
+    for line in lines {
+        assert_eq!(
+            text_call(&mut t, line),
+            "CLIENT_ERROR unauthenticated\r\n",
+            "{:?} before authentication",
+            String::from_utf8_lossy(line)
+        );
+    }
+    assert_eq!(
+        text_call(&mut t, b"set a 0 0 16\r\nalice wonderland\r\n"),
+        "STORED\r\n"
+    );
+    assert_eq!(
+        text_call(&mut t, b"shutdown\r\n"),
+        "ERROR: shutdown not enabled\r\n"
+    );
+    assert!(text_call(&mut t, b"slabs automove 1\r\n").starts_with("SERVER_ERROR not supported"));
+    assert!(text_call(&mut t, b"version\r\n").starts_with("VERSION "));
+    let mut c = server.client();
+    let r = c.call(&frame(
+        SASL_AUTH,
+        &[],
+        b"PLAIN",
+        b"\0alice\0wonderland",
+        0,
+        0,
+    ));
+    assert_eq!(r.status, 0);
+    assert_eq!(
+        c.stat("", "auth_errors"),
+        0,
+        "refusals are not failed logins"
+    );
 }
 
 #[test]

@@ -2,12 +2,36 @@
 //! a password file of `user:password` lines (`--sasl-password-file`, the format of memcached's
 //! SASL password database). With it on, a connection must authenticate before any command but
 //! VERSION and the SASL commands themselves.
+//!
+//! Guessing is made slow, per connection: the reply to each failed attempt is held back
+//! [`AUTH_FAILURE_DELAY`] (the connection's task waits on a timer; the shard serves its other
+//! connections meanwhile), and the [`AUTH_FAILURES_MAX`]th failure closes the connection.
+//! (memcached does neither: 20,000 wrong passwords took 0.41 s on one connection.)
 
 use std::collections::HashMap;
 use std::path::Path;
+use std::time::Duration;
 
 /// The one mechanism offered.
 pub const MECHANISMS: &str = "PLAIN";
+/// Failed authentications one connection may make: the reply to the last is followed by a
+/// close (counted in STAT `auth_closed`).
+pub const AUTH_FAILURES_MAX: u32 = 3;
+/// How long the reply to a failed authentication is held back.
+pub const AUTH_FAILURE_DELAY: Duration = Duration::from_millis(100);
+
+/// Runs the policy after a failed authentication on a connection that had failed `failures`
+/// times before: holds the connection back [`AUTH_FAILURE_DELAY`] (a timer, never the
+/// executor), counts the failure, and says whether the connection must now close.
+pub(super) async fn after_failure(ctx: &super::shard::ShardCtx, failures: &mut u32) -> bool {
+    *failures += 1;
+    glommio::timer::sleep(AUTH_FAILURE_DELAY).await;
+    let close = *failures >= AUTH_FAILURES_MAX;
+    if close {
+        ctx.counters.borrow_mut().auth_closed += 1;
+    }
+    close
+}
 
 /// Users and their passwords.
 #[derive(Debug, Clone)]

@@ -88,6 +88,8 @@ pub(super) struct Conn {
     pub(super) held_bytes: usize,
     /// SASL done, or not required (`--sasl-password-file` unset).
     pub(super) authenticated: bool,
+    /// Failed authentications so far (`auth::after_failure`).
+    pub(super) auth_failures: u32,
     /// Unknown until the first byte arrives.
     protocol: Option<Protocol>,
     /// Requests run since the last replies were handed to the kernel, by kind (latency).
@@ -129,11 +131,12 @@ pub(super) fn hold(
     }
 }
 
-/// What a connection may do before SASL authentication, as memcached allows.
+/// What a connection may do before SASL authentication, as memcached allows (its
+/// `authenticated()`): anything else is answered `Auth failure.` and the connection closed.
 fn allowed_before_auth(request: &Request) -> bool {
     matches!(
         request,
-        Request::Version | Request::Quit { .. } | Request::SaslListMechs | Request::SaslAuth { .. }
+        Request::Version | Request::SaslListMechs | Request::SaslAuth { .. }
     )
 }
 
@@ -305,6 +308,15 @@ impl Conn {
                         count(ctx, error);
                         let what = format!("binary frame: {error:?} (opcode {opcode:#04x})");
                         log_peer_error(ctx, &self.peer, &what, close);
+                        if !self.authenticated {
+                            // Before authentication nothing else is answered (memcached).
+                            ResponseWriter::new(&mut self.out).error(
+                                opcode,
+                                opaque,
+                                Status::AuthError,
+                            );
+                            return After::Close;
+                        }
                         ResponseWriter::new(&mut self.out).error(opcode, opaque, status);
                         self.skip_stream(skip);
                         if close {
@@ -326,21 +338,10 @@ impl Conn {
             ctx.counters.borrow_mut().commands += 1;
             self.batch.add(CommandKind::of_opcode(opcode));
             if !self.authenticated && !allowed_before_auth(&request) {
-                // Refused without running; a streamed value that follows is skipped.
-                if let Request::LargeStore { value_len, .. } = request {
-                    self.skip += value_len;
-                }
-                ResponseWriter::new(&mut self.out).reply(
-                    opcode,
-                    opaque,
-                    Status::AuthError,
-                    0,
-                    &[],
-                    &[],
-                    b"Authentication required",
-                );
+                // Refused without running, and the connection closed, as memcached does.
+                ResponseWriter::new(&mut self.out).error(opcode, opaque, Status::AuthError);
                 self.consumed += consumed;
-                continue;
+                return After::Close;
             }
             let mut w = ResponseWriter::new(&mut self.out);
             match &request {
@@ -392,6 +393,13 @@ impl Conn {
                         &[],
                         body.as_bytes(),
                     );
+                    if status == Status::AuthError {
+                        self.consumed += consumed;
+                        if super::auth::after_failure(ctx, &mut self.auth_failures).await {
+                            return After::Close;
+                        }
+                        continue;
+                    }
                 }
                 Request::LargeStore {
                     mode,
@@ -670,6 +678,7 @@ async fn serve_frames(
         held: Vec::new(),
         held_bytes: 0,
         authenticated: ctx.shared.credentials.is_none(),
+        auth_failures: 0,
         protocol: None,
         batch: BatchCounts::default(),
         peer: info.peer.clone(),

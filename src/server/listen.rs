@@ -14,6 +14,11 @@ use socket2::{Domain, Protocol, SockAddr, Socket, Type};
 
 /// Connections the kernel queues per listener before accepting.
 const LISTEN_BACKLOG: i32 = 1024;
+/// What memcached sends a connection past its limit before it closes it (memcached.c, the
+/// accept past `maxconns`). It goes to binary clients too: the protocol is not known yet.
+pub const TOO_MANY_CONNECTIONS: &[u8] = b"ERROR Too many open connections\r\n";
+/// The most a refused connection's early bytes are read away before its close.
+const REFUSED_DRAIN_MAX_BYTES: usize = 64 << 10;
 
 /// Why `--listen` cannot be served.
 #[derive(Debug)]
@@ -121,6 +126,30 @@ pub fn into_glommio(listener: std::net::TcpListener) -> glommio::net::TcpListene
     // SAFETY: the descriptor is a bound, listening TCP socket that nothing else owns once
     // `into_raw_fd` gave it up; the glommio listener closes it.
     unsafe { glommio::net::TcpListener::from_raw_fd(listener.into_raw_fd()) }
+}
+
+/// Refuses an accepted connection over `--max-connections` as memcached does: sends
+/// [`TOO_MANY_CONNECTIONS`], then closes. The send does not wait (a fresh socket's buffer takes
+/// the line whole; a peer that cannot take it gets the close alone), and whatever the peer
+/// already sent is read away first, so the close is a FIN after the line, not a reset that
+/// would destroy the line before the client reads it.
+pub fn refuse_over_limit(stream: glommio::net::TcpStream) {
+    use nix::sys::socket::{recv, send, MsgFlags};
+    use std::os::fd::AsRawFd;
+    let fd = stream.as_raw_fd();
+    let flags = MsgFlags::MSG_DONTWAIT | MsgFlags::MSG_NOSIGNAL;
+    if let Err(err) = send(fd, TOO_MANY_CONNECTIONS, flags) {
+        tracing::debug!(%err, "refusing a connection: the line was not sent");
+    }
+    let mut scratch = [0u8; 4096];
+    let mut drained = 0;
+    while drained < REFUSED_DRAIN_MAX_BYTES {
+        match recv(fd, &mut scratch, MsgFlags::MSG_DONTWAIT) {
+            Ok(n) if n > 0 => drained += n,
+            _ => break,
+        }
+    }
+    drop(stream);
 }
 
 /// Takes an accepted connection out of its glommio stream, to hand to another shard: its own

@@ -18,11 +18,14 @@
 //! each, answered synchronously as for STAT), reads every partition's figures under its lock
 //! (as STAT does) and the placement master's figures in place, then encodes. HTTP parsing is
 //! `httparse` on a request head capped at [`HEAD_MAX_BYTES`]; one request per connection, then
-//! `Connection: close`.
+//! `Connection: close`. Slow or idle clients cannot lock `/health` out: a head must arrive
+//! within `HEAD_DEADLINE` of the accept, and at the connection cap a newcomer takes the place
+//! of the oldest connection still without its head (`Slots`).
 
-use std::cell::Cell;
+use std::cell::RefCell;
 use std::collections::BTreeMap;
 use std::net::SocketAddr;
+use std::os::fd::{AsRawFd, RawFd};
 use std::rc::Rc;
 use std::sync::atomic::Ordering;
 use std::sync::Arc;
@@ -43,11 +46,14 @@ use super::Shared;
 pub const PREFIX: &str = "headroom";
 /// The longest request head read (request line and headers); longer gets 431.
 pub const HEAD_MAX_BYTES: usize = 8 << 10;
-/// Metrics connections served at once; more are closed on accept.
+/// Metrics connections served at once. At the cap a new connection takes the place of the
+/// oldest one still waiting for its request head ([`Slots`]); only when every one is past its
+/// head (being answered) is the new one closed on accept.
 const CONNECTIONS_MAX: usize = 16;
-/// A connection that sends no whole request head, or does not take its reply, in this long is
-/// closed.
-const CONNECTION_TIMEOUT: Duration = Duration::from_secs(10);
+/// A request head must arrive whole within this long of the accept, however it trickles in.
+const HEAD_DEADLINE: Duration = Duration::from_secs(5);
+/// A reply must be taken whole within this long.
+const REPLY_DEADLINE: Duration = Duration::from_secs(10);
 /// `Content-Type` of OpenMetrics text.
 pub const OPENMETRICS_CONTENT_TYPE: &str =
     "application/openmetrics-text; version=1.0.0; charset=utf-8";
@@ -581,6 +587,14 @@ pub const GENERAL: &[(&str, Export)] = &[
             "auth_errors",
             N,
             "SASL authentication commands that failed.",
+        )),
+    ),
+    (
+        "auth_closed",
+        sample(counter(
+            "auth_closed_connections",
+            N,
+            "Connections closed after 3 failed authentications.",
         )),
     ),
     (
@@ -1551,7 +1565,7 @@ pub(crate) fn spawn(listener: std::net::TcpListener, source: Source) {
     let source = Rc::new(source);
     let spawned = glommio::spawn_local_into(
         async move {
-            let active = Rc::new(Cell::new(0usize));
+            let slots = Rc::new(RefCell::new(Slots::default()));
             loop {
                 let stream = match listener.accept().await {
                     Ok(stream) => stream,
@@ -1561,16 +1575,17 @@ pub(crate) fn spawn(listener: std::net::TcpListener, source: Source) {
                         continue;
                     }
                 };
-                if active.get() >= CONNECTIONS_MAX {
+                let Some(id) = slots.borrow_mut().admit(stream.as_raw_fd()) else {
                     continue; // dropped: closed
-                }
-                active.set(active.get() + 1);
-                let (source, active) = (Rc::clone(&source), Rc::clone(&active));
+                };
+                let (source, slots) = (Rc::clone(&source), Rc::clone(&slots));
                 glommio::spawn_local(async move {
-                    if let Err(err) = handle(&source, stream).await {
+                    if let Err(err) = handle(&source, stream, &slots, id).await {
                         tracing::debug!(%err, "metrics endpoint: connection ended");
                     }
-                    active.set(active.get() - 1);
+                    // In the poll that dropped the stream: its descriptor cannot have been
+                    // reused by an accept yet.
+                    slots.borrow_mut().open.remove(&id);
                 })
                 .detach();
             }
@@ -1582,6 +1597,44 @@ pub(crate) fn spawn(listener: std::net::TcpListener, source: Source) {
             task.detach();
         }
         Err(err) => tracing::error!(%err, "metrics endpoint: cannot start its task"),
+    }
+}
+
+/// The endpoint's open connections, by accept order, and whether each still waits for its
+/// request head. A scraper or a health check sends its head at once, so a connection still
+/// without one when the cap is reached is slow or idle: it is the one closed (the oldest
+/// first, as a web server drops its idle keep-alive connections when out of room). Twenty
+/// clients that connect and send nothing can then never keep `/health` from answering.
+#[derive(Default)]
+struct Slots {
+    next_id: u64,
+    /// id -> (socket, waiting for its request head).
+    open: BTreeMap<u64, (RawFd, bool)>,
+}
+
+impl Slots {
+    /// Takes a new connection in: its id, or `None` when every slot is being answered.
+    fn admit(&mut self, fd: RawFd) -> Option<u64> {
+        if self.open.len() >= CONNECTIONS_MAX {
+            let (&oldest, &(old_fd, _)) = self.open.iter().find(|(_, (_, waiting))| *waiting)?;
+            self.open.remove(&oldest);
+            // Its task owns the socket until its read ends; this ends it (0 bytes).
+            if let Err(err) = nix::sys::socket::shutdown(old_fd, nix::sys::socket::Shutdown::Both) {
+                tracing::debug!(%err, "metrics endpoint: closing a waiting connection");
+            }
+            tracing::debug!("metrics endpoint: {CONNECTIONS_MAX} connections open; the oldest still without a request head is closed for a new one");
+        }
+        let id = self.next_id;
+        self.next_id += 1;
+        self.open.insert(id, (fd, true));
+        Some(id)
+    }
+
+    /// Connection `id` has its request head: it is not closed for newcomers any more.
+    fn head_read(&mut self, id: u64) {
+        if let Some((_, waiting)) = self.open.get_mut(&id) {
+            *waiting = false;
+        }
     }
 }
 
@@ -1687,24 +1740,53 @@ impl Response {
     }
 }
 
-/// Answers one request on `stream`, then closes it.
-async fn handle(source: &Source, mut stream: glommio::net::TcpStream) -> std::io::Result<()> {
-    stream.set_read_timeout(Some(CONNECTION_TIMEOUT))?;
-    stream.set_write_timeout(Some(CONNECTION_TIMEOUT))?;
+/// `io`, or a `TimedOut` error once `limit` has passed.
+async fn within<T>(
+    limit: Duration,
+    io: impl std::future::Future<Output = std::io::Result<T>>,
+) -> std::io::Result<T> {
+    futures_lite::future::or(io, async {
+        glommio::timer::sleep(limit).await;
+        Err(std::io::Error::new(
+            std::io::ErrorKind::TimedOut,
+            format!("no progress within {limit:?}"),
+        ))
+    })
+    .await
+}
+
+/// Reads a request head: the parsed head or the status to refuse it with; `None` when the
+/// peer leaves first.
+async fn read_head(
+    stream: &mut glommio::net::TcpStream,
+) -> std::io::Result<Option<Result<RequestHead, u16>>> {
     let mut head = Vec::with_capacity(1024);
     let mut chunk = [0u8; 2048];
-    let request = loop {
+    loop {
         let n = stream.read(&mut chunk).await?;
         if n == 0 {
-            return Ok(()); // gone before a whole request
+            return Ok(None);
         }
         head.extend_from_slice(&chunk[..n]);
         match parse_head(&head) {
-            Parsed::Complete(request) => break Ok(request),
+            Parsed::Complete(request) => return Ok(Some(Ok(request))),
             Parsed::Partial => {}
-            Parsed::Refuse(status) => break Err(status),
+            Parsed::Refuse(status) => return Ok(Some(Err(status))),
         }
+    }
+}
+
+/// Answers one request on `stream` (slot `id` of `slots`), then closes it.
+async fn handle(
+    source: &Source,
+    mut stream: glommio::net::TcpStream,
+    slots: &RefCell<Slots>,
+    id: u64,
+) -> std::io::Result<()> {
+    let Some(request) = within(HEAD_DEADLINE, read_head(&mut stream)).await? else {
+        return Ok(()); // gone before a whole request
     };
+    slots.borrow_mut().head_read(id);
     let (response, head_only) = match request {
         Err(status) => (Response::text(status, "bad request"), false),
         Ok(request) => {
@@ -1712,8 +1794,12 @@ async fn handle(source: &Source, mut stream: glommio::net::TcpStream) -> std::io
             (respond(source, &request).await, head_only)
         }
     };
-    stream.write_all(&response.bytes(head_only)).await?;
-    stream.close().await
+    let bytes = response.bytes(head_only);
+    within(REPLY_DEADLINE, async {
+        stream.write_all(&bytes).await?;
+        stream.close().await
+    })
+    .await
 }
 
 async fn respond(source: &Source, request: &RequestHead) -> Response {

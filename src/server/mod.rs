@@ -87,6 +87,8 @@ pub struct ConnCounters {
     /// SASL AUTH/STEP commands, and those that failed.
     pub auth_cmds: u64,
     pub auth_errors: u64,
+    /// Connections closed after `auth::AUTH_FAILURES_MAX` failed authentications.
+    pub auth_closed: u64,
     /// Text and meta commands answered with an error line (or a close) by the decoder.
     pub text_errors: u64,
     /// Bytes examined by searches for a text line's end (each byte of a line once, however
@@ -111,6 +113,7 @@ impl ConnCounters {
         self.cmd_flush += o.cmd_flush;
         self.auth_cmds += o.auth_cmds;
         self.auth_errors += o.auth_errors;
+        self.auth_closed += o.auth_closed;
         self.text_errors += o.text_errors;
         self.line_scan_bytes += o.line_scan_bytes;
         self.line_incomplete_reads += o.line_incomplete_reads;

@@ -473,7 +473,7 @@ pub async fn accept_loop(ctx: Rc<ShardCtx>, listener: TcpListener) {
                     "connection refused: --max-connections reached (one line per second per shard at most; STAT rejected_connections counts every refusal)"
                 );
             }
-            drop(stream);
+            super::listen::refuse_over_limit(stream);
             continue;
         }
         shared.total_connections.fetch_add(1, Ordering::Relaxed);

@@ -842,22 +842,28 @@ async fn continue_metadump(
     None
 }
 
+/// memcached's answer to anything but its text authentication before it.
+const UNAUTHENTICATED: &[u8] = b"CLIENT_ERROR unauthenticated\r\n";
+
 /// What a text connection may do before it authenticates (with `--sasl-password-file`),
 /// as memcached's text authentication has it: a `set` whose value is `user password`.
 enum Auth {
     /// Authenticated now: answer `STORED`.
     Accepted,
+    /// Not an authentication: answered, not counted.
     Refused(&'static [u8]),
+    /// A wrong user or password: answered after `auth::after_failure`.
+    Failed,
 }
 
 fn authenticate(ctx: &ShardCtx, command: &TextCommand) -> Auth {
     let (TextCommand::Store { store, value }, Some(credentials)) =
         (command, &ctx.shared.credentials)
     else {
-        return Auth::Refused(b"CLIENT_ERROR unauthenticated\r\n");
+        return Auth::Refused(UNAUTHENTICATED);
     };
     if store.meta.is_some() {
-        return Auth::Refused(b"CLIENT_ERROR unauthenticated\r\n");
+        return Auth::Refused(UNAUTHENTICATED);
     }
     ctx.counters.borrow_mut().auth_cmds += 1;
     let mut plain = vec![0u8];
@@ -872,7 +878,7 @@ fn authenticate(ctx: &ShardCtx, command: &TextCommand) -> Auth {
         }
         _ => {
             ctx.counters.borrow_mut().auth_errors += 1;
-            Auth::Refused(b"CLIENT_ERROR authentication failure\r\n")
+            Auth::Failed
         }
     }
 }
@@ -932,7 +938,14 @@ impl Conn {
                         line => String::from_utf8_lossy(line).into_owned(),
                     };
                     log_peer_error(ctx, &self.peer, &what, close);
-                    self.out.extend_from_slice(&reply);
+                    // Before authentication no command is answered but with memcached's
+                    // refusal (`shutdown`, `slabs automove`, ... included); a close is silent.
+                    let reply = match (self.authenticated, close) {
+                        (true, _) => &reply[..],
+                        (false, true) => b"",
+                        (false, false) => UNAUTHENTICATED,
+                    };
+                    self.out.extend_from_slice(reply);
                     self.skip_stream(skip);
                     if close {
                         return After::Close;
@@ -947,13 +960,16 @@ impl Conn {
                 } => {
                     ctx.counters.borrow_mut().commands += 1;
                     self.batch.add(CommandKind::Set);
-                    if self.authenticated {
+                    let reply = if self.authenticated {
                         let (_, mut store) = ctx.shared.partitions.lock_key(&key);
                         store.refuse_too_large(&key, drop_existing);
                         let frees = store.take_pending_frees();
                         drop(store);
                         ctx.free_extents(frees);
-                    }
+                        reply
+                    } else {
+                        UNAUTHENTICATED
+                    };
                     self.out.extend_from_slice(reply);
                     self.skip_stream(skip);
                     continue;
@@ -964,8 +980,7 @@ impl Conn {
                     self.consumed += consumed;
                     if !self.authenticated {
                         // Refused without running; the value and its `\r\n` are skipped.
-                        self.out
-                            .extend_from_slice(b"CLIENT_ERROR unauthenticated\r\n");
+                        self.out.extend_from_slice(UNAUTHENTICATED);
                         self.skip += store.value_len as u64 + 2;
                         continue;
                     }
@@ -976,14 +991,21 @@ impl Conn {
             ctx.counters.borrow_mut().commands += 1;
             self.batch.add(CommandKind::of_text(&command));
             if !self.authenticated {
+                self.consumed += consumed;
                 match authenticate(ctx, &command) {
                     Auth::Accepted => {
                         self.authenticated = true;
                         self.out.extend_from_slice(text::STORED);
                     }
                     Auth::Refused(reply) => self.out.extend_from_slice(reply),
+                    Auth::Failed => {
+                        self.out
+                            .extend_from_slice(b"CLIENT_ERROR authentication failure\r\n");
+                        if super::auth::after_failure(ctx, &mut self.auth_failures).await {
+                            return After::Close;
+                        }
+                    }
                 }
-                self.consumed += consumed;
                 continue;
             }
             match &command {

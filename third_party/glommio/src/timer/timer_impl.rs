@@ -30,6 +30,11 @@ struct Inner {
 
 impl Inner {
     fn reset(&mut self, dur: Duration) {
+        self.reset_at(Instant::now() + dur);
+    }
+
+    // Headroom patch (PATCHES.md, 11): rearming for an instant keeps that instant.
+    fn reset_at(&mut self, when: Instant) {
         let mut waker = None;
         if self.is_charged {
             // Deregister the timer from the reactor.
@@ -37,7 +42,7 @@ impl Inner {
         }
 
         // Update the timeout.
-        self.when = Instant::now() + dur;
+        self.when = when;
 
         if let Some(waker) = waker {
             // Re-register the timer with the new timeout.
@@ -110,11 +115,19 @@ impl Timer {
     // Useful in generating repeat timers that have a constant
     // id. Not for external usage.
     fn from_id(id: u64, dur: Duration) -> Timer {
+        Self::from_id_at(id, Instant::now() + dur)
+    }
+
+    // Headroom patch (PATCHES.md, 11): a timer for an instant keeps that instant. Upstream's
+    // `do_at_into` turned it into a duration from one clock read and back into an instant
+    // from another, so a thread preempted between the two reads fired late by the time it
+    // lost, and after timers with later deadlines.
+    fn from_id_at(id: u64, when: Instant) -> Timer {
         Timer {
             inner: Rc::new(RefCell::new(Inner {
                 id,
                 is_charged: false,
-                when: Instant::now() + dur,
+                when,
                 reactor: Rc::downgrade(&crate::executor().reactor()),
             })),
         }
@@ -286,9 +299,18 @@ impl<T: 'static> TimerActionOnce<T> {
         action: impl Future<Output = T> + 'static,
         tq: TaskQueueHandle,
     ) -> Result<TimerActionOnce<T>> {
+        Self::spawn_at(Instant::now() + when, action, tq)
+    }
+
+    /// `do_in_into` and `do_at_into`: the action after a timer for the instant `when`.
+    fn spawn_at(
+        when: Instant,
+        action: impl Future<Output = T> + 'static,
+        tq: TaskQueueHandle,
+    ) -> Result<TimerActionOnce<T>> {
         let reactor = crate::executor().reactor();
         let timer_id = reactor.register_timer();
-        let timer = Timer::from_id(timer_id, when);
+        let timer = Timer::from_id_at(timer_id, when);
         let inner = timer.inner.clone();
 
         let task = crate::spawn_local_into(
@@ -385,15 +407,9 @@ impl<T: 'static> TimerActionOnce<T> {
         action: impl Future<Output = T> + 'static,
         tq: TaskQueueHandle,
     ) -> Result<TimerActionOnce<T>> {
-        let now = Instant::now();
-        let dur = {
-            if when > now {
-                when.duration_since(now)
-            } else {
-                Duration::from_micros(0)
-            }
-        };
-        Self::do_in_into(dur, action, tq)
+        // Headroom patch (PATCHES.md, 11): the instant itself, not a duration from now (a
+        // past instant fires at once, as before).
+        Self::spawn_at(when, action, tq)
     }
 
     /// Cancel an existing [`TimerActionOnce`] and waits for it to return
@@ -534,15 +550,8 @@ impl<T: 'static> TimerActionOnce<T> {
     /// [`TimerActionOnce`]: struct.TimerActionOnce.html
     /// [`Instant`]: https://doc.rust-lang.org/std/time/struct.Instant.html
     pub fn rearm_at(&self, when: Instant) {
-        let now = Instant::now();
-        let dur = {
-            if when > now {
-                when.duration_since(now)
-            } else {
-                Duration::from_micros(0)
-            }
-        };
-        self.rearm_in(dur);
+        // Headroom patch (PATCHES.md, 11): the instant itself, not a duration from now.
+        self.inner.borrow_mut().reset_at(when);
     }
 }
 
