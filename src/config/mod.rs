@@ -36,6 +36,9 @@ pub const DEFAULT_IO_POOL_CHUNKS: u64 = 8;
 pub const DEFAULT_SMALL_MIN_ALLOC: u64 = 16;
 pub const DEFAULT_LISTEN: &str = "127.0.0.1:11211";
 pub const DEFAULT_MAX_CONNECTIONS: usize = 1024;
+/// A stalled large SET holds its segment extents this long at most: a client that is sending
+/// brings bytes within milliseconds, and 30 s outlasts a congested link's stalls.
+pub const DEFAULT_BODY_TIMEOUT_SECONDS: u64 = 30;
 /// Just under the protocol's 4 GiB body limit: large values are streamed, so a high limit
 /// costs no buffer memory.
 pub const DEFAULT_MAX_ITEM_SIZE: ByteSize = ByteSize(4095 << 20);
@@ -277,6 +280,11 @@ pub struct Cli {
     #[arg(long, value_name = "SECONDS")]
     pub idle_timeout: Option<u64>,
 
+    /// Drop a large value's SET whose body brings no byte for this many seconds: its segment
+    /// space goes back and the connection is closed; 0 never [default: 30].
+    #[arg(long, value_name = "SECONDS")]
+    pub body_timeout: Option<u64>,
+
     /// Microseconds a shard keeps polling after it runs out of work before it sleeps: a
     /// message from another shard or a new request then needs no wake-up (costs that much CPU
     /// per idle moment; docs/benchmarks.md) [default: 0].
@@ -345,6 +353,13 @@ pub struct Cli {
     /// [default: none].
     #[arg(long, value_name = "POLICY")]
     pub segment_eviction: Option<String>,
+
+    /// Check each large value's CRC32C, computed when it was stored, as a GET streams it out
+    /// of its segment; a value that fails is never sent whole: the connection is closed and
+    /// the item dropped. `off` skips the check (docs/benchmarks.md measures its cost)
+    /// [default: on].
+    #[arg(long, value_name = "on|off")]
+    pub verify_reads: Option<String>,
 }
 
 /// The `--config` file: the same settings, spelled as the flags without `--`.
@@ -379,6 +394,7 @@ pub struct FileConfig {
     pub partitions: Option<usize>,
     pub max_connections: Option<usize>,
     pub idle_timeout: Option<u64>,
+    pub body_timeout: Option<u64>,
     pub spin_before_park: Option<u64>,
     pub promotion_interval: Option<u64>,
     pub promotion_budget: Option<usize>,
@@ -394,6 +410,7 @@ pub struct FileConfig {
     pub log_file: Option<PathBuf>,
     pub placement_policy: Option<String>,
     pub segment_eviction: Option<String>,
+    pub verify_reads: Option<String>,
 }
 
 impl FileConfig {
@@ -699,6 +716,8 @@ pub struct Settings {
     pub max_connections: usize,
     /// 0: never.
     pub idle_timeout_seconds: u64,
+    /// Seconds a large SET's body may bring no byte before it is dropped; 0: never.
+    pub body_timeout_seconds: u64,
     /// Microseconds a shard polls before sleeping; 0: it sleeps at once.
     pub spin_before_park_micros: u64,
     /// Milliseconds between promotion passes; 0: none.
@@ -721,6 +740,8 @@ pub struct Settings {
     pub placement_policy: Policy,
     /// Evict least recently used large values when a segment is full (`--segment-eviction lru`).
     pub segment_eviction_lru: bool,
+    /// Check each large value's CRC32C as it streams out of its segment (`--verify-reads on`).
+    pub verify_reads: bool,
     /// Each shard's streaming pool.
     pub io_pool_bytes: u64,
     /// Try the io_uring data path (`--io-ring on`).
@@ -913,6 +934,10 @@ pub fn resolve_with_file(
         return Err(ConfigError::IoPoolBelowTwoChunks { io_pool, io_chunk });
     }
     let io_ring = on_off("--io-ring", cli.io_ring.as_ref().or(file.io_ring.as_ref()))?;
+    let verify_reads = on_off(
+        "--verify-reads",
+        cli.verify_reads.as_ref().or(file.verify_reads.as_ref()),
+    )?;
     let receive_timestamps = on_off(
         "--receive-timestamps",
         cli.receive_timestamps
@@ -1168,6 +1193,10 @@ pub fn resolve_with_file(
         partitions,
         max_connections,
         idle_timeout_seconds: cli.idle_timeout.or(file.idle_timeout).unwrap_or(0),
+        body_timeout_seconds: cli
+            .body_timeout
+            .or(file.body_timeout)
+            .unwrap_or(DEFAULT_BODY_TIMEOUT_SECONDS),
         spin_before_park_micros: cli.spin_before_park.or(file.spin_before_park).unwrap_or(0),
         promotion_interval_ms: cli
             .promotion_interval
@@ -1196,6 +1225,7 @@ pub fn resolve_with_file(
         data_dir,
         placement_policy,
         segment_eviction_lru,
+        verify_reads,
         dry_run: cli.dry_run,
         log_level: cli
             .log_level

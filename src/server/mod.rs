@@ -87,6 +87,14 @@ pub struct ConnCounters {
     pub auth_errors: u64,
     /// Text and meta commands answered with an error line (or a close) by the decoder.
     pub text_errors: u64,
+    /// Large GETs whose value failed its CRC32C as it streamed out (connection closed, item
+    /// dropped).
+    pub segment_read_crc_errors: u64,
+    /// Large SET bodies that brought no byte for `--body-timeout` (dropped, connection closed).
+    pub body_timeouts: u64,
+    /// Large SETs whose segment write failed, and those of them for lack of space.
+    pub segment_write_errors: u64,
+    pub segment_write_no_space: u64,
 }
 
 impl ConnCounters {
@@ -105,6 +113,10 @@ impl ConnCounters {
         self.auth_cmds += o.auth_cmds;
         self.auth_errors += o.auth_errors;
         self.text_errors += o.text_errors;
+        self.segment_read_crc_errors += o.segment_read_crc_errors;
+        self.body_timeouts += o.body_timeouts;
+        self.segment_write_errors += o.segment_write_errors;
+        self.segment_write_no_space += o.segment_write_no_space;
     }
 }
 
