@@ -334,39 +334,43 @@ struct TinyFs {
 }
 
 impl TinyFs {
-    fn new(size_mib: u64) -> TinyFs {
+    /// The mounted filesystem, or why it could not be made (no `mkfs.ext4`, no loop device).
+    fn new(size_mib: u64) -> Result<TinyFs, String> {
         let image = common::fresh_temp_path("tinyfs-image");
         let mount = common::fresh_temp_path("tinyfs");
         std::fs::File::create(&image)
-            .unwrap()
-            .set_len(size_mib << 20)
-            .unwrap();
+            .and_then(|f| f.set_len(size_mib << 20))
+            .map_err(|err| format!("{}: {err}", image.display()))?;
         let run = |program: &str, args: &[&std::ffi::OsStr]| {
             let out = std::process::Command::new(program)
                 .args(args)
                 .output()
-                .unwrap_or_else(|err| panic!("{program}: {err}"));
-            assert!(
-                out.status.success(),
-                "{program} {args:?}: {}",
-                String::from_utf8_lossy(&out.stderr)
-            );
+                .map_err(|err| format!("{program}: {err}"))?;
+            if out.status.success() {
+                Ok(())
+            } else {
+                Err(format!(
+                    "{program} {args:?}: {}",
+                    String::from_utf8_lossy(&out.stderr).trim()
+                ))
+            }
         };
         run(
             "mkfs.ext4",
             &["-q".as_ref(), "-F".as_ref(), image.as_os_str()],
-        );
-        std::fs::create_dir(&mount).unwrap();
+        )?;
+        std::fs::create_dir(&mount).map_err(|err| format!("{}: {err}", mount.display()))?;
+        let fs = TinyFs { image, mount };
         run(
             "mount",
             &[
                 "-o".as_ref(),
                 "loop".as_ref(),
-                image.as_os_str(),
-                mount.as_os_str(),
+                fs.image.as_os_str(),
+                fs.mount.as_os_str(),
             ],
-        );
-        TinyFs { image, mount }
+        )?;
+        Ok(fs)
     }
 }
 
@@ -391,7 +395,17 @@ fn a_full_disk_is_answered_as_such_and_counted() {
         return;
     }
     // A 256 MiB sparse segment file on a 32 MiB filesystem: it mounts, and fills up.
-    let fs = TinyFs::new(32);
+    let fs = match TinyFs::new(32) {
+        Ok(fs) => fs,
+        Err(why) => {
+            assert!(
+                std::env::var_os("HEADROOM_REQUIRE_ROOT_TESTS").is_none(),
+                "HEADROOM_REQUIRE_ROOT_TESTS is set but no small filesystem could be mounted: {why}"
+            );
+            println!("skipped: no small filesystem could be mounted: {why}");
+            return;
+        }
+    };
     let segment = fs.mount.join("segment");
     let spec = format!("file:{},size=256M", segment.display());
     {
