@@ -41,7 +41,8 @@ fn find_aligned(file: &std::fs::File, range: std::ops::Range<u64>, probe: &[u8])
 
 /// Where `value[at..at + 64]` sits in the memory of process `pid` (a memory segment), when `at`
 /// is a multiple of 4 KiB and past the value's RAM head (so the match is the segment's copy).
-/// Only anonymous writable mappings of at least `min_len` bytes are searched.
+/// Only anonymous writable mappings of `min_len` bytes up to 4 GiB are searched (an
+/// AddressSanitizer server's shadow mappings are terabytes).
 fn find_in_memory(pid: u32, value: &[u8], at: usize, min_len: u64) -> u64 {
     let mem = std::fs::File::open(format!("/proc/{pid}/mem")).unwrap();
     let maps = std::fs::read_to_string(format!("/proc/{pid}/maps")).unwrap();
@@ -53,7 +54,7 @@ fn find_in_memory(pid: u32, value: &[u8], at: usize, min_len: u64) -> u64 {
         let (start, end) = fields[0].split_once('-').unwrap();
         let start = u64::from_str_radix(start, 16).unwrap();
         let end = u64::from_str_radix(end, 16).unwrap();
-        if end - start < min_len {
+        if end - start < min_len || end - start > 4 << 30 {
             continue;
         }
         if let Some(found) = find_aligned(&mem, start..end, &value[at..at + 64]) {
