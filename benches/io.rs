@@ -765,8 +765,20 @@ fn device_read_gbps(path: &std::path::Path, bytes: usize, chunk: usize, depth: u
     bytes as f64 / started.elapsed().as_secs_f64() / 1e9
 }
 
-/// Large-object GETs from a file segment, ring against plain path, beside the device's
-/// sequential read bandwidth measured on the same file in the same rounds.
+/// CRC32C over `bytes` on one core, GB/s (best of three passes: the check's own cost).
+fn crc32c_gbps(bytes: &[u8]) -> f64 {
+    (0..3)
+        .map(|_| {
+            let started = Instant::now();
+            std::hint::black_box(crc32c::crc32c(std::hint::black_box(bytes)));
+            bytes.len() as f64 / started.elapsed().as_secs_f64() / 1e9
+        })
+        .fold(0.0, f64::max)
+}
+
+/// Large-object GETs from a file segment, ring against plain path, each with and without
+/// `--verify-reads` (the CRC32C check on the way out), beside the device's sequential read
+/// bandwidth measured on the same file and the CRC32C's own rate, in the same rounds.
 fn server_large(rounds: usize, dir: &std::path::Path) {
     const OBJECT_BYTES: usize = 256 * MIB;
     const OBJECTS: usize = 3;
@@ -776,14 +788,25 @@ fn server_large(rounds: usize, dir: &std::path::Path) {
         "one connection, one GET at a time; {rounds} rounds interleaved (device, ring, plain),"
     );
     println!("medians. Device: sequential O_DIRECT reads of the same segment file, as the server");
-    println!("reads (1 MiB, 4 in flight) and with 4 MiB reads 8 in flight.\n");
+    println!("reads (1 MiB, 4 in flight) and with 4 MiB reads 8 in flight. Each GET row runs with");
+    println!("the read check on (the default) and with --verify-reads off. CRC32C: one core over");
+    println!("one object in memory, the check's own cost.\n");
     // The memory segment takes the device out: what loopback and the client allow.
-    let configs: [(&str, &[&str]); 3] = [
+    let configs: [(&str, &[&str]); 6] = [
         ("ring", &[]),
+        ("ring, --verify-reads off", &["--verify-reads", "off"]),
         ("plain (--io-ring off)", &["--io-ring", "off"]),
+        (
+            "plain, --verify-reads off",
+            &["--io-ring", "off", "--verify-reads", "off"],
+        ),
         (
             "ring, memory segment instead",
             &["--segment", "mem:size=1G,numa=0"],
+        ),
+        (
+            "ring, memory segment, --verify-reads off",
+            &["--segment", "mem:size=1G,numa=0", "--verify-reads", "off"],
         ),
     ];
     let servers: Vec<(Server, std::path::PathBuf)> = configs
@@ -806,7 +829,7 @@ fn server_large(rounds: usize, dir: &std::path::Path) {
         }
     }
     let segment = &servers[0].1;
-    let (mut device, mut device_wide) = (Vec::new(), Vec::new());
+    let (mut device, mut device_wide, mut crc) = (Vec::new(), Vec::new(), Vec::new());
     let mut windows: Vec<Vec<Window>> = servers.iter().map(|_| Vec::new()).collect();
     for _ in 0..rounds {
         device.push(device_read_gbps(segment, OBJECTS * OBJECT_BYTES, MIB, 4));
@@ -816,6 +839,7 @@ fn server_large(rounds: usize, dir: &std::path::Path) {
             4 * MIB,
             8,
         ));
+        crc.push(crc32c_gbps(&keys[0].1));
         for (i, (server, _)) in servers.iter().enumerate() {
             windows[i].push(get_window(server, &keys, 1, 3.0));
         }
@@ -829,6 +853,11 @@ fn server_large(rounds: usize, dir: &std::path::Path) {
     println!(
         "| device, 4 MiB x 8 in flight | {:.2} | - |",
         median(device_wide)
+    );
+    let crc = median(crc);
+    println!(
+        "| CRC32C, one core, in memory | {crc:.2} | {:.3} (CPU) |",
+        1.0 / crc
     );
     for (i, (name, _)) in configs.iter().enumerate() {
         let w = &windows[i];

@@ -67,6 +67,11 @@ fn every_invalid_combination_has_its_own_error_and_exit_2() {
         ),
         (
             ONE,
+            &["--verify-reads", "sometimes"],
+            "--verify-reads 'sometimes' must be on or off",
+        ),
+        (
+            ONE,
             &["--pin-shards", "socket"],
             "--pin-shards socket: must be core or node",
         ),

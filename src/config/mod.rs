@@ -36,6 +36,9 @@ pub const DEFAULT_IO_POOL_CHUNKS: u64 = 8;
 pub const DEFAULT_SMALL_MIN_ALLOC: u64 = 16;
 pub const DEFAULT_LISTEN: &str = "127.0.0.1:11211";
 pub const DEFAULT_MAX_CONNECTIONS: usize = 1024;
+/// A stalled large SET holds its segment extents this long at most: a client that is sending
+/// brings bytes within milliseconds, and 30 s outlasts a congested link's stalls.
+pub const DEFAULT_BODY_TIMEOUT_SECONDS: u64 = 30;
 /// Just under the protocol's 4 GiB body limit: large values are streamed, so a high limit
 /// costs no buffer memory.
 pub const DEFAULT_MAX_ITEM_SIZE: ByteSize = ByteSize(4095 << 20);
@@ -276,6 +279,11 @@ pub struct Cli {
     #[arg(long, value_name = "SECONDS")]
     pub idle_timeout: Option<u64>,
 
+    /// Drop a large value's SET whose body brings no byte for this many seconds: its segment
+    /// space goes back and the connection is closed; 0 never [default: 30].
+    #[arg(long, value_name = "SECONDS")]
+    pub body_timeout: Option<u64>,
+
     /// Microseconds a shard keeps polling after it runs out of work before it sleeps: a
     /// message from another shard or a new request then needs no wake-up (costs that much CPU
     /// per idle moment; docs/benchmarks.md) [default: 0].
@@ -358,6 +366,13 @@ pub struct Cli {
     /// [default: none].
     #[arg(long, value_name = "POLICY")]
     pub segment_eviction: Option<String>,
+
+    /// Check each large value's CRC32C, computed when it was stored, as a GET streams it out
+    /// of its segment; a value that fails is never sent whole: the connection is closed and
+    /// the item dropped. `off` skips the check (docs/benchmarks.md measures its cost)
+    /// [default: on].
+    #[arg(long, value_name = "on|off")]
+    pub verify_reads: Option<String>,
 }
 
 /// The `--config` file: the same settings, spelled as the flags without `--`.
@@ -392,6 +407,7 @@ pub struct FileConfig {
     pub partitions: Option<usize>,
     pub max_connections: Option<usize>,
     pub idle_timeout: Option<u64>,
+    pub body_timeout: Option<u64>,
     pub spin_before_park: Option<u64>,
     pub promotion_interval: Option<u64>,
     pub promotion_budget: Option<usize>,
@@ -410,6 +426,7 @@ pub struct FileConfig {
     pub user: Option<String>,
     #[serde(default)]
     pub allow_root: bool,
+    pub verify_reads: Option<String>,
 }
 
 impl FileConfig {
@@ -715,6 +732,8 @@ pub struct Settings {
     pub max_connections: usize,
     /// 0: never.
     pub idle_timeout_seconds: u64,
+    /// Seconds a large SET's body may bring no byte before it is dropped; 0: never.
+    pub body_timeout_seconds: u64,
     /// Microseconds a shard polls before sleeping; 0: it sleeps at once.
     pub spin_before_park_micros: u64,
     /// Milliseconds between promotion passes; 0: none.
@@ -741,6 +760,8 @@ pub struct Settings {
     pub user: Option<String>,
     /// `--allow-root`: started as root without `--user`, stay root.
     pub allow_root: bool,
+    /// Check each large value's CRC32C as it streams out of its segment (`--verify-reads on`).
+    pub verify_reads: bool,
     /// Each shard's streaming pool.
     pub io_pool_bytes: u64,
     /// Try the io_uring data path (`--io-ring on`).
@@ -933,6 +954,10 @@ pub fn resolve_with_file(
         return Err(ConfigError::IoPoolBelowTwoChunks { io_pool, io_chunk });
     }
     let io_ring = on_off("--io-ring", cli.io_ring.as_ref().or(file.io_ring.as_ref()))?;
+    let verify_reads = on_off(
+        "--verify-reads",
+        cli.verify_reads.as_ref().or(file.verify_reads.as_ref()),
+    )?;
     let receive_timestamps = on_off(
         "--receive-timestamps",
         cli.receive_timestamps
@@ -1182,6 +1207,10 @@ pub fn resolve_with_file(
         partitions,
         max_connections,
         idle_timeout_seconds: cli.idle_timeout.or(file.idle_timeout).unwrap_or(0),
+        body_timeout_seconds: cli
+            .body_timeout
+            .or(file.body_timeout)
+            .unwrap_or(DEFAULT_BODY_TIMEOUT_SECONDS),
         spin_before_park_micros: cli.spin_before_park.or(file.spin_before_park).unwrap_or(0),
         promotion_interval_ms: cli
             .promotion_interval
@@ -1212,6 +1241,7 @@ pub fn resolve_with_file(
         segment_eviction_lru,
         user: cli.user.clone().or_else(|| file.user.clone()),
         allow_root: cli.allow_root || file.allow_root,
+        verify_reads,
         dry_run: cli.dry_run,
         log_level: cli
             .log_level

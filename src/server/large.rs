@@ -16,7 +16,7 @@ use crate::proto::{PlacementHints, ResponseWriter, Status, StoreMode};
 use crate::ring::{Lent, PoolChunk};
 use crate::segment::storage::AlignedBuf;
 use crate::segment::{Extent, TargetStorage};
-use crate::store::{LargeLink, StoreOutcome};
+use crate::store::{LargeHit, LargeLink, StoreOutcome};
 
 use super::conn::{with_limits, Io};
 use super::execute::{watched_store, LargeGet, WatchedStore};
@@ -60,7 +60,11 @@ enum Answer {
     },
     Refused(StoreOutcome),
     NotPlaced(PlacementError),
-    SegmentFailed,
+    /// Writing the value to its segment failed; `no_space`: for lack of room on the
+    /// segment's filesystem (ENOSPC, EDQUOT).
+    SegmentFailed {
+        no_space: bool,
+    },
     /// Text: the two bytes after the value were not `\r\n`.
     BadChunk,
 }
@@ -95,8 +99,17 @@ impl LargeReply {
                     Answer::Refused(outcome) => status_of(outcome),
                     Answer::NotPlaced(PlacementError::Strict { .. }) => Status::StrictPlacement,
                     Answer::NotPlaced(PlacementError::Invalid(_)) => Status::InvalidArguments,
-                    Answer::NotPlaced(PlacementError::NoSpace { .. }) | Answer::SegmentFailed => {
-                        Status::OutOfMemory
+                    Answer::NotPlaced(PlacementError::NoSpace { .. }) => Status::OutOfMemory,
+                    // The binary protocol has no status for a failed disk write: memcached's
+                    // "not stored for lack of room" status, with a body that says what failed.
+                    Answer::SegmentFailed { no_space } => {
+                        let message: &[u8] = if no_space {
+                            b"Out of disk space"
+                        } else {
+                            b"I/O error"
+                        };
+                        w.reply(*opcode, *opaque, Status::OutOfMemory, 0, &[], &[], message);
+                        return;
                     }
                     Answer::BadChunk => unreachable!("binary values have no trailer"),
                 };
@@ -109,8 +122,15 @@ impl LargeReply {
                         reply.write(out, Some(StoreOutcome::Stored { cas }));
                     }
                     Answer::Refused(outcome) => reply.write(out, Some(outcome)),
-                    Answer::NotPlaced(PlacementError::NoSpace { .. }) | Answer::SegmentFailed => {
+                    Answer::NotPlaced(PlacementError::NoSpace { .. }) => {
                         reply.error(out, b"SERVER_ERROR out of memory storing object\r\n");
+                    }
+                    // memcached's wording for a store that failed, with what failed.
+                    Answer::SegmentFailed { no_space: true } => {
+                        reply.error(out, b"SERVER_ERROR out of disk space storing object\r\n");
+                    }
+                    Answer::SegmentFailed { no_space: false } => {
+                        reply.error(out, b"SERVER_ERROR I/O error storing object\r\n");
                     }
                     Answer::NotPlaced(err) => {
                         reply.error(out, format!("SERVER_ERROR {err}\r\n").as_bytes());
@@ -219,11 +239,20 @@ impl SegmentFiles {
                 chunk.as_mut_slice()[len..padded].fill(0);
                 let (written, chunk) = ring.write_fixed(file.raw_fd(), chunk, padded, offset).await;
                 let result = match written {
-                    Ok(n) if n == padded => Ok(()),
-                    Ok(n) => Err(io::Error::new(
-                        io::ErrorKind::WriteZero,
-                        format!("short segment write: {n} of {padded} bytes"),
-                    )),
+                    Ok(n) if n >= padded => Ok(()),
+                    // A short write (the filesystem ran out of room partway, say): the rest
+                    // goes the plain way, which finishes it or says why it cannot.
+                    Ok(n) => {
+                        let align = file.dio_align as usize;
+                        let done = n - n % align;
+                        let mut rest = AlignedBuf::zeroed(padded - done, align);
+                        rest.as_mut_slice()
+                            .copy_from_slice(&chunk.as_slice()[done..padded]);
+                        let file = Arc::clone(file);
+                        glommio::executor()
+                            .spawn_blocking(move || file.write_at(&rest, offset + done as u64))
+                            .await
+                    }
                     Err(err) => Err(err),
                 };
                 (result, Staging::Pool(chunk))
@@ -347,17 +376,82 @@ where
     }
 }
 
+/// How long a large SET's body may bring no byte: `--idle-timeout` or `--body-timeout`,
+/// whichever is shorter (the body's own limit wins a tie).
+#[derive(Clone, Copy, Debug)]
+struct BodyLimit {
+    wait: Option<Duration>,
+    /// The wait is `--body-timeout`'s, not the idle timeout's.
+    body: bool,
+}
+
+impl BodyLimit {
+    fn new(ctx: &ShardCtx, idle: Option<Duration>) -> BodyLimit {
+        let body = match ctx.shared.settings.body_timeout_seconds {
+            0 => None,
+            seconds => Some(Duration::from_secs(seconds)),
+        };
+        match (idle, body) {
+            (Some(idle), Some(body)) if idle < body => BodyLimit {
+                wait: Some(idle),
+                body: false,
+            },
+            (idle, None) => BodyLimit {
+                wait: idle,
+                body: false,
+            },
+            (_, Some(body)) => BodyLimit {
+                wait: Some(body),
+                body: true,
+            },
+        }
+    }
+}
+
+/// One bounded read of a large SET's body. A body that brings no byte within its limit ends
+/// the connection (and so the SET: its extents go back), counted and logged.
+async fn body_step<F>(ctx: &ShardCtx, limit: BodyLimit, io: F) -> io::Result<usize>
+where
+    F: std::future::Future<Output = io::Result<usize>>,
+{
+    match with_limits(limit.wait, io).await {
+        Io::Done(n) => Ok(n),
+        Io::TimedOut if limit.body => {
+            ctx.counters.borrow_mut().body_timeouts += 1;
+            let seconds = ctx.shared.settings.body_timeout_seconds;
+            if let Some(held_back) = ctx.body_timeout_log.allow(unix_now()) {
+                tracing::warn!(
+                    shard = ctx.id,
+                    held_back,
+                    "a large SET's body brought no byte for --body-timeout ({seconds} s): the \
+                     value is dropped, its segment space returned and the connection closed \
+                     (one line per second per shard at most)"
+                );
+            }
+            Err(io::Error::new(
+                io::ErrorKind::TimedOut,
+                format!("the body brought no byte for --body-timeout ({seconds} s)"),
+            ))
+        }
+        Io::TimedOut => {
+            super::conn::idle_closed(ctx);
+            Err(io::ErrorKind::TimedOut.into())
+        }
+        Io::Closed => Err(io::ErrorKind::UnexpectedEof.into()),
+    }
+}
+
 /// Reads and drops `len` bytes of the stream (a value that will not be stored).
 async fn discard(
     ctx: &ShardCtx,
-    idle: Option<Duration>,
+    limit: BodyLimit,
     (stream, wire): (&mut TcpStream, &Wire),
     mut len: u64,
 ) -> io::Result<()> {
     let mut sink = vec![0u8; 64 << 10];
     while len > 0 {
         let want = (len as usize).min(sink.len());
-        let n = step(ctx, idle, wire.read_into(stream, &mut sink[..want])).await?;
+        let n = body_step(ctx, limit, wire.read_into(stream, &mut sink[..want])).await?;
         len -= n as u64;
     }
     Ok(())
@@ -413,10 +507,39 @@ async fn place(
 enum Interrupted {
     /// The client went away, idled out, or the server is stopping: close the connection.
     Connection(io::Error),
-    /// A segment write failed: the body was drained; answer and keep the connection.
-    Segment(io::Error),
+    /// A segment write to this target failed: the body was drained; answer and keep the
+    /// connection.
+    Segment(TargetId, io::Error),
     /// Text: the value did not end in `\r\n`; answer and keep the connection.
     BadChunk,
+}
+
+/// Counts a failed segment write and logs it (one line per second per shard at most: every
+/// SET on a full disk fails). Returns whether it failed for lack of space.
+fn segment_write_failed(ctx: &ShardCtx, target: TargetId, err: &io::Error, value_len: u64) -> bool {
+    let no_space = matches!(err.raw_os_error(), Some(libc::ENOSPC | libc::EDQUOT));
+    {
+        let mut counters = ctx.counters.borrow_mut();
+        counters.segment_write_errors += 1;
+        counters.segment_write_no_space += u64::from(no_space);
+    }
+    if let Some(held_back) = ctx.segment_write_log.allow(unix_now()) {
+        let segment = match storage_of(ctx, target) {
+            Ok(TargetStorage::File(file)) => file.path.display().to_string(),
+            Ok(TargetStorage::Mem(_)) => "memory".to_string(),
+            Err(_) => "unmounted".to_string(),
+        };
+        tracing::error!(
+            shard = ctx.id,
+            %target,
+            segment,
+            value_len,
+            held_back,
+            "writing a large value to segment {segment} failed: {err}; the SET was refused \
+             (one line per second per shard at most)"
+        );
+    }
+    no_space
 }
 
 /// Receives a large value: checks ADD/REPLACE/CAS with the owner, places it, streams it into
@@ -442,6 +565,7 @@ pub async fn receive_set(
         bytes: op.value_len,
         now,
     };
+    let limit = BodyLimit::new(ctx, idle);
     let from_buffer = buffered.len().min(op.value_len as usize);
     let rest = op.value_len - from_buffer as u64;
     let setx = op.hints.is_some();
@@ -463,7 +587,7 @@ pub async fn receive_set(
         refused
     };
     if let Some(refused) = refused {
-        discard(ctx, idle, (stream, wire), rest + trailer_rest).await?;
+        discard(ctx, limit, (stream, wire), rest + trailer_rest).await?;
         op.reply.write(out, Answer::Refused(refused), setx);
         return Ok(from_buffer + trailer_buffered);
     }
@@ -471,7 +595,7 @@ pub async fn receive_set(
         Ok(placed) => placed.replicas,
         Err(err) => {
             tracing::debug!(key_len = op.key.len(), value_len = op.value_len, %err, "large value not placed");
-            discard(ctx, idle, (stream, wire), rest + trailer_rest).await?;
+            discard(ctx, limit, (stream, wire), rest + trailer_rest).await?;
             op.reply.write(out, Answer::NotPlaced(err), setx);
             return Ok(from_buffer + trailer_buffered);
         }
@@ -492,7 +616,7 @@ pub async fn receive_set(
     let mut received = 0u64;
     let mut used = 0usize;
     let mut checksum = 0u32;
-    let mut segment_error: Option<io::Error> = None;
+    let mut segment_error: Option<(TargetId, io::Error)> = None;
     let outcome: Result<(), Interrupted> = async {
         while received < op.value_len {
             let want = ((op.value_len - received) as usize).min(chunk_bytes);
@@ -505,9 +629,10 @@ pub async fn receive_set(
                     used += n;
                     filled += n;
                 } else {
-                    filled += step(ctx, idle, wire.read_into(stream, &mut chunk[filled..want]))
-                        .await
-                        .map_err(Interrupted::Connection)?;
+                    filled +=
+                        body_step(ctx, limit, wire.read_into(stream, &mut chunk[filled..want]))
+                            .await
+                            .map_err(Interrupted::Connection)?;
                 }
             }
             let chunk = &staging.bytes()[..filled];
@@ -526,7 +651,7 @@ pub async fn receive_set(
                         .await;
                     staging = back;
                     if let Err(err) = written {
-                        segment_error = Some(err);
+                        segment_error = Some((target, err));
                         break;
                     }
                 }
@@ -543,9 +668,9 @@ pub async fn receive_set(
                 used += 1;
                 filled += 1;
             } else {
-                filled += step(
+                filled += body_step(
                     ctx,
-                    idle,
+                    limit,
                     wire.read_into(stream, &mut trailer[filled..want]),
                 )
                 .await
@@ -553,7 +678,7 @@ pub async fn receive_set(
             }
         }
         match segment_error.take() {
-            Some(err) => Err(Interrupted::Segment(err)),
+            Some((target, err)) => Err(Interrupted::Segment(target, err)),
             None if want > 0 && trailer != *b"\r\n" => Err(Interrupted::BadChunk),
             None => Ok(()),
         }
@@ -564,9 +689,10 @@ pub async fn receive_set(
         ctx.call_master(ShardRequest::Free(replicas)).await;
         return match interrupted {
             Interrupted::Connection(err) => Err(err),
-            Interrupted::Segment(err) => {
-                tracing::error!(%err, value_len = op.value_len, "writing a large value to its segment failed");
-                op.reply.write(out, Answer::SegmentFailed, setx);
+            Interrupted::Segment(target, err) => {
+                let no_space = segment_write_failed(ctx, target, &err, op.value_len);
+                op.reply
+                    .write(out, Answer::SegmentFailed { no_space }, setx);
                 Ok(used)
             }
             Interrupted::BadChunk => {
@@ -603,9 +729,101 @@ pub async fn receive_set(
     Ok(used)
 }
 
+/// The CRC32C of a large value as its bytes go out (the head from RAM, the rest from its
+/// segment), held against the one computed as it was stored. Every path feeds a piece before
+/// it sends it, so the piece that completes a damaged value is never sent: the client gets a
+/// short reply and a closed connection, never the whole value.
+struct ReadCheck {
+    want: u32,
+    crc: u32,
+    /// Value bytes not fed yet.
+    left: u64,
+    /// `--verify-reads off`: nothing is computed.
+    on: bool,
+    /// The CRC32C the value went out with, when it was not `want`.
+    failed: Option<u32>,
+}
+
+impl ReadCheck {
+    fn new(ctx: &ShardCtx, hit: &LargeHit) -> ReadCheck {
+        ReadCheck {
+            want: hit.checksum,
+            crc: 0,
+            left: hit.value_len,
+            on: ctx.shared.settings.verify_reads,
+            failed: None,
+        }
+    }
+
+    /// Adds the value's next bytes; an error when they complete it with the wrong sum.
+    fn feed(&mut self, bytes: &[u8]) -> io::Result<()> {
+        if !self.on {
+            return Ok(());
+        }
+        debug_assert!(bytes.len() as u64 <= self.left, "fed past the value's end");
+        self.crc = crc32c::crc32c_append(self.crc, bytes);
+        self.left = self.left.saturating_sub(bytes.len() as u64);
+        if self.left > 0 || self.crc == self.want {
+            return Ok(());
+        }
+        self.failed = Some(self.crc);
+        Err(io::Error::new(
+            io::ErrorKind::InvalidData,
+            format!(
+                "the value read back has CRC32C {:08x}, stored as {:08x}",
+                self.crc, self.want
+            ),
+        ))
+    }
+
+    /// [`ReadCheck::feed`] for lent bytes (one run, or two where a head wraps in its slot).
+    fn feed_lent(&mut self, lent: &Lent) -> io::Result<()> {
+        let [first, second] = lent.slices();
+        self.feed(first)?;
+        self.feed(second)
+    }
+}
+
+/// A large value failed its CRC32C on the way out: it is counted, dropped (unless a newer
+/// value took its key meanwhile), and logged (one line per second per shard at most).
+fn value_damaged(ctx: &Rc<ShardCtx>, hit: &LargeHit, got: u32) {
+    ctx.counters.borrow_mut().segment_read_crc_errors += 1;
+    let (target, extent) = *hit.replicas.first().expect("a large item has a replica");
+    let (dropped, frees) = {
+        let (_, mut store) = ctx.shared.partitions.lock_key(&hit.key);
+        let dropped = store.remove_large_at(&hit.key, target, extent.offset);
+        (dropped, store.take_pending_frees())
+    };
+    ctx.free_extents(frees);
+    if let Some(held_back) = ctx.crc_log.allow(unix_now()) {
+        let segment = match storage_of(ctx, target) {
+            Ok(TargetStorage::File(file)) => file.path.display().to_string(),
+            Ok(TargetStorage::Mem(_)) => "memory".to_string(),
+            Err(_) => "unmounted".to_string(),
+        };
+        tracing::error!(
+            shard = ctx.id,
+            key = %String::from_utf8_lossy(&hit.key).escape_debug(),
+            %target,
+            segment,
+            offset = extent.offset,
+            value_len = hit.value_len,
+            stored_crc32c = format_args!("{:08x}", hit.checksum),
+            read_crc32c = format_args!("{got:08x}"),
+            dropped,
+            held_back,
+            "a large value read from segment {segment} at offset {} failed its CRC32C: the \
+             connection was closed before the value's last bytes and the item dropped (one \
+             line per second per shard at most)",
+            extent.offset
+        );
+    }
+}
+
 /// Streams a large GET's reply: header, flags and key, the head from RAM at once, then the
-/// rest of the value from the first replica, a chunk at a time. The lease ends when `held` is
-/// dropped. A segment read failing midway leaves the reply short: the connection is closed.
+/// rest of the value from the first replica, a chunk at a time, its CRC32C checked on the way
+/// (`--verify-reads`). The lease ends when `held` is dropped. A segment read failing midway, or
+/// a value failing its check (then dropped), leaves the reply short: the connection is closed.
 pub async fn send_get(
     ctx: &Rc<ShardCtx>,
     stream: &mut TcpStream,
@@ -613,8 +831,26 @@ pub async fn send_get(
     idle: Option<Duration>,
     mut held: HeldLarge,
 ) -> io::Result<()> {
+    let mut check = ReadCheck::new(ctx, &held.get.hit);
     // A pinned head goes out lent, right after the header; its pin ends with the send.
     let head_pin = held.get.head_pin.take();
+    let held = Rc::new(held);
+    let sent = send_value(ctx, (stream, wire), idle, &held, head_pin, &mut check).await;
+    if let Some(got) = check.failed {
+        value_damaged(ctx, &held.get.hit, got);
+    }
+    sent
+}
+
+/// [`send_get`]'s reply, every byte of the value fed to `check` before it is sent.
+async fn send_value(
+    ctx: &Rc<ShardCtx>,
+    (stream, wire): (&mut TcpStream, &Wire),
+    idle: Option<Duration>,
+    held: &Rc<HeldLarge>,
+    head_pin: Option<crate::arena::SendPin>,
+    check: &mut ReadCheck,
+) -> io::Result<()> {
     let head_len = held.get.hit.head.len() + head_pin.as_ref().map_or(0, |p| p.len());
     let get = &held.get;
     let hit = &get.hit;
@@ -634,6 +870,7 @@ pub async fn send_get(
             }
             let (unpin_ctx, owner) = (Rc::clone(ctx), get.owner);
             let lent = pin.lend(move |pin| super::deferred::unpin(&unpin_ctx, owner, pin));
+            check.feed_lent(&lent)?;
             step(ctx, idle, async {
                 wire.write_head_and_lent(stream, header, lent)
                     .await
@@ -642,6 +879,7 @@ pub async fn send_get(
             .await?;
         }
         None => {
+            check.feed(&hit.head)?;
             step(ctx, idle, async {
                 wire.write(stream, header).await.map(|h| h.len())
             })
@@ -650,7 +888,6 @@ pub async fn send_get(
     }
     let (target, extent) = *hit.replicas.first().expect("a large item has a replica");
     let (from, value_len) = (head_len as u64, hit.value_len);
-    let held = Rc::new(held);
     let rest = Rest {
         extent,
         from,
@@ -658,7 +895,7 @@ pub async fn send_get(
     };
     let sent = match (&ctx.io.ring, storage_of(ctx, target)?) {
         (Some(ring), TargetStorage::File(file)) => {
-            send_file_ring(ctx, stream, wire, idle, ring, &file, rest).await
+            send_file_ring(ctx, (stream, wire), idle, (ring, &file), rest, check).await
         }
         (Some(_), TargetStorage::Mem(mem)) => {
             let mut at = from;
@@ -667,7 +904,10 @@ pub async fn send_get(
                     break Ok(());
                 }
                 let len = (value_len - at).min(MEM_SEND_MAX_BYTES) as usize;
-                let lent = mem.lend(extent.offset + at, len, Box::new(Rc::clone(&held)));
+                let lent = mem.lend(extent.offset + at, len, Box::new(Rc::clone(held)));
+                if let Err(err) = check.feed_lent(&lent) {
+                    break Err(err);
+                }
                 if let Err(err) = step(ctx, idle, async {
                     wire.write_lent(stream, lent).await.map(|()| len.max(1))
                 })
@@ -678,10 +918,10 @@ pub async fn send_get(
                 at += len as u64;
             }
         }
-        (None, _) => send_copied(ctx, stream, wire, idle, target, rest).await,
+        (None, _) => send_copied(ctx, (stream, wire), idle, target, rest, check).await,
     };
     sent?;
-    let suffix = held.get.suffix;
+    let suffix = get.suffix;
     if !suffix.is_empty() {
         step(ctx, idle, async {
             wire.write(stream, suffix.to_vec()).await.map(|b| b.len())
@@ -702,7 +942,6 @@ pub async fn send_get(
         })
         .detach();
     }
-    drop(held);
     Ok(())
 }
 
@@ -726,11 +965,11 @@ const READ_AHEAD_CHUNKS: usize = 4;
 /// buffer and written.
 async fn send_copied(
     ctx: &Rc<ShardCtx>,
-    stream: &mut TcpStream,
-    wire: &Wire,
+    (stream, wire): (&mut TcpStream, &Wire),
     idle: Option<Duration>,
     target: TargetId,
     rest: Rest,
+    check: &mut ReadCheck,
 ) -> io::Result<()> {
     let chunk_bytes = ctx.shared.settings.arena.io_chunk_bytes as usize;
     let mut at = rest.from;
@@ -740,6 +979,7 @@ async fn send_copied(
         ctx.files.read(ctx, target, rest.extent, at, len, &mut chunk).await.inspect_err(|err| {
             tracing::error!(%err, "reading a large value from its segment failed; closing the connection");
         })?;
+        check.feed(&chunk)?;
         let mut back = None;
         step(ctx, idle, async {
             let sent = wire.write(stream, std::mem::take(&mut chunk)).await?;
@@ -761,12 +1001,11 @@ async fn send_copied(
 /// nothing is in flight, that chunk is read the plain way (counted as a fallback).
 async fn send_file_ring(
     ctx: &Rc<ShardCtx>,
-    stream: &mut TcpStream,
-    wire: &Wire,
+    (stream, wire): (&mut TcpStream, &Wire),
     idle: Option<Duration>,
-    ring: &Rc<crate::ring::Ring>,
-    file: &Arc<crate::segment::FileStorage>,
+    (ring, file): (&Rc<crate::ring::Ring>, &Arc<crate::segment::FileStorage>),
     rest: Rest,
+    check: &mut ReadCheck,
 ) -> io::Result<()> {
     let pool = &ctx.io.pool;
     let chunk_bytes = pool.chunk_bytes();
@@ -807,6 +1046,7 @@ async fn send_file_ring(
             ctx.files
                 .read_file(file, rest.extent.offset + next, len, &mut chunk)
                 .await?;
+            check.feed(&chunk)?;
             step(ctx, idle, async {
                 wire.write(stream, chunk).await.map(|c| c.len().max(1))
             })
@@ -830,6 +1070,7 @@ async fn send_file_ring(
                 return Err(err);
             }
         }
+        check.feed(&chunk.as_slice()[skip..skip + len])?;
         step(ctx, idle, async {
             wire.write_lent(stream, Lent::from_chunk(chunk, skip, len))
                 .await

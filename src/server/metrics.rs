@@ -578,6 +578,44 @@ pub const GENERAL: &[(&str, Export)] = &[
         )),
     ),
     (
+        "body_timeouts",
+        sample(counter(
+            "body_timeouts",
+            N,
+            "Large SETs dropped, and their connections closed, because the body brought no \
+             byte for --body-timeout.",
+        )),
+    ),
+    (
+        "segment_read_crc_errors",
+        sample(counter(
+            "segment_read_crc_errors",
+            N,
+            "Large values that failed their CRC32C as a GET streamed them out of their \
+             segment (the connection closed, the item dropped).",
+        )),
+    ),
+    (
+        "badcrc_from_extstore",
+        skip("the same count as segment_read_crc_errors, under memcached's name"),
+    ),
+    (
+        "segment_write_errors",
+        sample(counter(
+            "segment_write_errors",
+            N,
+            "Large SETs refused because writing the value to its segment failed.",
+        )),
+    ),
+    (
+        "segment_write_no_space",
+        sample(counter(
+            "segment_write_no_space_errors",
+            N,
+            "Segment write failures for lack of space on the segment's filesystem (ENOSPC).",
+        )),
+    ),
+    (
         "auth_cmds",
         sample(counter("auth_commands", N, "SASL authentication commands.")),
     ),

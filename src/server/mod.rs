@@ -96,6 +96,14 @@ pub struct ConnCounters {
     /// line (about one per read while a long line arrives).
     pub line_scan_bytes: u64,
     pub line_incomplete_reads: u64,
+    /// Large GETs whose value failed its CRC32C as it streamed out (connection closed, item
+    /// dropped).
+    pub segment_read_crc_errors: u64,
+    /// Large SET bodies that brought no byte for `--body-timeout` (dropped, connection closed).
+    pub body_timeouts: u64,
+    /// Large SETs whose segment write failed, and those of them for lack of space.
+    pub segment_write_errors: u64,
+    pub segment_write_no_space: u64,
 }
 
 impl ConnCounters {
@@ -117,6 +125,10 @@ impl ConnCounters {
         self.text_errors += o.text_errors;
         self.line_scan_bytes += o.line_scan_bytes;
         self.line_incomplete_reads += o.line_incomplete_reads;
+        self.segment_read_crc_errors += o.segment_read_crc_errors;
+        self.body_timeouts += o.body_timeouts;
+        self.segment_write_errors += o.segment_write_errors;
+        self.segment_write_no_space += o.segment_write_no_space;
     }
 }
 

@@ -181,6 +181,11 @@ pub struct ShardCtx {
     pub refusal_log: super::log_limit::LogLimiter,
     pub peer_error_log: super::log_limit::LogLimiter,
     pub idle_log: super::log_limit::LogLimiter,
+    /// Lines for large values: damaged on read, bodies that stalled, segment writes that
+    /// failed (a client can provoke each of them over and over).
+    pub crc_log: super::log_limit::LogLimiter,
+    pub body_timeout_log: super::log_limit::LogLimiter,
+    pub segment_write_log: super::log_limit::LogLimiter,
     /// This shard's client connections, by socket, for STAT `conns`.
     pub conns: RefCell<HashMap<i32, Rc<super::stats::ConnInfo>>>,
     pub stop: LocalEvent,
@@ -264,6 +269,9 @@ impl ShardCtx {
             refusal_log: Default::default(),
             peer_error_log: Default::default(),
             idle_log: Default::default(),
+            crc_log: Default::default(),
+            body_timeout_log: Default::default(),
+            segment_write_log: Default::default(),
             conns: RefCell::new(HashMap::new()),
             stop: LocalEvent::new(),
             live_connections: Cell::new(0),

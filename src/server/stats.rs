@@ -313,6 +313,24 @@ pub(crate) fn general_pairs(f: &GeneralFigures) -> Vec<(String, String)> {
             conn.line_incomplete_reads.to_string(),
         ),
         ("idle_closed", conn.idle_closed.to_string()),
+        ("body_timeouts", conn.body_timeouts.to_string()),
+        (
+            "segment_read_crc_errors",
+            conn.segment_read_crc_errors.to_string(),
+        ),
+        // memcached's name for the same count (a value from its disk tier failing its CRC).
+        (
+            "badcrc_from_extstore",
+            conn.segment_read_crc_errors.to_string(),
+        ),
+        (
+            "segment_write_errors",
+            conn.segment_write_errors.to_string(),
+        ),
+        (
+            "segment_write_no_space",
+            conn.segment_write_no_space.to_string(),
+        ),
         ("auth_cmds", conn.auth_cmds.to_string()),
         ("auth_errors", conn.auth_errors.to_string()),
         ("auth_closed", conn.auth_closed.to_string()),
@@ -345,6 +363,11 @@ fn settings(ctx: &ShardCtx) -> Vec<(String, String)> {
         ("num_threads", ctx.shards.to_string()),
         ("item_size_max", s.max_item_bytes.to_string()),
         ("idle_timeout", s.idle_timeout_seconds.to_string()),
+        ("body_timeout", s.body_timeout_seconds.to_string()),
+        (
+            "verify_reads",
+            if s.verify_reads { "on" } else { "off" }.to_string(),
+        ),
         ("spin_before_park_us", s.spin_before_park_micros.to_string()),
         (
             "receive_timestamps",

@@ -66,7 +66,8 @@ pub enum ValueAt {
 pub struct LargeValue {
     pub value_len: u64,
     pub head: Option<HeadLoc>,
-    /// CRC32C of the whole value, computed as it streamed in (checked on warm restart).
+    /// CRC32C of the whole value, computed as it streamed in (checked on warm restart, and by
+    /// every GET as the value streams out: `--verify-reads`).
     pub checksum: u32,
     pub replicas: Vec<(TargetId, Extent)>,
 }

@@ -101,9 +101,13 @@ pub struct MetaState {
 /// A hit on a large item: its value lives in segment extents; its head is copied here.
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct LargeHit {
+    /// The item's key (a reader that finds the value damaged drops the item by it).
+    pub key: Vec<u8>,
     pub flags: u32,
     pub cas: u64,
     pub value_len: u64,
+    /// CRC32C of the whole value, computed as it was stored.
+    pub checksum: u32,
     pub replicas: Vec<(TargetId, Extent)>,
     /// The head copy in RAM, when a reader asked for the value: its fixed slot and how many
     /// of the value's first bytes it holds.
@@ -489,9 +493,11 @@ impl Store {
                 }
                 let lease = lease.then(|| self.keys.lease(&large.replicas));
                 return Lookup::Large(LargeHit {
+                    key: key.to_vec(),
                     flags: meta.flags,
                     cas: meta.cas,
                     value_len: large.value_len,
+                    checksum: large.checksum,
                     replicas: large.replicas,
                     head_at,
                     head: Vec::new(),
@@ -705,6 +711,17 @@ impl Store {
     /// LRU choice; the key may have moved on meanwhile). Its extents join the pending frees
     /// (or wait for their readers).
     pub fn evict_large(&mut self, key: &[u8], target: TargetId, offset: u64) -> bool {
+        let removed = self.remove_large_at(key, target, offset);
+        if removed {
+            self.keys.stats.large_evictions += 1;
+        }
+        removed
+    }
+
+    /// Removes `key` if it is still a large item with a replica at (`target`, `offset`) (a
+    /// newer value stored meanwhile stays). Its extents join the pending frees (or wait for
+    /// their readers).
+    pub fn remove_large_at(&mut self, key: &[u8], target: TargetId, offset: u64) -> bool {
         let Some(loc) = self.keys.find(&self.arena, key) else {
             return false;
         };
@@ -714,11 +731,7 @@ impl Store {
                 .iter()
                 .any(|(t, e)| *t == target && e.offset == offset)
         });
-        if matches {
-            self.remove(key);
-            self.keys.stats.large_evictions += 1;
-        }
-        matches
+        matches && self.remove(key)
     }
 
     /// Drops every large item with a replica on `target` (its unmount); returns how many. Their
