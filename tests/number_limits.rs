@@ -55,6 +55,10 @@ fn numbers_that_do_not_fit_their_field_are_refused() {
         ("ms k 99999999999 T0 F1\r\n", BAD_FORMAT),
         // 1.6.45 answers a bad length before it looks for noreply.
         ("set k 0 0 4294967298 noreply\r\n", BAD_FORMAT),
+        (
+            "set k 0 0 -1 noreply\r\nz\r\n",
+            "CLIENT_ERROR bad command line format\r\nERROR\r\n",
+        ),
         ("add k 0 0 2147483648\r\n", BAD_FORMAT),
         ("replace k 0 0 -4294967295\r\n", BAD_FORMAT),
         ("append k 0 0 4294967297\r\n", BAD_FORMAT),

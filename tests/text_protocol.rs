@@ -503,9 +503,11 @@ fn cases() -> Vec<Case> {
             &["set @a x 0 1\r\nz\r\nset @a 0 x 1\r\nz\r\nset @a 0 0 x\r\nz\r\nset @a 0 0 1x\r\nz\r\n\
                set @a 0 0 -1\r\nz\r\nset @a 0 0\r\nz\r\nset @a 0 0 1 2 3\r\nz\r\nget @a\r\n"],
         ),
+        // A bad length under noreply is answered since 1.6.45 (its parser reads the length
+        // before noreply), not by 1.6.18: tests/number_limits.rs holds that case.
         case(
             "bad numbers noreply",
-            &["set @a x 0 1 noreply\r\nz\r\nset @a 0 0 -1 noreply\r\nz\r\nget @a\r\n"],
+            &["set @a x 0 1 noreply\r\nz\r\nget @a\r\n"],
         ),
         case(
             "data block longer than declared",
