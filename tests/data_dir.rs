@@ -662,3 +662,92 @@ fn user_reopens_its_log_file_on_sighup() {
     nix::sys::signal::kill(pid, nix::sys::signal::SIGTERM).unwrap();
     assert_eq!(child.wait().unwrap().code(), Some(0));
 }
+
+#[test]
+fn a_planted_hard_link_or_fifo_segment_is_refused_and_its_target_untouched() {
+    // A hard link: root may make one to any file, whatever fs.protected_hardlinks says (a
+    // user may too where it is 0). The server must not label or resize its target.
+    let dir = fresh_data_dir();
+    std::fs::create_dir_all(&dir).unwrap();
+    let (target, bytes) = victim("hard-linked");
+    std::fs::hard_link(&target, dir.join("segment-0")).unwrap();
+    let shown = dir.display().to_string();
+    let args = [
+        "--listen",
+        "127.0.0.1:0",
+        "--threads",
+        "1",
+        "--data-dir",
+        &shown,
+    ];
+    let (status, stderr, _) = run_to_exit(&args, Duration::from_secs(30));
+    assert_eq!(status, Some(1), "{stderr}");
+    assert!(
+        stderr.contains(&format!(
+            "{} has 2 hard links",
+            dir.join("segment-0").display()
+        )),
+        "{stderr}"
+    );
+    assert_untouched(&target, &bytes);
+    assert_eq!(
+        std::fs::metadata(&target).unwrap().len(),
+        bytes.len() as u64
+    );
+    // A FIFO named segment-0: refused at once, the start-up never waits on it.
+    std::fs::remove_file(dir.join("segment-0")).unwrap();
+    nix::unistd::mkfifo(
+        &dir.join("segment-0"),
+        nix::sys::stat::Mode::from_bits_truncate(0o600),
+    )
+    .unwrap();
+    let (status, stderr, _) = run_to_exit(&args, Duration::from_secs(30));
+    assert_eq!(
+        status,
+        Some(1),
+        "the FIFO hung the start-up or was taken: {stderr}"
+    );
+    assert!(
+        stderr.contains(&format!(
+            "{} is not a regular file or a block device",
+            dir.join("segment-0").display()
+        )),
+        "{stderr}"
+    );
+}
+
+#[test]
+fn user_never_hands_over_a_hard_linked_file_in_the_data_dir() {
+    if skip_without_root("--user") {
+        return;
+    }
+    let dir = fresh_data_dir();
+    std::fs::create_dir_all(&dir).unwrap();
+    std::fs::set_permissions(&dir, std::fs::Permissions::from_mode(0o700)).unwrap();
+    let (target, bytes) = victim("handed");
+    std::fs::hard_link(&target, dir.join("planted")).unwrap();
+    let shown = dir.display().to_string();
+    let (status, stderr, _) = run_to_exit(
+        &[
+            "--listen",
+            "127.0.0.1:0",
+            "--threads",
+            "1",
+            "--user",
+            "nobody",
+            "--data-dir",
+            &shown,
+        ],
+        Duration::from_secs(30),
+    );
+    assert_eq!(status, Some(1), "{stderr}");
+    assert!(
+        stderr.contains(&format!(
+            "{} has 2 hard links",
+            dir.join("planted").display()
+        )),
+        "{stderr}"
+    );
+    assert_untouched(&target, &bytes);
+    assert_eq!(std::fs::metadata(&target).unwrap().uid(), 0, "chowned");
+}
