@@ -751,3 +751,76 @@ fn user_never_hands_over_a_hard_linked_file_in_the_data_dir() {
     assert_untouched(&target, &bytes);
     assert_eq!(std::fs::metadata(&target).unwrap().uid(), 0, "chowned");
 }
+
+#[test]
+fn user_binds_the_admin_socket_before_the_drop_in_a_root_owned_dir() {
+    if skip_without_root("--user") {
+        return;
+    }
+    // A root-owned 0755 directory, as /run is: the user the server drops to cannot write it.
+    let run = fresh_temp_path("admin-run");
+    std::fs::create_dir_all(&run).unwrap();
+    std::fs::set_permissions(&run, std::fs::Permissions::from_mode(0o755)).unwrap();
+    let socket = run.join("headroom.sock");
+    let shown = socket.display().to_string();
+    let dir = fresh_data_dir();
+    let args = [
+        "--threads",
+        "1",
+        "--user",
+        "nobody",
+        "--admin-socket",
+        &shown,
+    ];
+    let mut server = Server::start_in(&dir, &args);
+    server.admin_socket = socket.clone();
+    let meta = std::fs::symlink_metadata(&socket).unwrap();
+    assert_eq!(meta.permissions().mode() & 0o7777, 0o600);
+    // The user's own (it may connect too); root connects whatever the mode.
+    assert_eq!((meta.uid(), meta.gid()), (65534, nobody_gid()));
+    assert!(server.admin("promote").unwrap().starts_with("promoted"));
+    // Nothing but the socket is left in its directory (the private one is gone).
+    let names: Vec<_> = std::fs::read_dir(&run)
+        .unwrap()
+        .map(|entry| entry.unwrap().file_name())
+        .collect();
+    assert_eq!(names, vec![std::ffi::OsString::from("headroom.sock")]);
+    assert_eq!(server.stop().code(), Some(0));
+
+    // A directory others may write without the sticky bit: refused before anything is mapped.
+    let open = fresh_temp_path("admin-open");
+    std::fs::create_dir_all(&open).unwrap();
+    std::fs::set_permissions(&open, std::fs::Permissions::from_mode(0o777)).unwrap();
+    let socket = open.join("headroom.sock").display().to_string();
+    let data = fresh_data_dir().display().to_string();
+    let (status, stderr, _) = run_to_exit(
+        &[
+            "--listen",
+            "127.0.0.1:0",
+            "--threads",
+            "1",
+            "--data-dir",
+            &data,
+            "--admin-socket",
+            &socket,
+        ],
+        Duration::from_secs(30),
+    );
+    assert_eq!(status, Some(1), "{stderr}");
+    assert!(
+        stderr.contains(&format!(
+            "its directory {} is mode 0777 (group- or world-writable)",
+            open.display()
+        )),
+        "{stderr}"
+    );
+    assert_eq!(std::fs::read_dir(&open).unwrap().count(), 0);
+}
+
+fn nobody_gid() -> u32 {
+    nix::unistd::User::from_name("nobody")
+        .unwrap()
+        .unwrap()
+        .gid
+        .as_raw()
+}
