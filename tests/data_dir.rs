@@ -824,3 +824,33 @@ fn nobody_gid() -> u32 {
         .gid
         .as_raw()
 }
+
+#[test]
+fn under_umask_077_user_reaches_a_data_dir_whose_parents_it_made() {
+    if skip_without_root("--user") {
+        return;
+    }
+    // Two missing levels above the data directory, made by root under root's usual umask:
+    // they must be 0755 whatever the umask, or nobody cannot reach its own directory.
+    let top = fresh_temp_path("parents-077");
+    let dir = top.join("var").join("data");
+    let args = ["--threads", "1", "--user", "nobody"];
+    let umask_077: &[&str] = &["sh", "-c", "umask 077; exec \"$0\" \"$@\""];
+    let server = Server::start_command(umask_077, &dir, &args);
+    assert_eq!(mode_of(&top), 0o755, "{}", top.display());
+    assert_eq!(mode_of(&top.join("var")), 0o755);
+    assert_eq!(mode_of(&dir), 0o700);
+    // After the drop, a runtime mount reaches the data directory by its path.
+    assert_eq!(
+        server.admin(&format!(
+            "mount file:{},size=4M",
+            dir.join("runtime-0").display()
+        )),
+        Ok("mounted t1".to_string())
+    );
+    assert_eq!(
+        std::fs::metadata(dir.join("runtime-0")).unwrap().uid(),
+        65534
+    );
+    assert_eq!(server.stop().code(), Some(0));
+}
