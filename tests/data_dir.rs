@@ -44,7 +44,12 @@ fn skip_without_root(what: &str) -> bool {
 /// Runs the binary with exactly `args` (no `--allow-root` added), killed after 30 s: its exit
 /// status (None when it had to be killed) and stderr.
 fn run_bare(args: &[&str]) -> (Option<i32>, String) {
-    let mut child = Command::new(env!("CARGO_BIN_EXE_headroom"))
+    run_program(env!("CARGO_BIN_EXE_headroom"), args)
+}
+
+/// As [`run_bare`], for `program` (a wrapper such as `setpriv`) with `args`.
+fn run_program(program: &str, args: &[&str]) -> (Option<i32>, String) {
+    let mut child = Command::new(program)
         .args(args)
         .stdin(Stdio::null())
         .stdout(Stdio::null())
@@ -853,4 +858,34 @@ fn under_umask_077_user_reaches_a_data_dir_whose_parents_it_made() {
         65534
     );
     assert_eq!(server.stop().code(), Some(0));
+}
+
+#[test]
+fn a_drop_that_the_kernel_refuses_exits_1() {
+    if skip_without_root("--user") {
+        return;
+    }
+    // Root without CAP_SETGID (a confined container): setgroups fails with EPERM. That is
+    // the machine's doing, not the configuration's: exit 1, not 2.
+    let dir = fresh_data_dir().display().to_string();
+    let (status, stderr) = run_program(
+        "setpriv",
+        &[
+            "--bounding-set=-setgid",
+            env!("CARGO_BIN_EXE_headroom"),
+            "--listen",
+            "127.0.0.1:0",
+            "--threads",
+            "1",
+            "--user",
+            "nobody",
+            "--data-dir",
+            &dir,
+        ],
+    );
+    assert_eq!(status, Some(1), "{stderr}");
+    assert!(
+        stderr.contains("--user nobody: setgroups: EPERM"),
+        "{stderr}"
+    );
 }

@@ -213,6 +213,9 @@ pub enum ServerError {
     DataDir(String),
     /// `--user`/`--allow-root`: who may run it (an invalid configuration, exit 2).
     User(String),
+    /// Dropping to `--user` failed (setgroups, setgid or setuid refused; the log file could
+    /// not be handed over): a runtime failure, exit 1.
+    Drop(String),
     Bind(listen::BindError),
     Admin(String),
     Credentials(String),
@@ -230,6 +233,7 @@ impl std::fmt::Display for ServerError {
         match self {
             ServerError::DataDir(reason)
             | ServerError::User(reason)
+            | ServerError::Drop(reason)
             | ServerError::Admin(reason)
             | ServerError::Credentials(reason)
             | ServerError::Metrics(reason) => write!(f, "{reason}"),
@@ -368,7 +372,7 @@ pub fn start(settings: Settings, topology: &Topology) -> Result<Running, ServerE
                 user.name
             ))
         })?;
-        user::drop_to(user, settings.log_file.as_deref()).map_err(ServerError::User)?;
+        user::drop_to(user, settings.log_file.as_deref()).map_err(ServerError::Drop)?;
     }
     let shared = Arc::new(Shared {
         partitions,
