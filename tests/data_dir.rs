@@ -889,3 +889,31 @@ fn a_drop_that_the_kernel_refuses_exits_1() {
         "{stderr}"
     );
 }
+
+#[test]
+fn a_segment_in_the_data_dir_spelt_another_way_is_never_reached_through_a_link() {
+    // `DATA/sub/../segment-0` is in the data directory: it is recognised by its inode, so the
+    // link planted there is refused, not followed as a path the operator named elsewhere.
+    let dir = fresh_data_dir();
+    std::fs::create_dir_all(dir.join("sub")).unwrap();
+    let (target, bytes) = victim("spelt");
+    std::os::unix::fs::symlink(&target, dir.join("segment-0")).unwrap();
+    let spelt = dir.join("sub").join("..").join("segment-0");
+    let segment = format!("file:{},size=4M", spelt.display());
+    let (status, stderr, _) = run_to_exit(
+        &[
+            "--listen",
+            "127.0.0.1:0",
+            "--threads",
+            "1",
+            "--data-dir",
+            &dir.display().to_string(),
+            "--segment",
+            &segment,
+        ],
+        Duration::from_secs(30),
+    );
+    assert_eq!(status, Some(1), "{stderr}");
+    assert!(stderr.contains("is a symbolic link"), "{stderr}");
+    assert_untouched(&target, &bytes);
+}
