@@ -112,7 +112,19 @@ fn open_at<Fd: AsFd>(
     create: bool,
     shown: &Path,
 ) -> io::Result<(File, bool)> {
-    let mut base = OFlag::O_RDWR | OFlag::O_CLOEXEC | OFlag::O_NONBLOCK;
+    open_at_as(at, name, follow, create, shown, OFlag::O_RDWR)
+}
+
+/// [`open_at`] with the access mode `access` (`O_RDWR`, or `O_RDONLY` for a file only read).
+fn open_at_as<Fd: AsFd>(
+    at: Fd,
+    name: &Path,
+    follow: bool,
+    create: bool,
+    shown: &Path,
+    access: OFlag,
+) -> io::Result<(File, bool)> {
+    let mut base = access | OFlag::O_CLOEXEC | OFlag::O_NONBLOCK;
     if !follow {
         base |= OFlag::O_NOFOLLOW;
     }
@@ -239,16 +251,23 @@ impl Dir {
     /// [`Dir::open_file`] for a regular file only: a block device is refused too.
     pub fn open_regular_file(&self, name: &OsStr, create: bool) -> io::Result<(File, bool)> {
         let (file, created) = self.open_file(name, create)?;
-        if !file.metadata()?.file_type().is_file() {
-            return Err(io::Error::new(
-                io::ErrorKind::InvalidInput,
-                format!(
-                    "{} is not a regular file; it is left alone",
-                    self.path.join(name).display()
-                ),
-            ));
-        }
-        Ok((file, created))
+        Ok((regular_only(file, &self.path.join(name))?, created))
+    }
+
+    /// Opens the regular file `name` read-only, never through a link (a snapshot part that is
+    /// only read). Refused as [`Dir::open_regular_file`] refuses.
+    pub fn open_regular_file_to_read(&self, name: &OsStr) -> io::Result<File> {
+        let name = plain_name(name)?;
+        let shown = self.path.join(name);
+        let (file, _) = open_at_as(
+            &self.fd,
+            Path::new(name),
+            false,
+            false,
+            &shown,
+            OFlag::O_RDONLY,
+        )?;
+        regular_only(file, &shown)
     }
 
     /// Opens `name` read-write without following a link; with `create`, makes it (mode 0600)
@@ -415,6 +434,20 @@ impl Dir {
         }
         Ok(())
     }
+}
+
+/// `file` when it is a regular file (not a block device); refused otherwise.
+fn regular_only(file: File, shown: &Path) -> io::Result<File> {
+    if !file.metadata()?.file_type().is_file() {
+        return Err(io::Error::new(
+            io::ErrorKind::InvalidInput,
+            format!(
+                "{} is not a regular file; it is left alone",
+                shown.display()
+            ),
+        ));
+    }
+    Ok(file)
 }
 
 fn refuse_link(shown: &str) -> io::Error {

@@ -87,6 +87,23 @@ fn victim(name: &str) -> (PathBuf, Vec<u8>) {
     (path, bytes)
 }
 
+/// ADMIN `mount`s a new 4 MiB file segment at `path` as the server's first runtime target and
+/// checks the file is `uid`'s.
+fn assert_mounts_as(server: &Server, path: &Path, uid: u32) {
+    assert_eq!(
+        server.admin(&format!("mount file:{},size=4M", path.display())),
+        Ok("mounted t1".to_string())
+    );
+    assert_eq!(std::fs::metadata(path).unwrap().uid(), uid);
+}
+
+/// Runs the binary with `args` and checks it stops with exit 1, saying `said`.
+fn assert_refused(args: &[&str], said: &str) {
+    let (status, stderr, _) = run_to_exit(args, Duration::from_secs(30));
+    assert_eq!(status, Some(1), "{stderr}");
+    assert!(stderr.contains(said), "{said:?} not in: {stderr}");
+}
+
 fn assert_untouched(path: &Path, bytes: &[u8]) {
     assert_eq!(
         std::fs::read(path).unwrap(),
@@ -569,14 +586,7 @@ fn user_drops_every_thread_to_that_user_and_it_serves() {
     }
     assert_eq!(mode_of(&dir), 0o700);
     // ADMIN after the drop: a file made at runtime is nobody's.
-    assert_eq!(
-        server.admin(&format!(
-            "mount file:{},size=4M",
-            dir.join("runtime-0").display()
-        )),
-        Ok("mounted t1".to_string())
-    );
-    assert_eq!(std::fs::metadata(dir.join("runtime-0")).unwrap().uid(), uid);
+    assert_mounts_as(&server, &dir.join("runtime-0"), uid);
     // And the root run's segment file, handed over, mounts again.
     assert_eq!(
         server.admin(&format!("mount file:{},size=4M", earlier.display())),
@@ -685,15 +695,8 @@ fn a_planted_hard_link_or_fifo_segment_is_refused_and_its_target_untouched() {
         "--data-dir",
         &shown,
     ];
-    let (status, stderr, _) = run_to_exit(&args, Duration::from_secs(30));
-    assert_eq!(status, Some(1), "{stderr}");
-    assert!(
-        stderr.contains(&format!(
-            "{} has 2 hard links",
-            dir.join("segment-0").display()
-        )),
-        "{stderr}"
-    );
+    let said = format!("{} has 2 hard links", dir.join("segment-0").display());
+    assert_refused(&args, &said);
     assert_untouched(&target, &bytes);
     assert_eq!(
         std::fs::metadata(&target).unwrap().len(),
@@ -732,27 +735,16 @@ fn user_never_hands_over_a_hard_linked_file_in_the_data_dir() {
     let (target, bytes) = victim("handed");
     std::fs::hard_link(&target, dir.join("planted")).unwrap();
     let shown = dir.display().to_string();
-    let (status, stderr, _) = run_to_exit(
-        &[
-            "--listen",
-            "127.0.0.1:0",
-            "--threads",
-            "1",
-            "--user",
-            "nobody",
-            "--data-dir",
-            &shown,
-        ],
-        Duration::from_secs(30),
-    );
-    assert_eq!(status, Some(1), "{stderr}");
-    assert!(
-        stderr.contains(&format!(
-            "{} has 2 hard links",
-            dir.join("planted").display()
-        )),
-        "{stderr}"
-    );
+    let said = format!("{} has 2 hard links", dir.join("planted").display());
+    let args = [
+        "--listen",
+        "127.0.0.1:0",
+        "--user",
+        "nobody",
+        "--data-dir",
+        &shown,
+    ];
+    assert_refused(&args, &said);
     assert_untouched(&target, &bytes);
     assert_eq!(std::fs::metadata(&target).unwrap().uid(), 0, "chowned");
 }
@@ -798,27 +790,19 @@ fn user_binds_the_admin_socket_before_the_drop_in_a_root_owned_dir() {
     std::fs::set_permissions(&open, std::fs::Permissions::from_mode(0o777)).unwrap();
     let socket = open.join("headroom.sock").display().to_string();
     let data = fresh_data_dir().display().to_string();
-    let (status, stderr, _) = run_to_exit(
-        &[
-            "--listen",
-            "127.0.0.1:0",
-            "--threads",
-            "1",
-            "--data-dir",
-            &data,
-            "--admin-socket",
-            &socket,
-        ],
-        Duration::from_secs(30),
+    let said = format!(
+        "its directory {} is mode 0777 (group- or world-writable)",
+        open.display()
     );
-    assert_eq!(status, Some(1), "{stderr}");
-    assert!(
-        stderr.contains(&format!(
-            "its directory {} is mode 0777 (group- or world-writable)",
-            open.display()
-        )),
-        "{stderr}"
-    );
+    let args = [
+        "--listen",
+        "127.0.0.1:0",
+        "--data-dir",
+        &data,
+        "--admin-socket",
+        &socket,
+    ];
+    assert_refused(&args, &said);
     assert_eq!(std::fs::read_dir(&open).unwrap().count(), 0);
 }
 
@@ -846,17 +830,7 @@ fn under_umask_077_user_reaches_a_data_dir_whose_parents_it_made() {
     assert_eq!(mode_of(&top.join("var")), 0o755);
     assert_eq!(mode_of(&dir), 0o700);
     // After the drop, a runtime mount reaches the data directory by its path.
-    assert_eq!(
-        server.admin(&format!(
-            "mount file:{},size=4M",
-            dir.join("runtime-0").display()
-        )),
-        Ok("mounted t1".to_string())
-    );
-    assert_eq!(
-        std::fs::metadata(dir.join("runtime-0")).unwrap().uid(),
-        65534
-    );
+    assert_mounts_as(&server, &dir.join("runtime-0"), 65534);
     assert_eq!(server.stop().code(), Some(0));
 }
 
@@ -900,20 +874,16 @@ fn a_segment_in_the_data_dir_spelt_another_way_is_never_reached_through_a_link()
     std::os::unix::fs::symlink(&target, dir.join("segment-0")).unwrap();
     let spelt = dir.join("sub").join("..").join("segment-0");
     let segment = format!("file:{},size=4M", spelt.display());
-    let (status, stderr, _) = run_to_exit(
-        &[
-            "--listen",
-            "127.0.0.1:0",
-            "--threads",
-            "1",
-            "--data-dir",
-            &dir.display().to_string(),
-            "--segment",
-            &segment,
-        ],
-        Duration::from_secs(30),
-    );
-    assert_eq!(status, Some(1), "{stderr}");
-    assert!(stderr.contains("is a symbolic link"), "{stderr}");
+    let shown = dir.display().to_string();
+    let said = format!("{} is a symbolic link", dir.join("segment-0").display());
+    let args = [
+        "--listen",
+        "127.0.0.1:0",
+        "--data-dir",
+        &shown,
+        "--segment",
+        &segment,
+    ];
+    assert_refused(&args, &said);
     assert_untouched(&target, &bytes);
 }
