@@ -123,12 +123,34 @@ const ADMIN_LINE_MAX_BYTES: usize = 4096;
 /// The admin socket's file mode: its owner only (the operator widens it on purpose).
 const ADMIN_SOCKET_MODE: u32 = 0o600;
 
+/// The admin socket's directory, opened, and the socket's name in it. A directory other users
+/// may write without the sticky bit is refused: they could move our names around.
+fn socket_dir(path: &Path) -> Result<(crate::dir::Dir, &std::ffi::OsStr), String> {
+    let fail = |why: String| format!("--admin-socket {}: {why}", path.display());
+    let (parent, name) = crate::dir::split(path).map_err(|err| fail(err.to_string()))?;
+    let dir = crate::dir::Dir::open(parent, false)
+        .map_err(|err| fail(format!("cannot open its directory: {err}")))?;
+    let stat = dir.stat().map_err(|err| fail(err.to_string()))?;
+    crate::dir::refuse_writable_by_others(
+        stat.st_mode,
+        true,
+        &format!(
+            "--admin-socket {}: its directory {}",
+            path.display(),
+            parent.display()
+        ),
+        "use a directory only its owner can write, or one with the sticky bit",
+    )?;
+    Ok((dir, name))
+}
+
 /// Checks that `path` can become the admin socket before anything is mapped: a stale socket
 /// left by a crashed server is removed; a live one (another server) or any other file is
 /// refused, never deleted.
 pub fn prepare_socket(path: &Path) -> Result<(), String> {
     use std::os::unix::fs::FileTypeExt;
     let fail = |why: String| format!("--admin-socket {}: {why}", path.display());
+    socket_dir(path)?;
     match std::fs::symlink_metadata(path) {
         Err(err) if err.kind() == std::io::ErrorKind::NotFound => {}
         Err(err) => return Err(fail(err.to_string())),
@@ -148,10 +170,7 @@ pub fn prepare_socket(path: &Path) -> Result<(), String> {
                 .map_err(|err| fail(format!("a stale socket that cannot be removed: {err}")))?,
         },
     }
-    match path.parent().filter(|p| !p.as_os_str().is_empty()) {
-        Some(dir) if !dir.is_dir() => Err(fail(format!("{} is not a directory", dir.display()))),
-        _ => Ok(()),
-    }
+    Ok(())
 }
 
 /// Whether the process that listens on the socket `stream` reached is alive (SO_PEERCRED
@@ -177,20 +196,8 @@ pub fn bind_socket(
     use nix::fcntl::{renameat2, OFlag, RenameFlags};
     use nix::sys::stat::Mode;
     let fail = |why: String| format!("--admin-socket {}: {why}", path.display());
-    let (parent, name) = crate::dir::split(path).map_err(|err| fail(err.to_string()))?;
-    let dir = crate::dir::Dir::open(parent, false)
-        .map_err(|err| fail(format!("cannot open its directory: {err}")))?;
-    let stat = dir.stat().map_err(|err| fail(err.to_string()))?;
-    crate::dir::refuse_writable_by_others(
-        stat.st_mode,
-        true,
-        &format!(
-            "--admin-socket {}: its directory {}",
-            path.display(),
-            parent.display()
-        ),
-        "use a directory only its owner can write, or one with the sticky bit",
-    )?;
+    let (dir, name) = socket_dir(path)?;
+    let parent = dir.path();
     // An unpredictable name, made exclusively: nobody can take it first to block the start.
     let (private_name, private) = (0..16)
         .find_map(|_| {
