@@ -39,6 +39,31 @@ fn open_append(path: &Path) -> io::Result<File> {
         .open(path)
 }
 
+/// The log file `init` opened, for [`hand_file_to`].
+static OPENED_FILE: std::sync::OnceLock<Arc<Mutex<File>>> = std::sync::OnceLock::new();
+
+/// Hands the open log file to `uid:gid` through its descriptor (never by path, where a name
+/// swapped in meanwhile would be chowned instead), so the user the server drops to can reopen
+/// it on SIGHUP. Only a regular file with one link is handed over. No file: nothing to do.
+pub fn hand_file_to(uid: nix::unistd::Uid, gid: nix::unistd::Gid) -> io::Result<()> {
+    use std::os::unix::fs::MetadataExt;
+    let Some(file) = OPENED_FILE.get() else {
+        return Ok(());
+    };
+    let file = file.lock().unwrap_or_else(|e| e.into_inner());
+    let meta = file.metadata()?;
+    if !meta.file_type().is_file() || meta.nlink() > 1 {
+        return Err(io::Error::new(
+            io::ErrorKind::InvalidInput,
+            format!(
+                "it is not a regular file with one name ({} links); it is left alone",
+                meta.nlink()
+            ),
+        ));
+    }
+    nix::unistd::fchown(&*file, Some(uid), Some(gid)).map_err(io::Error::from)
+}
+
 /// Installs the process's log: `filter` is a level or tracing directive; lines go to `file`
 /// when given (appended), else stderr, in `format`.
 pub fn init(filter: &str, file: Option<&Path>, format: LogFormat) -> Result<Log, String> {
@@ -46,12 +71,17 @@ pub fn init(filter: &str, file: Option<&Path>, format: LogFormat) -> Result<Log,
         .map_err(|err| format!("--log-level {filter}: not a log filter ({err})"))?;
     let sink = match file {
         None => Sink::Stderr,
-        Some(path) => Sink::File {
-            path: path.to_path_buf(),
-            file: Arc::new(Mutex::new(
-                open_append(path).map_err(|err| format!("--log-file {}: {err}", path.display()))?,
-            )),
-        },
+        Some(path) => {
+            let file =
+                Arc::new(Mutex::new(open_append(path).map_err(|err| {
+                    format!("--log-file {}: {err}", path.display())
+                })?));
+            let _ = OPENED_FILE.set(Arc::clone(&file));
+            Sink::File {
+                path: path.to_path_buf(),
+                file,
+            }
+        }
     };
     let ansi = matches!(sink, Sink::Stderr) && std::io::IsTerminal::is_terminal(&std::io::stderr());
     let builder = tracing_subscriber::fmt()

@@ -27,6 +27,11 @@ fn every_invalid_combination_has_its_own_error_and_exit_2() {
     let table: &[(&str, &[&str], &str)] = &[
         (
             ONE,
+            &["--segment", "file:/tmp/headroom-never-made,size=1048577T"],
+            "--segment file:/tmp/headroom-never-made,size=1048577 TiB: the size must be a nonzero whole multiple of 4 KiB (and, for memory, of 4 KiB per node) of at most 1 EiB",
+        ),
+        (
+            ONE,
             &["--block", "3M"],
             "--block 3 MiB must be a power of two",
         ),

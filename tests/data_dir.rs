@@ -44,7 +44,12 @@ fn skip_without_root(what: &str) -> bool {
 /// Runs the binary with exactly `args` (no `--allow-root` added), killed after 30 s: its exit
 /// status (None when it had to be killed) and stderr.
 fn run_bare(args: &[&str]) -> (Option<i32>, String) {
-    let mut child = Command::new(env!("CARGO_BIN_EXE_headroom"))
+    run_program(env!("CARGO_BIN_EXE_headroom"), args)
+}
+
+/// As [`run_bare`], for `program` (a wrapper such as `setpriv`) with `args`.
+fn run_program(program: &str, args: &[&str]) -> (Option<i32>, String) {
+    let mut child = Command::new(program)
         .args(args)
         .stdin(Stdio::null())
         .stdout(Stdio::null())
@@ -80,6 +85,23 @@ fn victim(name: &str) -> (PathBuf, Vec<u8>) {
     let bytes = format!("{name}: not Headroom's to write\n").into_bytes();
     std::fs::write(&path, &bytes).unwrap();
     (path, bytes)
+}
+
+/// ADMIN `mount`s a new 4 MiB file segment at `path` as the server's first runtime target and
+/// checks the file is `uid`'s.
+fn assert_mounts_as(server: &Server, path: &Path, uid: u32) {
+    assert_eq!(
+        server.admin(&format!("mount file:{},size=4M", path.display())),
+        Ok("mounted t1".to_string())
+    );
+    assert_eq!(std::fs::metadata(path).unwrap().uid(), uid);
+}
+
+/// Runs the binary with `args` and checks it stops with exit 1, saying `said`.
+fn assert_refused(args: &[&str], said: &str) {
+    let (status, stderr, _) = run_to_exit(args, Duration::from_secs(30));
+    assert_eq!(status, Some(1), "{stderr}");
+    assert!(stderr.contains(said), "{said:?} not in: {stderr}");
 }
 
 fn assert_untouched(path: &Path, bytes: &[u8]) {
@@ -564,14 +586,7 @@ fn user_drops_every_thread_to_that_user_and_it_serves() {
     }
     assert_eq!(mode_of(&dir), 0o700);
     // ADMIN after the drop: a file made at runtime is nobody's.
-    assert_eq!(
-        server.admin(&format!(
-            "mount file:{},size=4M",
-            dir.join("runtime-0").display()
-        )),
-        Ok("mounted t1".to_string())
-    );
-    assert_eq!(std::fs::metadata(dir.join("runtime-0")).unwrap().uid(), uid);
+    assert_mounts_as(&server, &dir.join("runtime-0"), uid);
     // And the root run's segment file, handed over, mounts again.
     assert_eq!(
         server.admin(&format!("mount file:{},size=4M", earlier.display())),
@@ -661,4 +676,214 @@ fn user_reopens_its_log_file_on_sighup() {
     wait_for("SIGHUP: log file reopened");
     nix::sys::signal::kill(pid, nix::sys::signal::SIGTERM).unwrap();
     assert_eq!(child.wait().unwrap().code(), Some(0));
+}
+
+#[test]
+fn a_planted_hard_link_or_fifo_segment_is_refused_and_its_target_untouched() {
+    // A hard link: root may make one to any file, whatever fs.protected_hardlinks says (a
+    // user may too where it is 0). The server must not label or resize its target.
+    let dir = fresh_data_dir();
+    std::fs::create_dir_all(&dir).unwrap();
+    let (target, bytes) = victim("hard-linked");
+    std::fs::hard_link(&target, dir.join("segment-0")).unwrap();
+    let shown = dir.display().to_string();
+    let args = [
+        "--listen",
+        "127.0.0.1:0",
+        "--threads",
+        "1",
+        "--data-dir",
+        &shown,
+    ];
+    let said = format!("{} has 2 hard links", dir.join("segment-0").display());
+    assert_refused(&args, &said);
+    assert_untouched(&target, &bytes);
+    assert_eq!(
+        std::fs::metadata(&target).unwrap().len(),
+        bytes.len() as u64
+    );
+    // A FIFO named segment-0: refused at once, the start-up never waits on it.
+    std::fs::remove_file(dir.join("segment-0")).unwrap();
+    nix::unistd::mkfifo(
+        &dir.join("segment-0"),
+        nix::sys::stat::Mode::from_bits_truncate(0o600),
+    )
+    .unwrap();
+    let (status, stderr, _) = run_to_exit(&args, Duration::from_secs(30));
+    assert_eq!(
+        status,
+        Some(1),
+        "the FIFO hung the start-up or was taken: {stderr}"
+    );
+    assert!(
+        stderr.contains(&format!(
+            "{} is not a regular file or a block device",
+            dir.join("segment-0").display()
+        )),
+        "{stderr}"
+    );
+}
+
+#[test]
+fn user_never_hands_over_a_hard_linked_file_in_the_data_dir() {
+    if skip_without_root("--user") {
+        return;
+    }
+    let dir = fresh_data_dir();
+    std::fs::create_dir_all(&dir).unwrap();
+    std::fs::set_permissions(&dir, std::fs::Permissions::from_mode(0o700)).unwrap();
+    let (target, bytes) = victim("handed");
+    std::fs::hard_link(&target, dir.join("planted")).unwrap();
+    let shown = dir.display().to_string();
+    let said = format!("{} has 2 hard links", dir.join("planted").display());
+    let args = [
+        "--listen",
+        "127.0.0.1:0",
+        "--user",
+        "nobody",
+        "--data-dir",
+        &shown,
+    ];
+    assert_refused(&args, &said);
+    assert_untouched(&target, &bytes);
+    assert_eq!(std::fs::metadata(&target).unwrap().uid(), 0, "chowned");
+}
+
+#[test]
+fn user_binds_the_admin_socket_before_the_drop_in_a_root_owned_dir() {
+    if skip_without_root("--user") {
+        return;
+    }
+    // A root-owned 0755 directory, as /run is: the user the server drops to cannot write it.
+    let run = fresh_temp_path("admin-run");
+    std::fs::create_dir_all(&run).unwrap();
+    std::fs::set_permissions(&run, std::fs::Permissions::from_mode(0o755)).unwrap();
+    let socket = run.join("headroom.sock");
+    let shown = socket.display().to_string();
+    let dir = fresh_data_dir();
+    let args = [
+        "--threads",
+        "1",
+        "--user",
+        "nobody",
+        "--admin-socket",
+        &shown,
+    ];
+    let mut server = Server::start_in(&dir, &args);
+    server.admin_socket = socket.clone();
+    let meta = std::fs::symlink_metadata(&socket).unwrap();
+    assert_eq!(meta.permissions().mode() & 0o7777, 0o600);
+    // The user's own (it may connect too); root connects whatever the mode.
+    assert_eq!((meta.uid(), meta.gid()), (65534, nobody_gid()));
+    assert!(server.admin("promote").unwrap().starts_with("promoted"));
+    // Nothing but the socket is left in its directory (the private one is gone).
+    let names: Vec<_> = std::fs::read_dir(&run)
+        .unwrap()
+        .map(|entry| entry.unwrap().file_name())
+        .collect();
+    assert_eq!(names, vec![std::ffi::OsString::from("headroom.sock")]);
+    assert_eq!(server.stop().code(), Some(0));
+
+    // A directory others may write without the sticky bit: refused before anything is mapped.
+    let open = fresh_temp_path("admin-open");
+    std::fs::create_dir_all(&open).unwrap();
+    std::fs::set_permissions(&open, std::fs::Permissions::from_mode(0o777)).unwrap();
+    let socket = open.join("headroom.sock").display().to_string();
+    let data = fresh_data_dir().display().to_string();
+    let said = format!(
+        "its directory {} is mode 0777 (group- or world-writable)",
+        open.display()
+    );
+    let args = [
+        "--listen",
+        "127.0.0.1:0",
+        "--data-dir",
+        &data,
+        "--admin-socket",
+        &socket,
+    ];
+    assert_refused(&args, &said);
+    assert_eq!(std::fs::read_dir(&open).unwrap().count(), 0);
+}
+
+fn nobody_gid() -> u32 {
+    nix::unistd::User::from_name("nobody")
+        .unwrap()
+        .unwrap()
+        .gid
+        .as_raw()
+}
+
+#[test]
+fn under_umask_077_user_reaches_a_data_dir_whose_parents_it_made() {
+    if skip_without_root("--user") {
+        return;
+    }
+    // Two missing levels above the data directory, made by root under root's usual umask:
+    // they must be 0755 whatever the umask, or nobody cannot reach its own directory.
+    let top = fresh_temp_path("parents-077");
+    let dir = top.join("var").join("data");
+    let args = ["--threads", "1", "--user", "nobody"];
+    let umask_077: &[&str] = &["sh", "-c", "umask 077; exec \"$0\" \"$@\""];
+    let server = Server::start_command(umask_077, &dir, &args);
+    assert_eq!(mode_of(&top), 0o755, "{}", top.display());
+    assert_eq!(mode_of(&top.join("var")), 0o755);
+    assert_eq!(mode_of(&dir), 0o700);
+    // After the drop, a runtime mount reaches the data directory by its path.
+    assert_mounts_as(&server, &dir.join("runtime-0"), 65534);
+    assert_eq!(server.stop().code(), Some(0));
+}
+
+#[test]
+fn a_drop_that_the_kernel_refuses_exits_1() {
+    if skip_without_root("--user") {
+        return;
+    }
+    // Root without CAP_SETGID (a confined container): setgroups fails with EPERM. That is
+    // the machine's doing, not the configuration's: exit 1, not 2.
+    let dir = fresh_data_dir().display().to_string();
+    let (status, stderr) = run_program(
+        "setpriv",
+        &[
+            "--bounding-set=-setgid",
+            env!("CARGO_BIN_EXE_headroom"),
+            "--listen",
+            "127.0.0.1:0",
+            "--threads",
+            "1",
+            "--user",
+            "nobody",
+            "--data-dir",
+            &dir,
+        ],
+    );
+    assert_eq!(status, Some(1), "{stderr}");
+    assert!(
+        stderr.contains("--user nobody: setgroups: EPERM"),
+        "{stderr}"
+    );
+}
+
+#[test]
+fn a_segment_in_the_data_dir_spelt_another_way_is_never_reached_through_a_link() {
+    // `DATA/sub/../segment-0` is in the data directory: it is recognised by its inode, so the
+    // link planted there is refused, not followed as a path the operator named elsewhere.
+    let dir = fresh_data_dir();
+    std::fs::create_dir_all(dir.join("sub")).unwrap();
+    let (target, bytes) = victim("spelt");
+    std::os::unix::fs::symlink(&target, dir.join("segment-0")).unwrap();
+    let spelt = dir.join("sub").join("..").join("segment-0");
+    let segment = format!("file:{},size=4M", spelt.display());
+    let shown = dir.display().to_string();
+    let said = format!("{} is a symbolic link", dir.join("segment-0").display());
+    let args = [
+        "--listen",
+        "127.0.0.1:0",
+        "--data-dir",
+        &shown,
+        "--segment",
+        &segment,
+    ];
+    assert_refused(&args, &said);
+    assert_untouched(&target, &bytes);
 }

@@ -3,7 +3,7 @@
 
 use std::fs::{self, OpenOptions};
 use std::io;
-use std::os::unix::fs::{FileTypeExt, MetadataExt, OpenOptionsExt, PermissionsExt};
+use std::os::unix::fs::{FileTypeExt, MetadataExt, OpenOptionsExt};
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
 
@@ -175,18 +175,6 @@ fn refuse(path: &Path, why: impl std::fmt::Display) -> io::Error {
     )
 }
 
-/// `path`'s directory and file name.
-fn split(path: &Path) -> io::Result<(&Path, &std::ffi::OsStr)> {
-    let name = path
-        .file_name()
-        .ok_or_else(|| refuse(path, "names no file"))?;
-    let parent = path
-        .parent()
-        .filter(|p| !p.as_os_str().is_empty())
-        .unwrap_or(Path::new("."));
-    Ok((parent, name))
-}
-
 /// Opens `path`'s directory and checks that it is inside one of `dirs` (the open directory's
 /// own resolved path is compared, so `..` and symlinked directories cannot lead out, and
 /// nothing can be swapped in after the check).
@@ -197,7 +185,7 @@ fn open_inside_allowed_dirs(path: &Path, dirs: &[PathBuf]) -> io::Result<Dir> {
             .collect::<Vec<_>>()
             .join(", ")
     };
-    let (parent, _) = split(path)?;
+    let (parent, _) = crate::dir::split(path)?;
     let dir = Dir::open(parent, false)
         .and_then(|dir| Ok((dir.resolved_path()?, dir)))
         .map_err(|err| {
@@ -240,27 +228,7 @@ impl Opener<'_> {
     fn open(&self) -> io::Result<(fs::File, bool)> {
         match self {
             Opener::In(dir, name) => dir.open_file(name, true),
-            Opener::Path(path) => {
-                let open = |create_new: bool| {
-                    OpenOptions::new()
-                        .read(true)
-                        .write(true)
-                        .create_new(create_new)
-                        .mode(crate::dir::FILE_MODE)
-                        .open(path)
-                };
-                match open(true) {
-                    Ok(file) => {
-                        // The umask may have taken bits away; the mode is ours to say.
-                        file.set_permissions(fs::Permissions::from_mode(crate::dir::FILE_MODE))?;
-                        Ok((file, true))
-                    }
-                    Err(err) if err.kind() == io::ErrorKind::AlreadyExists => {
-                        Ok((open(false)?, false))
-                    }
-                    Err(err) => Err(err),
-                }
-            }
+            Opener::Path(path) => crate::dir::open_path(path, true),
         }
     }
 
@@ -296,31 +264,31 @@ impl FileStorage {
     /// the mount fails.
     pub fn prepare(path: &Path, size: u64, origin: &MountOrigin) -> io::Result<FileStorage> {
         let runtime = matches!(origin, MountOrigin::Runtime { .. });
-        let (parent, name) = split(path)?;
+        let (parent, name) = crate::dir::split(path)?;
         let held_dir;
         let opener = match origin {
             MountOrigin::Runtime { allowed_dirs } => {
                 held_dir = open_inside_allowed_dirs(path, allowed_dirs)?;
                 // Where others may write, they could have left a labelled file of their own.
-                let mode = held_dir.stat()?.st_mode & 0o7777;
-                if mode & 0o022 != 0 {
-                    return Err(refuse(
-                        path,
-                        format!(
-                            "its directory {} is mode {mode:04o} (group- or world-writable); a runtime mount takes files only where no other user can put one",
-                            parent.display()
-                        ),
-                    ));
-                }
+                crate::dir::refuse_writable_by_others(
+                    held_dir.stat()?.st_mode,
+                    false,
+                    &format!("its directory {}", parent.display()),
+                    "a runtime mount takes files only where no other user can put one",
+                )
+                .map_err(|why| refuse(path, why))?;
                 Opener::In(&held_dir, name)
             }
             MountOrigin::CommandLine { data_dir } => {
-                let absolute =
-                    |p: &Path| std::path::absolute(p).unwrap_or_else(|_| p.to_path_buf());
-                if absolute(parent) == absolute(data_dir.path()) {
+                // The data directory is recognised by its inode, not by how the path is
+                // spelt (`DATA/x/../segment-0`, a linked prefix): its files are never reached
+                // through a link.
+                crate::dir::create_parents(parent)?;
+                let here = Dir::open(parent, false)?.stat()?;
+                let data = data_dir.stat()?;
+                if (here.st_dev, here.st_ino) == (data.st_dev, data.st_ino) {
                     Opener::In(data_dir, name)
                 } else {
-                    crate::dir::create_parents(parent)?;
                     Opener::Path(path)
                 }
             }

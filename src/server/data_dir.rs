@@ -54,14 +54,12 @@ impl DataDir {
                 .map_err(|err| fail(format!("cannot set its mode: {err}")))?;
         }
         let stat = dir.stat().map_err(|err| fail(err.to_string()))?;
-        let perm = stat.st_mode & 0o7777;
-        if perm & 0o022 != 0 {
-            return Err(format!(
-                "--data-dir {} is mode {perm:04o} (group- or world-writable): another user could plant links or files in it; chmod 700 {}",
-                path.display(),
-                path.display()
-            ));
-        }
+        crate::dir::refuse_writable_by_others(
+            stat.st_mode,
+            false,
+            &format!("--data-dir {}", path.display()),
+            &format!("chmod 700 {}", path.display()),
+        )?;
         let me = Uid::effective();
         let owner = Uid::from_raw(stat.st_uid);
         let handed_over = owner != run_as.uid && owner == me && me.is_root();
@@ -85,9 +83,9 @@ impl DataDir {
     /// runtime mounts) and the snapshot directory with its parts to `run_as`, before the
     /// server drops root. Links and devices in it are left as they are.
     pub fn hand_to(&self, run_as: RunAs) -> io::Result<()> {
-        self.dir.chown_regular_files(run_as.uid, run_as.gid)?;
+        self.dir.hand_entries_to(run_as.uid, run_as.gid)?;
         if let Some(snapshot) = self.dir.sub_dir(OsStr::new(SNAPSHOT_DIR), false)? {
-            snapshot.chown_regular_files(run_as.uid, run_as.gid)?;
+            snapshot.hand_entries_to(run_as.uid, run_as.gid)?;
         }
         Ok(())
     }

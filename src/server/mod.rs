@@ -213,6 +213,9 @@ pub enum ServerError {
     DataDir(String),
     /// `--user`/`--allow-root`: who may run it (an invalid configuration, exit 2).
     User(String),
+    /// Dropping to `--user` failed (setgroups, setgid or setuid refused; the log file could
+    /// not be handed over): a runtime failure, exit 1.
+    Drop(String),
     Bind(listen::BindError),
     Admin(String),
     Credentials(String),
@@ -230,6 +233,7 @@ impl std::fmt::Display for ServerError {
         match self {
             ServerError::DataDir(reason)
             | ServerError::User(reason)
+            | ServerError::Drop(reason)
             | ServerError::Admin(reason)
             | ServerError::Credentials(reason)
             | ServerError::Metrics(reason) => write!(f, "{reason}"),
@@ -292,9 +296,15 @@ pub fn start(settings: Settings, topology: &Topology) -> Result<Running, ServerE
         .map(Arc::new)
         .map_err(ServerError::DataDir)?;
     let listeners = listen::bind_all(settings.listen, shards).map_err(ServerError::Bind)?;
-    if let Some(path) = &settings.admin_socket {
-        admin::prepare_socket(path).map_err(ServerError::Admin)?;
-    }
+    // Bound now, as the ports are, so a server that drops root still binds where only root
+    // may write; shard 0 serves it.
+    let mut admin_listener = match &settings.admin_socket {
+        Some(path) => {
+            admin::prepare_socket(path).map_err(ServerError::Admin)?;
+            Some(admin::bind_socket(path, privileges.run_as()).map_err(ServerError::Admin)?)
+        }
+        None => None,
+    };
     let credentials = match &settings.sasl_password_file {
         Some(path) => Some(auth::Credentials::read(path).map_err(ServerError::Credentials)?),
         None => None,
@@ -362,7 +372,7 @@ pub fn start(settings: Settings, topology: &Topology) -> Result<Running, ServerE
                 user.name
             ))
         })?;
-        user::drop_to(user, settings.log_file.as_deref()).map_err(ServerError::User)?;
+        user::drop_to(user, settings.log_file.as_deref()).map_err(ServerError::Drop)?;
     }
     let shared = Arc::new(Shared {
         partitions,
@@ -426,6 +436,11 @@ pub fn start(settings: Settings, topology: &Topology) -> Result<Running, ServerE
         let shared = Arc::clone(&shared);
         let mesh = mesh.clone();
         let ready = ready_tx.clone();
+        let admin = if index == 0 {
+            admin_listener.take()
+        } else {
+            None
+        };
         let placement = match &node_fence {
             Some(node_cpus) => Placement::Fenced(node_cpus.clone()),
             None => Placement::Fixed(cpu),
@@ -438,7 +453,7 @@ pub fn start(settings: Settings, topology: &Topology) -> Result<Running, ServerE
             builder = builder.spin_before_park(Duration::from_micros(spin));
         }
         let handle = builder
-            .spawn(move || shard_main(index, shared, mesh, listener, ready))
+            .spawn(move || shard_main(index, shared, mesh, listener, admin, ready))
             .map_err(|err| ServerError::Executor(format!("CPU {cpu}: {err}")))?;
         handles.push(handle);
     }
@@ -498,6 +513,7 @@ async fn shard_main(
     shared: Arc<Shared>,
     mesh: MeshBuilder<Message, glommio::channels::channel_mesh::Full>,
     listener: std::net::TcpListener,
+    admin: Option<std::os::unix::net::UnixListener>,
     ready: std::sync::mpsc::Sender<(usize, Result<(), String>)>,
 ) {
     let (senders, receivers) = mesh.join().await.expect("the mesh forms");
@@ -516,21 +532,9 @@ async fn shard_main(
     warm::restore(&ctx).await;
     // Only the master answers during restores, so blocking this thread here is safe.
     shared.restore_done.wait();
-    // Shard 0 also serves the admin socket; a failure to bind it stops the start-up.
-    let admin = match (&shared.settings.admin_socket, index) {
-        (Some(path), 0) => admin::bind_socket(path).map(Some),
-        _ => Ok(None),
-    };
-    let admin = match admin {
-        Ok(listener) => {
-            let _ = ready.send((index, Ok(())));
-            listener
-        }
-        Err(reason) => {
-            let _ = ready.send((index, Err(reason)));
-            None
-        }
-    };
+    // Shard 0 also serves the admin socket, bound before the privileges were dropped.
+    let admin = admin.map(admin::into_glommio);
+    let _ = ready.send((index, Ok(())));
     drop(ready);
 
     // Turns the process-wide stop (a ring of this shard's doorbell) into its stop event.

@@ -92,14 +92,7 @@ pub fn drop_to(user: &User, log_file: Option<&std::path::Path>) -> Result<(), St
         );
     }
     if let Some(path) = log_file {
-        nix::unistd::fchownat(
-            nix::fcntl::AT_FDCWD,
-            path,
-            Some(user.uid),
-            Some(user.gid),
-            nix::fcntl::AtFlags::AT_SYMLINK_NOFOLLOW,
-        )
-        .map_err(|err| {
+        crate::logging::hand_file_to(user.uid, user.gid).map_err(|err| {
             format!(
                 "--log-file {}: cannot hand it to --user {}: {err}",
                 path.display(),

@@ -119,7 +119,12 @@ pub async fn write_part(ctx: &Rc<ShardCtx>) {
             }
             let dir = data_dir
                 .sub_dir(OsStr::new(SNAPSHOT_DIR), true)?
-                .expect("created");
+                .ok_or_else(|| {
+                    std::io::Error::other(format!(
+                        "{} could not be created",
+                        data_dir.path().join(SNAPSHOT_DIR).display()
+                    ))
+                })?;
             // A leftover of ours (or anything planted) is removed, never written through.
             dir.remove_file(&tmp)?;
             let (mut out, created) = dir.open_regular_file(&tmp, true)?;
@@ -220,8 +225,8 @@ pub async fn restore(ctx: &Rc<ShardCtx>) {
     for name in parts {
         let part = dir.path().join(&name);
         let decoded = dir
-            .open_regular_file(&name, false)
-            .and_then(|(mut file, _)| {
+            .open_regular_file_to_read(&name)
+            .and_then(|mut file| {
                 let mut bytes = Vec::new();
                 std::io::Read::read_to_end(&mut file, &mut bytes).map(|_| bytes)
             })

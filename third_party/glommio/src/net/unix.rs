@@ -71,6 +71,20 @@ pub struct UnixListener {
     listener: net::UnixListener,
 }
 
+// Headroom patch (PATCHES.md, 12): a listener bound before the process drops root.
+impl FromRawFd for UnixListener {
+    /// Convert an already bound and listening RawFd into a UnixListener
+    unsafe fn from_raw_fd(fd: RawFd) -> Self {
+        let sk = Socket::from_raw_fd(fd);
+        let listener = sk.into();
+
+        UnixListener {
+            reactor: Rc::downgrade(&crate::executor().reactor()),
+            listener,
+        }
+    }
+}
+
 impl UnixListener {
     /// Creates a Unix listener bound to the specified address.
     ///
