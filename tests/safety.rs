@@ -24,8 +24,8 @@ fn dir_arg(dir: &std::path::Path) -> String {
     dir.display().to_string()
 }
 
-/// The address is checked before start-up's slow work: nothing mapped, no segment created.
-/// (This once asserted the exit came within 2 s; that time stood for this order.)
+/// The address is checked before start-up's slow work: the server exits having mapped nothing
+/// and created no segment.
 fn failed_before_start_up(stderr: &str, dir: &std::path::Path) {
     assert!(
         !stderr.contains("region mapped"),
