@@ -32,6 +32,19 @@ use super::wire::Wire;
 /// needs more doubles it (at least), so a long line takes a few reads of growing size, never
 /// one read per byte.
 const READ_BUFFER_BYTES: usize = 16 << 10;
+/// Geometric growth of a read buffer stops here: the longest text line accepted (a multiget
+/// line of `MULTIGET_LINE_MAX_BYTES`, newline included) fits, so doubling past it would only
+/// waste memory (4 MiB a connection). A frame or value block that needs more gets exactly
+/// what it needs.
+pub(super) const READ_BUFFER_GROWTH_MAX_BYTES: usize =
+    crate::proto::text::MULTIGET_LINE_MAX_BYTES + 1;
+
+/// The size a read buffer of `len` bytes grows to so that it holds `needed`: at least twice
+/// its size (a frame arriving in pieces costs a few reads, not one per byte), but doubling
+/// stops at [`READ_BUFFER_GROWTH_MAX_BYTES`]; `needed` is always given.
+pub(super) fn grown_buffer_len(len: usize, needed: usize) -> usize {
+    needed.max(len.saturating_mul(2).min(READ_BUFFER_GROWTH_MAX_BYTES))
+}
 /// Replies gathered before they are written, so a pipeline of large GETs stays bounded.
 pub(super) const OUTPUT_CAP_BYTES: usize = 1 << 20;
 
@@ -489,8 +502,8 @@ impl Conn {
     }
 
     /// Makes the buffer able to hold a frame of `needed` bytes from `consumed`.
-    /// The buffer grows geometrically (to twice its size at least), so a frame or line that
-    /// arrives in many pieces costs a few reads of growing size, not a read per byte.
+    /// The buffer grows geometrically ([`grown_buffer_len`]), so a frame or line that arrives
+    /// in many pieces costs a few reads of growing size, not a read per byte.
     pub(super) fn make_room(&mut self, needed: usize) {
         self.lookahead.reset();
         if self.consumed > 0 {
@@ -500,17 +513,17 @@ impl Conn {
             self.consumed = 0;
         }
         if self.buf.len() < needed {
-            let grown = needed.max(self.buf.len().saturating_mul(2));
-            self.buf.resize(grown, 0);
+            self.buf.resize(grown_buffer_len(self.buf.len(), needed), 0);
         }
     }
 
     /// Adds the line-scan counts gathered since the last call to the shard's counters.
     pub(super) fn count_line_scans(&mut self, ctx: &ShardCtx) {
+        let mut counters = ctx.counters.borrow_mut();
+        counters.read_buffer_max_bytes = counters.read_buffer_max_bytes.max(self.buf.len() as u64);
         if self.line_scan_bytes == 0 && self.line_incomplete_reads == 0 {
             return;
         }
-        let mut counters = ctx.counters.borrow_mut();
         counters.line_scan_bytes += std::mem::take(&mut self.line_scan_bytes);
         counters.line_incomplete_reads += std::mem::take(&mut self.line_incomplete_reads);
     }

@@ -570,6 +570,15 @@ pub const GENERAL: &[(&str, Export)] = &[
         )),
     ),
     (
+        "read_buffer_max_bytes",
+        sample(gauge(
+            "read_buffer_max",
+            B,
+            "The largest read buffer any connection has had (a high-water mark; growth stops \
+             at the longest line accepted, unless a frame needs more).",
+        )),
+    ),
+    (
         "idle_closed",
         sample(counter(
             "idle_closed_connections",

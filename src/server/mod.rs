@@ -96,6 +96,9 @@ pub struct ConnCounters {
     /// line (about one per read while a long line arrives).
     pub line_scan_bytes: u64,
     pub line_incomplete_reads: u64,
+    /// The largest read buffer a connection has had (bytes; a high-water mark, the largest
+    /// shard's across shards).
+    pub read_buffer_max_bytes: u64,
     /// Large GETs whose value failed its CRC32C as it streamed out (connection closed, item
     /// dropped).
     pub segment_read_crc_errors: u64,
@@ -125,6 +128,7 @@ impl ConnCounters {
         self.text_errors += o.text_errors;
         self.line_scan_bytes += o.line_scan_bytes;
         self.line_incomplete_reads += o.line_incomplete_reads;
+        self.read_buffer_max_bytes = self.read_buffer_max_bytes.max(o.read_buffer_max_bytes);
         self.segment_read_crc_errors += o.segment_read_crc_errors;
         self.body_timeouts += o.body_timeouts;
         self.segment_write_errors += o.segment_write_errors;

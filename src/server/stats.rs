@@ -312,6 +312,10 @@ pub(crate) fn general_pairs(f: &GeneralFigures) -> Vec<(String, String)> {
             "line_incomplete_reads",
             conn.line_incomplete_reads.to_string(),
         ),
+        (
+            "read_buffer_max_bytes",
+            conn.read_buffer_max_bytes.to_string(),
+        ),
         ("idle_closed", conn.idle_closed.to_string()),
         ("body_timeouts", conn.body_timeouts.to_string()),
         (
