@@ -282,8 +282,9 @@ pub struct Cli {
     #[arg(long, value_name = "SECONDS")]
     pub idle_timeout: Option<u64>,
 
-    /// Drop a large value's SET whose body brings no byte for this many seconds: its segment
-    /// space goes back and the connection is closed; 0 never [default: 30].
+    /// Drop a large value's SET whose body brings less than 64 KiB (or the rest of the body) in
+    /// any window of this many seconds (at most 86400): its segment space goes back and the
+    /// connection is closed; 0 never [default: 30].
     #[arg(long, value_name = "SECONDS")]
     pub body_timeout: Option<u64>,
 

@@ -591,8 +591,8 @@ pub const GENERAL: &[(&str, Export)] = &[
         sample(counter(
             "body_timeouts",
             N,
-            "Large SETs dropped, and their connections closed, because the body brought no \
-             byte for --body-timeout.",
+            "Large SETs dropped, and their connections closed, because the body brought too \
+             few bytes in a --body-timeout window (docs/server.md).",
         )),
     ),
     (
