@@ -646,6 +646,15 @@ pub const GENERAL: &[(&str, Export)] = &[
         )),
     ),
     (
+        "auth_over_budget",
+        sample(counter(
+            "auth_over_budget",
+            N,
+            "Failed SASL authentications past their shard's failure budget (each closed its \
+             connection).",
+        )),
+    ),
+    (
         "large_evictions",
         sample(counter(
             "large_evictions",

@@ -338,6 +338,7 @@ pub(crate) fn general_pairs(f: &GeneralFigures) -> Vec<(String, String)> {
         ("auth_cmds", conn.auth_cmds.to_string()),
         ("auth_errors", conn.auth_errors.to_string()),
         ("auth_closed", conn.auth_closed.to_string()),
+        ("auth_over_budget", conn.auth_over_budget.to_string()),
         ("large_evictions", store.large_evictions.to_string()),
         ("partitions", f.partitions.to_string()),
         ("partition_locks", f.lock_acquisitions.to_string()),
