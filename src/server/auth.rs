@@ -220,4 +220,20 @@ mod tests {
         assert!(Credentials::parse(b":empty\n").is_err());
         assert!(Credentials::parse(b"\n# only comments\n").is_err());
     }
+
+    #[test]
+    fn the_shard_failure_budget_is_a_burst_then_a_rate() {
+        let mut budget = FailureBudget::default();
+        let start = budget.refilled_at;
+        let charged = (0..100).filter(|_| budget.charge(start)).count();
+        assert_eq!(charged, AUTH_SHARD_FAILURE_BURST as usize);
+        // One second later, one second's worth more, however many ask.
+        let later = start + Duration::from_secs(1);
+        let charged = (0..100).filter(|_| budget.charge(later)).count();
+        assert_eq!(charged, AUTH_SHARD_FAILURES_PER_SECOND as usize);
+        // A long pause refills no more than the burst.
+        let much_later = later + Duration::from_secs(3600);
+        let charged = (0..100).filter(|_| budget.charge(much_later)).count();
+        assert_eq!(charged, AUTH_SHARD_FAILURE_BURST as usize);
+    }
 }

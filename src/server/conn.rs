@@ -987,3 +987,29 @@ fn lent_sent(ctx: &ShardCtx, sent: Io, head_len: usize, len: usize) -> std::io::
         Io::Closed => Err(std::io::ErrorKind::UnexpectedEof.into()),
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn buffer_growth_doubles_up_to_the_longest_line_and_gives_what_is_needed() {
+        assert_eq!(grown_buffer_len(16 << 10, (16 << 10) + 1), 32 << 10);
+        // A small value block's exact size: doubling from it stops at the longest line.
+        assert_eq!(grown_buffer_len(40_024, 40_025), 80_048);
+        assert_eq!(
+            grown_buffer_len(1_280_768, 1_280_769),
+            READ_BUFFER_GROWTH_MAX_BYTES
+        );
+        assert_eq!(
+            grown_buffer_len(
+                READ_BUFFER_GROWTH_MAX_BYTES - 1,
+                READ_BUFFER_GROWTH_MAX_BYTES
+            ),
+            READ_BUFFER_GROWTH_MAX_BYTES
+        );
+        // A frame that needs more than the cap gets exactly what it needs.
+        assert_eq!(grown_buffer_len(2 << 20, (3 << 20) + 7), (3 << 20) + 7);
+        assert_eq!(grown_buffer_len(16 << 10, 5 << 20), 5 << 20);
+    }
+}
