@@ -256,6 +256,16 @@ fn every_invalid_combination_has_its_own_error_and_exit_2() {
         ),
         (
             ONE,
+            &["--body-timeout", "18446744073709551615"],
+            "--body-timeout 18446744073709551615 must be at most 86400 seconds",
+        ),
+        (
+            ONE,
+            &["--idle-timeout", "86401"],
+            "--idle-timeout 86401 must be at most 86400 seconds",
+        ),
+        (
+            ONE,
             &["--max-item-size", "512"],
             "--max-item-size 512 B must be from 1 KiB",
         ),

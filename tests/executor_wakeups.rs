@@ -110,8 +110,8 @@ fn idle_spells(seed: u64) {
     const SPELLS: usize = 600;
     const PREEMPT: Duration = Duration::from_millis(2);
     // A timer, preemption or message that is lost never comes (nothing else wakes this
-    // executor), so the waits below only tell a hang from a slow run: far above any delay a
-    // loaded machine causes. (It was 1 s, which asserted a time, not a behaviour.)
+    // executor): the busy spin gives up after LOST and the watchdog below after 300 s, so a
+    // hang fails the test and a slow run does not.
     const LOST: Duration = Duration::from_secs(30);
     let mut rng = Rng::new(seed);
     // 0: busy until preempted; 1: a timer sleep; 2: idle until the other executor sends.
@@ -164,19 +164,17 @@ fn idle_spells(seed: u64) {
                         glommio::timer::sleep(length).await;
                         let took = started.elapsed();
                         assert!(
-                            took >= length && took < length + LOST,
+                            took >= length,
                             "seed {seed}, spell {spell}: a {length:?} timer fired after {took:?}"
                         );
                     }
                     _ => {
-                        assert_eq!(rx.recv().await, Some(received));
-                        received += 1;
-                        let took = started.elapsed();
-                        assert!(
-                            took < length + LOST,
-                            "seed {seed}, spell {spell}: a message sent after {length:?} \
-                             arrived after {took:?}"
+                        assert_eq!(
+                            rx.recv().await,
+                            Some(received),
+                            "seed {seed}, spell {spell}: messages arrive in order"
                         );
+                        received += 1;
                     }
                 }
             }

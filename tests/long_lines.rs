@@ -2,7 +2,8 @@
 //! client of the same (only) shard is answered, each byte of the line is searched for its end
 //! about once and reads grow (STAT `line_scan_bytes`, `line_incomplete_reads`), SASL on or off
 //! (before authentication such a line is closed at 2048 bytes, as memcached closes it); a line
-//! past the 2 MiB multiget limit is refused and closed, one just under it is served.
+//! past the 2 MiB multiget limit is refused and closed, one just under it is served, and the read
+//! buffer never grows past what the longest accepted line needs (STAT `read_buffer_max_bytes`).
 
 mod common;
 
@@ -191,10 +192,22 @@ fn a_multiget_line_is_served_up_to_two_mib_and_refused_past_it() {
     line.extend_from_slice(b"\r\n");
     let served = line.len() as u64;
     let mut c = connect(&server);
-    for piece in line.chunks(64 << 10) {
+    // A small value first, pipelined with the line: its block grows the buffer to exactly what
+    // it needs (40,024 bytes, kept as under 64 KiB), and doubling from there would pass 2 MiB
+    // (to 2.4 MiB) while the line arrives.
+    let value = vec![b'v'; 40_000];
+    let set = [b"set small 0 0 40000\r\n".as_slice(), &value, b"\r\n"].concat();
+    for piece in [set, line].concat().chunks(64 << 10) {
         c.write_all(piece).unwrap();
     }
-    assert_eq!(ask(&mut c, b""), "END\r\n");
+    let mut reader = BufReader::new(c.try_clone().unwrap());
+    let mut replies = String::new();
+    for _ in 0..2 {
+        reader
+            .read_line(&mut replies)
+            .expect("a reply line in time");
+    }
+    assert_eq!(replies, "STORED\r\nEND\r\n");
     assert_eq!(
         ask(&mut c, b"version\r\n").split(' ').next(),
         Some("VERSION")
@@ -214,6 +227,13 @@ fn a_multiget_line_is_served_up_to_two_mib_and_refused_past_it() {
     assert_eq!(
         String::from_utf8_lossy(&reply),
         "SERVER_ERROR out of memory reading request\r\n"
+    );
+
+    // No connection's read buffer grew past what the longest accepted line needs.
+    let read_buffer_max = stat(&mut probe, "read_buffer_max_bytes");
+    assert!(
+        read_buffer_max >= served && read_buffer_max <= MULTIGET_LINE_MAX_BYTES as u64 + 1,
+        "largest read buffer {read_buffer_max} bytes for a {served}-byte line"
     );
 
     // A long line that is not a multiget: closed without a word once it passes 2048 bytes, as

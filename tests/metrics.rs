@@ -536,6 +536,23 @@ fn health_answers_and_bad_http_gets_a_status() {
 /// needs: with more of them open than the endpoint serves at once (16), `/health` and
 /// `/metrics` still answer; and a head that trickles in a byte at a time is cut off rather
 /// than held open byte by byte.
+/// A connection that asks for /metrics with a minimal receive buffer and never reads.
+fn requested_and_never_read(addr: SocketAddr) -> TcpStream {
+    let socket = socket2::Socket::new(
+        socket2::Domain::for_address(addr),
+        socket2::Type::STREAM,
+        None,
+    )
+    .unwrap();
+    socket.set_recv_buffer_size(1).unwrap();
+    socket.connect(&addr.into()).unwrap();
+    let mut stream: TcpStream = socket.into();
+    stream
+        .write_all(b"GET /metrics HTTP/1.1\r\nHost: x\r\n\r\n")
+        .unwrap();
+    stream
+}
+
 #[test]
 fn health_answers_while_slow_clients_hold_every_slot() {
     let server = Server::start(&["--threads", "1", "--metrics-listen", "127.0.0.1:0"]);
@@ -545,6 +562,12 @@ fn health_answers_while_slow_clients_hold_every_slot() {
         let mut half = TcpStream::connect(addr).unwrap();
         half.write_all(b"GET /met").unwrap();
         slow.push(half);
+    }
+    // Clients that request /metrics and never read: with a receive buffer this small (the
+    // kernel's minimum) the answer cannot all be sent, so each holds its slot while the
+    // endpoint writes.
+    for _ in 0..20 {
+        slow.push(requested_and_never_read(addr));
     }
     for round in 0..3 {
         let (status, head, body) = get(addr, "/health", None);
@@ -560,6 +583,7 @@ fn health_answers_while_slow_clients_hold_every_slot() {
             "round {round}: {body}"
         );
         slow.push(TcpStream::connect(addr).unwrap());
+        slow.push(requested_and_never_read(addr));
     }
     drop(slow);
 

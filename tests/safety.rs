@@ -24,8 +24,8 @@ fn dir_arg(dir: &std::path::Path) -> String {
     dir.display().to_string()
 }
 
-/// The address is checked before start-up's slow work: nothing mapped, no segment created.
-/// (This once asserted the exit came within 2 s; that time stood for this order.)
+/// The address is checked before start-up's slow work: the server exits having mapped nothing
+/// and created no segment.
 fn failed_before_start_up(stderr: &str, dir: &std::path::Path) {
     assert!(
         !stderr.contains("region mapped"),
@@ -423,6 +423,63 @@ fn sasl_guessing_ends_with_a_close_after_three_failures() {
     assert_eq!(r.status, 0);
     assert_eq!(ok.stat("", "auth_errors"), 6);
     assert_eq!(ok.stat("", "auth_closed"), 2);
+}
+
+/// Many connections guessing at once share each shard's failure budget (a burst of 30, then
+/// 10 a second: `auth::AUTH_SHARD_FAILURE_BURST`, `AUTH_SHARD_FAILURES_PER_SECOND`): failures
+/// within it are bounded by the budget over the run, and past it a connection is closed at
+/// its first failure (`auth_over_budget`), so the guesses answered are far fewer than the
+/// 3 per connection that per-connection throttling alone allows.
+#[test]
+fn sasl_guessing_over_many_connections_is_bounded_per_shard() {
+    const CONNECTIONS: usize = 80;
+    const SHARDS: u64 = 2;
+    const BURST: u64 = 30;
+    const PER_SECOND: u64 = 10;
+    let (server, _dir) = sasl_server();
+    let wrong = frame(SASL_AUTH, &[], b"PLAIN", b"\0alice\0rabbit", 0, 0);
+    let started = std::time::Instant::now();
+    let mut guessers: Vec<_> = (0..CONNECTIONS)
+        .map(|_| {
+            let mut c = server.client();
+            c.send(&wrong.repeat(3));
+            c
+        })
+        .collect();
+    let mut answered = 0;
+    let mut closed_at_first = 0;
+    for c in &mut guessers {
+        let mut replies = 0;
+        while let Some(r) = c.recv() {
+            assert_eq!(r.status, STATUS_AUTH_ERROR);
+            replies += 1;
+        }
+        assert!((1..=3).contains(&replies), "{replies} replies");
+        answered += replies;
+        closed_at_first += u64::from(replies == 1);
+    }
+    let seconds = started.elapsed().as_secs() + 1;
+    let mut ok = server.client();
+    let right = frame(SASL_AUTH, &[], b"PLAIN", b"\0alice\0wonderland", 0, 0);
+    assert_eq!(ok.call(&right).status, 0, "the right password is refused");
+    let over_budget = ok.stat("", "auth_over_budget");
+    let errors = ok.stat("", "auth_errors");
+    assert_eq!(errors, answered, "every answered failure is counted");
+    let budget = SHARDS * (BURST + PER_SECOND * seconds);
+    assert!(
+        errors - over_budget <= budget,
+        "{} failures within budget, more than {budget} in about {seconds} s",
+        errors - over_budget
+    );
+    assert!(
+        closed_at_first > 0 && over_budget >= closed_at_first,
+        "{closed_at_first} connections closed at their first failure, {over_budget} over budget"
+    );
+    assert!(
+        answered < 3 * CONNECTIONS as u64,
+        "every connection was answered three guesses"
+    );
+    assert_eq!(ok.stat("", "auth_closed"), CONNECTIONS as u64);
 }
 
 /// Over text, nothing is served before authentication but memcached's `set user password`:

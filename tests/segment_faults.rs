@@ -1,4 +1,4 @@
-//! Faults in and around segments, through the real binary: a value changed in its segment behind the server's back is never served whole (connection closed, item dropped, counted), a stalled large SET gives its segment space back after --body-timeout, and a full disk is answered as such and counted.
+//! Faults in and around segments, through the real binary: a value changed in its segment behind the server's back is never served whole (connection closed, item dropped, counted), a stalled large SET, or one trickled at under 64 KiB per --body-timeout, gives its segment space back while one sent at a steady pace is stored, and a full disk is answered as such and counted.
 
 mod common;
 
@@ -325,6 +325,64 @@ fn stalled_large_sets_give_their_space_back_after_the_body_timeout() {
         assert_eq!(c.get(format!("stalled-{i}").as_bytes()).status, 1);
     }
     assert!(server.logs("--body-timeout"), "the timeout was not logged");
+}
+
+#[test]
+fn a_trickled_large_set_is_dropped_and_a_steady_one_is_not() {
+    // Each --body-timeout window must bring 64 KiB (headroom's BODY_PROGRESS_MIN_BYTES).
+    let server = Server::start(&["--threads", "1", "--body-timeout", "2"]);
+    let mut c = server.client();
+    let before = c.segment_used();
+
+    // A few bytes every half window: each read brings something, but never the minimum.
+    let mut trickler = stalled_set(&server, b"trickled", 8 * MIB, 1024);
+    wait_for_segment_used(&mut c, before + 8 * MIB as u64);
+    trickler
+        .stream
+        .set_read_timeout(Some(Duration::from_secs(1)))
+        .unwrap();
+    let give_up = Instant::now() + Duration::from_secs(60);
+    let dropped = loop {
+        assert!(
+            Instant::now() < give_up,
+            "a body trickled a few bytes a second was never dropped"
+        );
+        if trickler.stream.write_all(&[b'x'; 16]).is_err() {
+            break true;
+        }
+        let mut byte = [0u8; 1];
+        match trickler.stream.read(&mut byte) {
+            Ok(0) => break true,
+            Ok(_) => break false,
+            Err(err)
+                if matches!(
+                    err.kind(),
+                    std::io::ErrorKind::WouldBlock | std::io::ErrorKind::TimedOut
+                ) => {}
+            Err(_) => break true,
+        }
+    };
+    assert!(dropped, "the trickled SET was answered");
+    assert_eq!(c.stat("", "body_timeouts"), 1);
+    wait_for_segment_used(&mut c, before);
+    assert_eq!(c.get(b"trickled").status, 1);
+    assert!(server.logs("--body-timeout"), "the timeout was not logged");
+
+    // A body sent at a steady pace for three windows (256 KiB every half second) is stored.
+    let value = pattern(3, 3 * MIB);
+    let key = b"steady";
+    let mut steady = server.client();
+    let mut head = frame(0x01, &set_extras(0, 0), key, &[], 0, 1);
+    head[8..12].copy_from_slice(&((8 + key.len() + value.len()) as u32).to_be_bytes());
+    steady.send(&head);
+    for piece in value.chunks(256 << 10) {
+        steady.stream.write_all(piece).unwrap();
+        std::thread::sleep(Duration::from_millis(500));
+    }
+    let reply = steady.recv().expect("a reply to the steady SET");
+    assert_eq!(reply.status, 0, "the steady SET failed: {reply:?}");
+    assert_eq!(c.get(key).value, value);
+    assert_eq!(c.stat("", "body_timeouts"), 1);
 }
 
 /// An ext4 filesystem of `size_mib` MiB in an image file, loop-mounted for the test and

@@ -4,7 +4,9 @@
 //! for more bytes than it has, and the commands a stream decodes to do not depend on how it
 //! arrives: whole, byte by byte, split at every point, or in random chunks. The decoder is driven
 //! as a connection drives it, resuming the search for a line's end where the last one stopped
-//! (`LineScan`), and that search examines each byte about once however the stream is split.
+//! (`LineScan`, the state the server's connection keeps, moved by `LineScan::consumed` as the
+//! connection's `consume` moves it), and that search examines each byte about once however the
+//! stream is split.
 //! Seeds are printed; replay one with `HEADROOM_SEED=<seed>`.
 
 mod common;

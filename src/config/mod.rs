@@ -39,6 +39,9 @@ pub const DEFAULT_MAX_CONNECTIONS: usize = 1024;
 /// A stalled large SET holds its segment extents this long at most: a client that is sending
 /// brings bytes within milliseconds, and 30 s outlasts a congested link's stalls.
 pub const DEFAULT_BODY_TIMEOUT_SECONDS: u64 = 30;
+/// The longest `--idle-timeout` and `--body-timeout` (one day): far longer overflows the
+/// timer's clock (an `Instant` plus the timeout), and no link stalls for a day.
+pub const TIMEOUT_MAX_SECONDS: u64 = 86_400;
 /// Just under the protocol's 4 GiB body limit: large values are streamed, so a high limit
 /// costs no buffer memory.
 pub const DEFAULT_MAX_ITEM_SIZE: ByteSize = ByteSize(4095 << 20);
@@ -274,13 +277,14 @@ pub struct Cli {
     #[arg(long, value_name = "N")]
     pub max_connections: Option<usize>,
 
-    /// Close a connection that neither sends nor accepts bytes for this many seconds; 0 never
-    /// [default: 0].
+    /// Close a connection that neither sends nor accepts bytes for this many seconds (at most
+    /// 86400); 0 never [default: 0].
     #[arg(long, value_name = "SECONDS")]
     pub idle_timeout: Option<u64>,
 
-    /// Drop a large value's SET whose body brings no byte for this many seconds: its segment
-    /// space goes back and the connection is closed; 0 never [default: 30].
+    /// Drop a large value's SET whose body brings less than 64 KiB (or the rest of the body) in
+    /// any window of this many seconds (at most 86400): its segment space goes back and the
+    /// connection is closed; 0 never [default: 30].
     #[arg(long, value_name = "SECONDS")]
     pub body_timeout: Option<u64>,
 
@@ -540,6 +544,10 @@ pub enum ConfigError {
         cpus: usize,
     },
     MaxConnectionsZero,
+    TimeoutTooLong {
+        flag: &'static str,
+        seconds: u64,
+    },
     MaxItemSize {
         bytes: u64,
     },
@@ -686,6 +694,11 @@ impl fmt::Display for ConfigError {
                 "--threads {threads} exceeds the {cpus} CPUs of the serving node (one shard per CPU)"
             ),
             MaxConnectionsZero => write!(f, "--max-connections must be at least 1"),
+            TimeoutTooLong { flag, seconds } => write!(
+                f,
+                "{flag} {seconds} must be at most {TIMEOUT_MAX_SECONDS} seconds (one day); 0 \
+                 means never"
+            ),
             MaxItemSize { bytes } => write!(
                 f,
                 "--max-item-size {} must be from 1 KiB up to (not including) 4 GiB",
@@ -1071,6 +1084,19 @@ pub fn resolve_with_file(
     if max_connections == 0 {
         return Err(ConfigError::MaxConnectionsZero);
     }
+    let idle_timeout_seconds = cli.idle_timeout.or(file.idle_timeout).unwrap_or(0);
+    let body_timeout_seconds = cli
+        .body_timeout
+        .or(file.body_timeout)
+        .unwrap_or(DEFAULT_BODY_TIMEOUT_SECONDS);
+    for (flag, seconds) in [
+        ("--idle-timeout", idle_timeout_seconds),
+        ("--body-timeout", body_timeout_seconds),
+    ] {
+        if seconds > TIMEOUT_MAX_SECONDS {
+            return Err(ConfigError::TimeoutTooLong { flag, seconds });
+        }
+    }
     let max_item_bytes = cli
         .max_item_size
         .or(file.max_item_size)
@@ -1206,11 +1232,8 @@ pub fn resolve_with_file(
         cpus: node_cpus[..threads].to_vec(),
         partitions,
         max_connections,
-        idle_timeout_seconds: cli.idle_timeout.or(file.idle_timeout).unwrap_or(0),
-        body_timeout_seconds: cli
-            .body_timeout
-            .or(file.body_timeout)
-            .unwrap_or(DEFAULT_BODY_TIMEOUT_SECONDS),
+        idle_timeout_seconds,
+        body_timeout_seconds,
         spin_before_park_micros: cli.spin_before_park.or(file.spin_before_park).unwrap_or(0),
         promotion_interval_ms: cli
             .promotion_interval

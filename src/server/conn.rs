@@ -32,6 +32,19 @@ use super::wire::Wire;
 /// needs more doubles it (at least), so a long line takes a few reads of growing size, never
 /// one read per byte.
 const READ_BUFFER_BYTES: usize = 16 << 10;
+/// Geometric growth of a read buffer stops here: the longest text line accepted (a multiget
+/// line of `MULTIGET_LINE_MAX_BYTES`, newline included) fits, so doubling past it would only
+/// waste memory (4 MiB a connection). A frame or value block that needs more gets exactly
+/// what it needs.
+pub(super) const READ_BUFFER_GROWTH_MAX_BYTES: usize =
+    crate::proto::text::MULTIGET_LINE_MAX_BYTES + 1;
+
+/// The size a read buffer of `len` bytes grows to so that it holds `needed`: at least twice
+/// its size (a frame arriving in pieces costs a few reads, not one per byte), but doubling
+/// stops at [`READ_BUFFER_GROWTH_MAX_BYTES`]; `needed` is always given.
+pub(super) fn grown_buffer_len(len: usize, needed: usize) -> usize {
+    needed.max(len.saturating_mul(2).min(READ_BUFFER_GROWTH_MAX_BYTES))
+}
 /// Replies gathered before they are written, so a pipeline of large GETs stays bounded.
 pub(super) const OUTPUT_CAP_BYTES: usize = 1 << 20;
 
@@ -69,12 +82,11 @@ pub(super) struct Conn {
     /// Bytes of `buf` holding received data, and how many of those are processed.
     pub(super) filled: usize,
     pub(super) consumed: usize,
-    /// Text: `buf[consumed..line_scanned_to]` is known to hold no `\n` (where the search for
-    /// the unfinished line's end resumes; see `proto::text::LineScan`).
-    pub(super) line_scanned_to: usize,
-    /// Bytes examined by line-end searches, and passes that ended inside an unfinished line,
-    /// not yet added to the shard's counters.
-    pub(super) line_scan_bytes: u64,
+    /// Text: where the search for the unfinished line at `buf[consumed..]` resumes, relative
+    /// to `consumed` (moved by [`Conn::consume`]), and the bytes it examined not yet added to
+    /// the shard's counters. The decoder fuzz drives the same type the same way.
+    pub(super) line_scan: crate::proto::LineScan,
+    /// Passes that ended inside an unfinished line, not yet added to the shard's counters.
     pub(super) line_incomplete_reads: u64,
     /// Prefetching for the received frames not yet run.
     lookahead: Lookahead,
@@ -248,11 +260,18 @@ impl Conn {
         }
     }
 
+    /// Marks `bytes` more of the buffer processed; the line search's resume point, relative to
+    /// the buffer's front, moves with it.
+    pub(super) fn consume(&mut self, bytes: usize) {
+        self.consumed += bytes;
+        self.line_scan.consumed(bytes);
+    }
+
     /// Drops buffered bytes still to be skipped; false while more are to come.
     pub(super) fn skip_buffered(&mut self) -> bool {
         if self.skip > 0 {
             let drop = (self.skip as usize).min(self.filled - self.consumed);
-            self.consumed += drop;
+            self.consume(drop);
             self.skip -= drop as u64;
         }
         self.skip == 0
@@ -263,7 +282,7 @@ impl Conn {
     pub(super) fn skip_stream(&mut self, skip: u64) {
         let available = (self.filled - self.consumed) as u64;
         let now_dropped = skip.min(available);
-        self.consumed += now_dropped as usize;
+        self.consume(now_dropped as usize);
         self.skip += skip - now_dropped;
     }
 
@@ -340,7 +359,7 @@ impl Conn {
             if !self.authenticated && !allowed_before_auth(&request) {
                 // Refused without running, and the connection closed, as memcached does.
                 ResponseWriter::new(&mut self.out).error(opcode, opaque, Status::AuthError);
-                self.consumed += consumed;
+                self.consume(consumed);
                 return After::Close;
             }
             let mut w = ResponseWriter::new(&mut self.out);
@@ -357,7 +376,7 @@ impl Conn {
                     if !quiet {
                         w.reply(opcode, opaque, Status::Ok, 0, &[], &[], &[]);
                     }
-                    self.consumed += consumed;
+                    self.consume(consumed);
                     return After::Close;
                 }
                 Request::Flush { delay, quiet } => {
@@ -369,7 +388,7 @@ impl Conn {
                 }
                 Request::Stat { group } => {
                     let group = group.to_vec();
-                    self.consumed += consumed;
+                    self.consume(consumed);
                     write_stats(ctx, &group, opcode, opaque, &mut self.out).await;
                     continue;
                 }
@@ -394,7 +413,7 @@ impl Conn {
                         body.as_bytes(),
                     );
                     if status == Status::AuthError {
-                        self.consumed += consumed;
+                        self.consume(consumed);
                         if super::auth::after_failure(ctx, &mut self.auth_failures).await {
                             return After::Close;
                         }
@@ -425,7 +444,7 @@ impl Conn {
                             quiet: *quiet,
                         },
                     };
-                    self.consumed += consumed;
+                    self.consume(consumed);
                     return After::LargeSet(set);
                 }
                 keyed => {
@@ -459,7 +478,7 @@ impl Conn {
                     );
                 }
             }
-            self.consumed += consumed;
+            self.consume(consumed);
         }
     }
 
@@ -474,7 +493,7 @@ impl Conn {
             // Where the last search for the line's end stopped (after a pass, that is the
             // buffer's end when no line is in, or the `\n` itself): nothing is searched twice.
             Some(Protocol::Text) => {
-                let from = self.line_scanned_to.clamp(self.consumed, self.filled);
+                let from = (self.consumed + self.line_scan.newline_free).min(self.filled);
                 memchr::memchr(b'\n', &self.buf[from..self.filled]).is_some()
             }
             None => false,
@@ -489,29 +508,28 @@ impl Conn {
     }
 
     /// Makes the buffer able to hold a frame of `needed` bytes from `consumed`.
-    /// The buffer grows geometrically (to twice its size at least), so a frame or line that
-    /// arrives in many pieces costs a few reads of growing size, not a read per byte.
+    /// The buffer grows geometrically ([`grown_buffer_len`]), so a frame or line that arrives
+    /// in many pieces costs a few reads of growing size, not a read per byte.
     pub(super) fn make_room(&mut self, needed: usize) {
         self.lookahead.reset();
         if self.consumed > 0 {
             self.buf.copy_within(self.consumed..self.filled, 0);
             self.filled -= self.consumed;
-            self.line_scanned_to = self.line_scanned_to.saturating_sub(self.consumed);
             self.consumed = 0;
         }
         if self.buf.len() < needed {
-            let grown = needed.max(self.buf.len().saturating_mul(2));
-            self.buf.resize(grown, 0);
+            self.buf.resize(grown_buffer_len(self.buf.len(), needed), 0);
         }
     }
 
     /// Adds the line-scan counts gathered since the last call to the shard's counters.
     pub(super) fn count_line_scans(&mut self, ctx: &ShardCtx) {
-        if self.line_scan_bytes == 0 && self.line_incomplete_reads == 0 {
+        let mut counters = ctx.counters.borrow_mut();
+        counters.read_buffer_max_bytes = counters.read_buffer_max_bytes.max(self.buf.len() as u64);
+        if self.line_scan.bytes_examined == 0 && self.line_incomplete_reads == 0 {
             return;
         }
-        let mut counters = ctx.counters.borrow_mut();
-        counters.line_scan_bytes += std::mem::take(&mut self.line_scan_bytes);
+        counters.line_scan_bytes += std::mem::take(&mut self.line_scan.bytes_examined);
         counters.line_incomplete_reads += std::mem::take(&mut self.line_incomplete_reads);
     }
 
@@ -521,7 +539,6 @@ impl Conn {
             self.lookahead.reset();
             self.consumed = 0;
             self.filled = 0;
-            self.line_scanned_to = 0;
             if self.buf.len() > 4 * READ_BUFFER_BYTES {
                 self.buf = vec![0; READ_BUFFER_BYTES];
             }
@@ -668,8 +685,7 @@ async fn serve_frames(
     let mut conn = Conn {
         buf: vec![0; READ_BUFFER_BYTES],
         filled: 0,
-        line_scanned_to: 0,
-        line_scan_bytes: 0,
+        line_scan: Default::default(),
         line_incomplete_reads: 0,
         lookahead: Lookahead::default(),
         consumed: 0,
@@ -863,7 +879,7 @@ async fn serve_frames(
                     )
                     .await
                     {
-                        Ok(used) => conn.consumed += used,
+                        Ok(used) => conn.consume(used),
                         Err(err) => {
                             tracing::debug!(%err, "large value not received");
                             return Ended::Cut;
@@ -969,5 +985,31 @@ fn lent_sent(ctx: &ShardCtx, sent: Io, head_len: usize, len: usize) -> std::io::
             Err(std::io::ErrorKind::TimedOut.into())
         }
         Io::Closed => Err(std::io::ErrorKind::UnexpectedEof.into()),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn buffer_growth_doubles_up_to_the_longest_line_and_gives_what_is_needed() {
+        assert_eq!(grown_buffer_len(16 << 10, (16 << 10) + 1), 32 << 10);
+        // A small value block's exact size: doubling from it stops at the longest line.
+        assert_eq!(grown_buffer_len(40_024, 40_025), 80_048);
+        assert_eq!(
+            grown_buffer_len(1_280_768, 1_280_769),
+            READ_BUFFER_GROWTH_MAX_BYTES
+        );
+        assert_eq!(
+            grown_buffer_len(
+                READ_BUFFER_GROWTH_MAX_BYTES - 1,
+                READ_BUFFER_GROWTH_MAX_BYTES
+            ),
+            READ_BUFFER_GROWTH_MAX_BYTES
+        );
+        // A frame that needs more than the cap gets exactly what it needs.
+        assert_eq!(grown_buffer_len(2 << 20, (3 << 20) + 7), (3 << 20) + 7);
+        assert_eq!(grown_buffer_len(16 << 10, 5 << 20), 5 << 20);
     }
 }

@@ -376,13 +376,22 @@ where
     }
 }
 
-/// How long a large SET's body may bring no byte: `--idle-timeout` or `--body-timeout`,
-/// whichever is shorter (the body's own limit wins a tie).
+/// The least a large SET's body must bring within each `--body-timeout` window (or the rest of
+/// the body, if less): a body that brings less is dropped as stalled. One byte every few
+/// seconds would otherwise hold its whole value's segment space for ever; 64 KiB a window is
+/// 2 KiB/s at the default 30 s, far below any working link.
+pub const BODY_PROGRESS_MIN_BYTES: u64 = 64 << 10;
+
+/// The limits on a large SET's body: `--idle-timeout` bounds each read, and `--body-timeout`
+/// each window in which the body must bring [`BODY_PROGRESS_MIN_BYTES`] (a window starts when
+/// the body does and again each time the minimum is reached).
 #[derive(Clone, Copy, Debug)]
 struct BodyLimit {
-    wait: Option<Duration>,
-    /// The wait is `--body-timeout`'s, not the idle timeout's.
-    body: bool,
+    idle: Option<Duration>,
+    body: Option<Duration>,
+    /// When the current window ends, and the bytes it has brought so far.
+    window_end: Option<std::time::Instant>,
+    window_bytes: u64,
 }
 
 impl BodyLimit {
@@ -391,46 +400,72 @@ impl BodyLimit {
             0 => None,
             seconds => Some(Duration::from_secs(seconds)),
         };
-        match (idle, body) {
-            (Some(idle), Some(body)) if idle < body => BodyLimit {
-                wait: Some(idle),
-                body: false,
-            },
-            (idle, None) => BodyLimit {
-                wait: idle,
-                body: false,
-            },
-            (_, Some(body)) => BodyLimit {
-                wait: Some(body),
-                body: true,
-            },
+        BodyLimit {
+            idle,
+            body,
+            window_end: body.map(|body| std::time::Instant::now() + body),
+            window_bytes: 0,
+        }
+    }
+
+    /// The next read's wait, and whether it is the body window's (else the idle timeout's,
+    /// which wins when shorter).
+    fn wait(&self) -> (Option<Duration>, bool) {
+        let window_left = self
+            .window_end
+            .map(|end| end.saturating_duration_since(std::time::Instant::now()));
+        match (self.idle, window_left) {
+            (Some(idle), Some(left)) if idle < left => (Some(idle), false),
+            (idle, None) => (idle, false),
+            (_, Some(left)) => (Some(left), true),
+        }
+    }
+
+    /// A read brought `bytes`: once the window has its minimum, the next window starts.
+    fn progress(&mut self, bytes: usize) {
+        self.window_bytes += bytes as u64;
+        if let Some(body) = self.body {
+            if self.window_bytes >= BODY_PROGRESS_MIN_BYTES {
+                self.window_end = Some(std::time::Instant::now() + body);
+                self.window_bytes = 0;
+            }
         }
     }
 }
 
-/// One bounded read of a large SET's body. A body that brings no byte within its limit ends
-/// the connection (and so the SET: its extents go back), counted and logged.
-async fn body_step<F>(ctx: &ShardCtx, limit: BodyLimit, io: F) -> io::Result<usize>
+/// One bounded read of a large SET's body. A body that brings less than
+/// [`BODY_PROGRESS_MIN_BYTES`] within a `--body-timeout` window ends the connection (and so the
+/// SET: its extents go back), counted and logged.
+async fn body_step<F>(ctx: &ShardCtx, limit: &mut BodyLimit, io: F) -> io::Result<usize>
 where
     F: std::future::Future<Output = io::Result<usize>>,
 {
-    match with_limits(limit.wait, io).await {
-        Io::Done(n) => Ok(n),
-        Io::TimedOut if limit.body => {
+    let (wait, body_window) = limit.wait();
+    match with_limits(wait, io).await {
+        Io::Done(n) => {
+            limit.progress(n);
+            Ok(n)
+        }
+        Io::TimedOut if body_window => {
             ctx.counters.borrow_mut().body_timeouts += 1;
             let seconds = ctx.shared.settings.body_timeout_seconds;
+            let brought = limit.window_bytes;
             if let Some(held_back) = ctx.body_timeout_log.allow(unix_now()) {
                 tracing::warn!(
                     shard = ctx.id,
                     held_back,
-                    "a large SET's body brought no byte for --body-timeout ({seconds} s): the \
-                     value is dropped, its segment space returned and the connection closed \
-                     (one line per second per shard at most)"
+                    "a large SET's body brought {brought} bytes in --body-timeout ({seconds} s), \
+                     less than the {BODY_PROGRESS_MIN_BYTES} required: the value is dropped, its \
+                     segment space returned and the connection closed (one line per second per \
+                     shard at most)"
                 );
             }
             Err(io::Error::new(
                 io::ErrorKind::TimedOut,
-                format!("the body brought no byte for --body-timeout ({seconds} s)"),
+                format!(
+                    "the body brought {brought} bytes in --body-timeout ({seconds} s), less \
+                     than {BODY_PROGRESS_MIN_BYTES}"
+                ),
             ))
         }
         Io::TimedOut => {
@@ -444,7 +479,7 @@ where
 /// Reads and drops `len` bytes of the stream (a value that will not be stored).
 async fn discard(
     ctx: &ShardCtx,
-    limit: BodyLimit,
+    limit: &mut BodyLimit,
     (stream, wire): (&mut TcpStream, &Wire),
     mut len: u64,
 ) -> io::Result<()> {
@@ -565,7 +600,7 @@ pub async fn receive_set(
         bytes: op.value_len,
         now,
     };
-    let limit = BodyLimit::new(ctx, idle);
+    let mut limit = BodyLimit::new(ctx, idle);
     let from_buffer = buffered.len().min(op.value_len as usize);
     let rest = op.value_len - from_buffer as u64;
     let setx = op.hints.is_some();
@@ -587,7 +622,7 @@ pub async fn receive_set(
         refused
     };
     if let Some(refused) = refused {
-        discard(ctx, limit, (stream, wire), rest + trailer_rest).await?;
+        discard(ctx, &mut limit, (stream, wire), rest + trailer_rest).await?;
         op.reply.write(out, Answer::Refused(refused), setx);
         return Ok(from_buffer + trailer_buffered);
     }
@@ -595,7 +630,7 @@ pub async fn receive_set(
         Ok(placed) => placed.replicas,
         Err(err) => {
             tracing::debug!(key_len = op.key.len(), value_len = op.value_len, %err, "large value not placed");
-            discard(ctx, limit, (stream, wire), rest + trailer_rest).await?;
+            discard(ctx, &mut limit, (stream, wire), rest + trailer_rest).await?;
             op.reply.write(out, Answer::NotPlaced(err), setx);
             return Ok(from_buffer + trailer_buffered);
         }
@@ -629,10 +664,13 @@ pub async fn receive_set(
                     used += n;
                     filled += n;
                 } else {
-                    filled +=
-                        body_step(ctx, limit, wire.read_into(stream, &mut chunk[filled..want]))
-                            .await
-                            .map_err(Interrupted::Connection)?;
+                    filled += body_step(
+                        ctx,
+                        &mut limit,
+                        wire.read_into(stream, &mut chunk[filled..want]),
+                    )
+                    .await
+                    .map_err(Interrupted::Connection)?;
                 }
             }
             let chunk = &staging.bytes()[..filled];
@@ -670,7 +708,7 @@ pub async fn receive_set(
             } else {
                 filled += body_step(
                     ctx,
-                    limit,
+                    &mut limit,
                     wire.read_into(stream, &mut trailer[filled..want]),
                 )
                 .await

@@ -570,6 +570,15 @@ pub const GENERAL: &[(&str, Export)] = &[
         )),
     ),
     (
+        "read_buffer_max_bytes",
+        sample(gauge(
+            "read_buffer_max",
+            B,
+            "The largest read buffer any connection has had (a high-water mark; growth stops \
+             at the longest line accepted, unless a frame needs more).",
+        )),
+    ),
+    (
         "idle_closed",
         sample(counter(
             "idle_closed_connections",
@@ -582,8 +591,8 @@ pub const GENERAL: &[(&str, Export)] = &[
         sample(counter(
             "body_timeouts",
             N,
-            "Large SETs dropped, and their connections closed, because the body brought no \
-             byte for --body-timeout.",
+            "Large SETs dropped, and their connections closed, because the body brought too \
+             few bytes in a --body-timeout window (docs/server.md).",
         )),
     ),
     (
@@ -632,7 +641,17 @@ pub const GENERAL: &[(&str, Export)] = &[
         sample(counter(
             "auth_closed_connections",
             N,
-            "Connections closed after 3 failed authentications.",
+            "Connections closed for failed SASL authentications (a connection's last allowed \
+             failure, or any failure once its shard's failure budget is spent).",
+        )),
+    ),
+    (
+        "auth_over_budget",
+        sample(counter(
+            "auth_over_budget",
+            N,
+            "Failed SASL authentications past their shard's failure budget (each closed its \
+             connection).",
         )),
     ),
     (
@@ -1613,9 +1632,7 @@ pub(crate) fn spawn(listener: std::net::TcpListener, source: Source) {
                         continue;
                     }
                 };
-                let Some(id) = slots.borrow_mut().admit(stream.as_raw_fd()) else {
-                    continue; // dropped: closed
-                };
+                let id = slots.borrow_mut().admit(stream.as_raw_fd());
                 let (source, slots) = (Rc::clone(&source), Rc::clone(&slots));
                 glommio::spawn_local(async move {
                     if let Err(err) = handle(&source, stream, &slots, id).await {
@@ -1639,10 +1656,11 @@ pub(crate) fn spawn(listener: std::net::TcpListener, source: Source) {
 }
 
 /// The endpoint's open connections, by accept order, and whether each still waits for its
-/// request head. A scraper or a health check sends its head at once, so a connection still
-/// without one when the cap is reached is slow or idle: it is the one closed (the oldest
-/// first, as a web server drops its idle keep-alive connections when out of room). Twenty
-/// clients that connect and send nothing can then never keep `/health` from answering.
+/// request head. When the cap is reached a newcomer always gets a slot: the oldest connection
+/// still without a request head is closed (slow or idle: a scraper or a health check sends its
+/// head at once), else the oldest of all (one whose client requested and stopped reading, or
+/// a slow scrape). So neither clients that connect and send nothing nor clients that request
+/// `/metrics` and never read the answer can keep `/health` from answering.
 #[derive(Default)]
 struct Slots {
     next_id: u64,
@@ -1651,21 +1669,31 @@ struct Slots {
 }
 
 impl Slots {
-    /// Takes a new connection in: its id, or `None` when every slot is being answered.
-    fn admit(&mut self, fd: RawFd) -> Option<u64> {
+    /// Takes a new connection in, closing the oldest (still waiting for its head first) when
+    /// every slot is taken: the newcomer's id.
+    fn admit(&mut self, fd: RawFd) -> u64 {
         if self.open.len() >= CONNECTIONS_MAX {
-            let (&oldest, &(old_fd, _)) = self.open.iter().find(|(_, (_, waiting))| *waiting)?;
-            self.open.remove(&oldest);
-            // Its task owns the socket until its read ends; this ends it (0 bytes).
-            if let Err(err) = nix::sys::socket::shutdown(old_fd, nix::sys::socket::Shutdown::Both) {
-                tracing::debug!(%err, "metrics endpoint: closing a waiting connection");
+            let waiting = self.open.iter().find(|(_, (_, waiting))| *waiting);
+            if let Some((&oldest, &(old_fd, was_waiting))) = waiting.or(self.open.iter().next()) {
+                self.open.remove(&oldest);
+                // Its task owns the socket until its read or write ends; this ends it (0
+                // bytes read, or a failed write).
+                let both = nix::sys::socket::Shutdown::Both;
+                if let Err(err) = nix::sys::socket::shutdown(old_fd, both) {
+                    tracing::debug!(%err, "metrics endpoint: closing the oldest connection");
+                }
+                let which = if was_waiting {
+                    "still without a request head"
+                } else {
+                    "being answered"
+                };
+                tracing::debug!("metrics endpoint: {CONNECTIONS_MAX} connections open; the oldest {which} is closed for a new one");
             }
-            tracing::debug!("metrics endpoint: {CONNECTIONS_MAX} connections open; the oldest still without a request head is closed for a new one");
         }
         let id = self.next_id;
         self.next_id += 1;
         self.open.insert(id, (fd, true));
-        Some(id)
+        id
     }
 
     /// Connection `id` has its request head: it is not closed for newcomers any more.

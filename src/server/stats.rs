@@ -312,6 +312,10 @@ pub(crate) fn general_pairs(f: &GeneralFigures) -> Vec<(String, String)> {
             "line_incomplete_reads",
             conn.line_incomplete_reads.to_string(),
         ),
+        (
+            "read_buffer_max_bytes",
+            conn.read_buffer_max_bytes.to_string(),
+        ),
         ("idle_closed", conn.idle_closed.to_string()),
         ("body_timeouts", conn.body_timeouts.to_string()),
         (
@@ -334,6 +338,7 @@ pub(crate) fn general_pairs(f: &GeneralFigures) -> Vec<(String, String)> {
         ("auth_cmds", conn.auth_cmds.to_string()),
         ("auth_errors", conn.auth_errors.to_string()),
         ("auth_closed", conn.auth_closed.to_string()),
+        ("auth_over_budget", conn.auth_over_budget.to_string()),
         ("large_evictions", store.large_evictions.to_string()),
         ("partitions", f.partitions.to_string()),
         ("partition_locks", f.lock_acquisitions.to_string()),

@@ -906,16 +906,11 @@ impl Conn {
             }
             let buffered = &self.buf[self.consumed..self.filled];
             // The search for the line's end resumes where the last pass's stopped.
-            let mut scan = text::LineScan {
-                newline_free: self.line_scanned_to.saturating_sub(self.consumed),
-                bytes_examined: 0,
-            };
-            let decoded = text::decode_text_resuming(buffered, &mut scan, max_item, stream_from);
-            self.line_scanned_to = self.consumed + scan.newline_free;
-            self.line_scan_bytes += scan.bytes_examined;
+            let decoded =
+                text::decode_text_resuming(buffered, &mut self.line_scan, max_item, stream_from);
             let (command, consumed) = match decoded {
                 TextDecoded::Incomplete { needed } => {
-                    let no_line = scan.newline_free == buffered.len();
+                    let no_line = self.line_scan.newline_free == buffered.len();
                     if no_line && !self.authenticated && buffered.len() > text::LINE_MAX_BYTES {
                         // As memcached's text authentication: before it, a line without a
                         // newline in 2048 bytes closes the connection (no multiget exception).
@@ -977,7 +972,9 @@ impl Conn {
                 TextDecoded::LargeStore { store, consumed } => {
                     ctx.counters.borrow_mut().commands += 1;
                     self.batch.add(CommandKind::of_text_store(&store));
+                    // `Conn::consume`, field by field: the command still borrows the buffer.
                     self.consumed += consumed;
+                    self.line_scan.consumed(consumed);
                     if !self.authenticated {
                         // Refused without running; the value and its `\r\n` are skipped.
                         self.out.extend_from_slice(UNAUTHENTICATED);
@@ -991,7 +988,9 @@ impl Conn {
             ctx.counters.borrow_mut().commands += 1;
             self.batch.add(CommandKind::of_text(&command));
             if !self.authenticated {
+                // `Conn::consume`, field by field: the command still borrows the buffer.
                 self.consumed += consumed;
+                self.line_scan.consumed(consumed);
                 match authenticate(ctx, &command) {
                     Auth::Accepted => {
                         self.authenticated = true;
@@ -1061,22 +1060,22 @@ impl Conn {
                     self.out = out;
                 }
                 TextCommand::Quit => {
-                    self.consumed += consumed;
+                    self.consume(consumed);
                     return After::Close;
                 }
                 TextCommand::Watch { kinds } => {
                     // Checked in memcached's order: replies waiting first, then the kinds.
                     if !self.out.is_empty() || !self.held.is_empty() {
                         self.out.extend_from_slice(errors::WATCH_AFTER_PIPELINE);
-                        self.consumed += consumed;
+                        self.consume(consumed);
                         continue;
                     }
                     let Some(kinds) = watch::kinds_of(kinds.iter()) else {
                         self.out.extend_from_slice(errors::ERROR);
-                        self.consumed += consumed;
+                        self.consume(consumed);
                         continue;
                     };
-                    self.consumed += consumed;
+                    self.consume(consumed);
                     match ctx.shared.watchers.add(kinds) {
                         Some(watcher) => {
                             self.out.extend_from_slice(text::OK);
@@ -1121,7 +1120,7 @@ impl Conn {
                     );
                 }
             }
-            self.consumed += consumed;
+            self.consume(consumed);
         }
     }
 }
