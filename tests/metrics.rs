@@ -602,19 +602,8 @@ fn health_answers_while_slow_clients_hold_every_slot() {
         if started.elapsed() > Duration::from_secs(60) {
             panic!("a head trickled in a byte at a time was never cut off");
         }
-        if trickle.write_all(b"a").is_err() {
-            break true;
-        }
-        let mut byte = [0u8; 1];
-        match trickle.read(&mut byte) {
-            Ok(0) => break true,
-            Ok(_) => break false,
-            Err(err)
-                if matches!(
-                    err.kind(),
-                    std::io::ErrorKind::WouldBlock | std::io::ErrorKind::TimedOut
-                ) => {}
-            Err(_) => break true,
+        if let Some(closed) = common::closed_by_server(&mut trickle, b"a") {
+            break closed;
         }
     };
     assert!(closed, "the endpoint answered a head that never completed");

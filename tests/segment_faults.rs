@@ -347,19 +347,8 @@ fn a_trickled_large_set_is_dropped_and_a_steady_one_is_not() {
             Instant::now() < give_up,
             "a body trickled a few bytes a second was never dropped"
         );
-        if trickler.stream.write_all(&[b'x'; 16]).is_err() {
-            break true;
-        }
-        let mut byte = [0u8; 1];
-        match trickler.stream.read(&mut byte) {
-            Ok(0) => break true,
-            Ok(_) => break false,
-            Err(err)
-                if matches!(
-                    err.kind(),
-                    std::io::ErrorKind::WouldBlock | std::io::ErrorKind::TimedOut
-                ) => {}
-            Err(_) => break true,
+        if let Some(closed) = common::closed_by_server(&mut trickler.stream, &[b'x'; 16]) {
+            break closed;
         }
     };
     assert!(dropped, "the trickled SET was answered");

@@ -181,6 +181,15 @@ fn storage_of(ctx: &ShardCtx, target: TargetId) -> io::Result<TargetStorage> {
         })
 }
 
+/// A target's segment as a log line names it: its file, or `memory`.
+fn segment_name(ctx: &ShardCtx, target: TargetId) -> String {
+    match storage_of(ctx, target) {
+        Ok(TargetStorage::File(file)) => file.path.display().to_string(),
+        Ok(TargetStorage::Mem(_)) => "memory".to_string(),
+        Err(_) => "unmounted".to_string(),
+    }
+}
+
 /// Where a large SET's bytes wait between the socket and the segment: a streaming pool chunk
 /// on the ring path (written with `WRITE_FIXED`), a heap buffer on the plain path.
 enum Staging {
@@ -559,11 +568,7 @@ fn segment_write_failed(ctx: &ShardCtx, target: TargetId, err: &io::Error, value
         counters.segment_write_no_space += u64::from(no_space);
     }
     if let Some(held_back) = ctx.segment_write_log.allow(unix_now()) {
-        let segment = match storage_of(ctx, target) {
-            Ok(TargetStorage::File(file)) => file.path.display().to_string(),
-            Ok(TargetStorage::Mem(_)) => "memory".to_string(),
-            Err(_) => "unmounted".to_string(),
-        };
+        let segment = segment_name(ctx, target);
         tracing::error!(
             shard = ctx.id,
             %target,
@@ -834,11 +839,7 @@ fn value_damaged(ctx: &Rc<ShardCtx>, hit: &LargeHit, got: u32) {
     };
     ctx.free_extents(frees);
     if let Some(held_back) = ctx.crc_log.allow(unix_now()) {
-        let segment = match storage_of(ctx, target) {
-            Ok(TargetStorage::File(file)) => file.path.display().to_string(),
-            Ok(TargetStorage::Mem(_)) => "memory".to_string(),
-            Err(_) => "unmounted".to_string(),
-        };
+        let segment = segment_name(ctx, target);
         tracing::error!(
             shard = ctx.id,
             key = %String::from_utf8_lossy(&hit.key).escape_debug(),

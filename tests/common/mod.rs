@@ -190,3 +190,27 @@ pub fn spin_or_sleep(pause: std::time::Duration) {
         std::thread::sleep(pause);
     }
 }
+
+/// Whether the server closed `stream`: writes `probe`, then reads once within the stream's
+/// read timeout. `Some(true)`: closed (a failed write, end of stream or a reset);
+/// `Some(false)`: it answered; `None`: neither yet (the read timed out).
+pub fn closed_by_server(stream: &mut std::net::TcpStream, probe: &[u8]) -> Option<bool> {
+    use std::io::{Read, Write};
+    if stream.write_all(probe).is_err() {
+        return Some(true);
+    }
+    let mut byte = [0u8; 1];
+    match stream.read(&mut byte) {
+        Ok(0) => Some(true),
+        Ok(_) => Some(false),
+        Err(err)
+            if matches!(
+                err.kind(),
+                std::io::ErrorKind::WouldBlock | std::io::ErrorKind::TimedOut
+            ) =>
+        {
+            None
+        }
+        Err(_) => Some(true),
+    }
+}
