@@ -844,6 +844,10 @@ async fn continue_metadump(
 
 /// memcached's answer to anything but its text authentication before it.
 const UNAUTHENTICATED: &[u8] = b"CLIENT_ERROR unauthenticated\r\n";
+/// The longest `user password` value a text authentication may carry, as memcached's
+/// `MAX_AUTH_REQ_LEN`, and its answer to a longer one.
+const AUTH_TOKEN_MAX_BYTES: usize = 16 << 10;
+const AUTH_TOKEN_TOO_LONG: &[u8] = b"CLIENT_ERROR auth token too long\r\n";
 
 /// What a text connection may do before it authenticates (with `--sasl-password-file`),
 /// as memcached's text authentication has it: a `set` whose value is `user password`.
@@ -906,6 +910,13 @@ impl Conn {
             }
             let buffered = &self.buf[self.consumed..self.filled];
             // The search for the line's end resumes where the last pass's stopped.
+            // Before authentication only a token up to AUTH_TOKEN_MAX_BYTES is buffered; a
+            // longer value is refused and skipped, never held (memcached's MAX_AUTH_REQ_LEN).
+            let (max_item, stream_from) = if self.authenticated {
+                (max_item, stream_from)
+            } else {
+                (AUTH_TOKEN_MAX_BYTES, AUTH_TOKEN_MAX_BYTES)
+            };
             let decoded =
                 text::decode_text_resuming(buffered, &mut self.line_scan, max_item, stream_from);
             let (command, consumed) = match decoded {
@@ -962,6 +973,8 @@ impl Conn {
                         drop(store);
                         ctx.free_extents(frees);
                         reply
+                    } else if buffered.starts_with(b"set ") {
+                        AUTH_TOKEN_TOO_LONG
                     } else {
                         UNAUTHENTICATED
                     };
