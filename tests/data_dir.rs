@@ -98,10 +98,11 @@ fn assert_mounts_as(server: &Server, path: &Path, uid: u32) {
 }
 
 /// Runs the binary with `args` and checks it stops with exit 1, saying `said`.
-fn assert_refused(args: &[&str], said: &str) {
+fn assert_refused(args: &[&str], said: &str) -> String {
     let (status, stderr, _) = run_to_exit(args, Duration::from_secs(30));
     assert_eq!(status, Some(1), "{stderr}");
     assert!(stderr.contains(said), "{said:?} not in: {stderr}");
+    stderr
 }
 
 fn assert_untouched(path: &Path, bytes: &[u8]) {
@@ -242,19 +243,14 @@ fn a_data_dir_that_is_a_link_is_refused() {
     std::fs::set_permissions(&real, std::fs::Permissions::from_mode(0o700)).unwrap();
     let link = fresh_temp_path("data-link");
     std::os::unix::fs::symlink(&real, &link).unwrap();
-    let (status, stderr, _) = run_to_exit(
+    assert_refused(
         &[
             "--listen",
             "127.0.0.1:0",
             "--data-dir",
             &link.display().to_string(),
         ],
-        Duration::from_secs(30),
-    );
-    assert_eq!(status, Some(1), "{stderr}");
-    assert!(
-        stderr.contains("is not a directory (a symbolic link"),
-        "{stderr}"
+        "is not a directory (a symbolic link",
     );
     assert_eq!(
         std::fs::read_dir(&real).unwrap().count(),
@@ -365,14 +361,9 @@ fn a_data_dir_others_can_write_or_own_is_refused_with_exit_1() {
         (PathBuf::from("/"), 0)
     };
     let shown = dir.display().to_string();
-    let (status, stderr, _) = run_to_exit(
+    assert_refused(
         &["--listen", "127.0.0.1:0", "--data-dir", &shown],
-        Duration::from_secs(30),
-    );
-    assert_eq!(status, Some(1), "{stderr}");
-    assert!(
-        stderr.contains(&format!("--data-dir {shown} is owned by uid {owner}")),
-        "{stderr}"
+        &format!("--data-dir {shown} is owned by uid {owner}"),
     );
     assert!(!dir.join("headroom.lock").exists());
 }
@@ -394,7 +385,7 @@ fn memory_segments_that_cannot_be_backed_are_refused() {
     // Twice the machine's memory, in whole GiB.
     let too_much = format!("mem:size={}G,numa=0", (mem_total_bytes() >> 30) * 2 + 2);
     let dir = fresh_data_dir();
-    let (status, stderr, _) = run_to_exit(
+    let stderr = assert_refused(
         &[
             "--listen",
             "127.0.0.1:0",
@@ -405,13 +396,9 @@ fn memory_segments_that_cannot_be_backed_are_refused() {
             "--data-dir",
             &dir.display().to_string(),
         ],
-        Duration::from_secs(30),
+        "node 0 cannot back",
     );
-    assert_eq!(status, Some(1), "{stderr}");
-    assert!(
-        stderr.contains("node 0 cannot back") && stderr.contains("outside its huge page pool"),
-        "{stderr}"
-    );
+    assert!(stderr.contains("outside its huge page pool"), "{stderr}");
     // At runtime too, and the server goes on.
     let server = Server::start(&["--threads", "1"]);
     let refused = server.admin(&format!("mount {too_much}")).unwrap_err();

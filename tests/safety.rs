@@ -300,14 +300,7 @@ fn sasl_plain_guards_every_command() {
         (STATUS_AUTH_ERROR, &b"Auth failure."[..])
     );
     // The right one: every command works.
-    let r = c.call(&frame(
-        SASL_AUTH,
-        &[],
-        b"PLAIN",
-        b"\0alice\0wonderland",
-        0,
-        0,
-    ));
+    let r = c.call(&alice_login());
     assert_eq!((r.status, r.value.as_slice()), (0, &b"Authenticated"[..]));
     assert_eq!(c.set(b"k", b"v", 0, 0).status, 0);
     assert_eq!(c.get(b"k").value, b"v");
@@ -365,6 +358,11 @@ fn sasl_server() -> (Server, std::path::PathBuf) {
 }
 
 /// Sends one text line (and data block) and reads its one-line reply.
+/// The SASL PLAIN request with the right password of `sasl_server`'s one user.
+fn alice_login() -> Vec<u8> {
+    frame(SASL_AUTH, &[], b"PLAIN", b"\0alice\0wonderland", 0, 0)
+}
+
 fn text_call(stream: &mut std::net::TcpStream, request: &[u8]) -> String {
     use std::io::Write;
     stream.write_all(request).unwrap();
@@ -412,14 +410,7 @@ fn sasl_guessing_ends_with_a_close_after_three_failures() {
 
     // The right password still works on a new connection; every failure was counted.
     let mut ok = server.client();
-    let r = ok.call(&frame(
-        SASL_AUTH,
-        &[],
-        b"PLAIN",
-        b"\0alice\0wonderland",
-        0,
-        0,
-    ));
+    let r = ok.call(&alice_login());
     assert_eq!(r.status, 0);
     assert_eq!(ok.stat("", "auth_errors"), 6);
     assert_eq!(ok.stat("", "auth_closed"), 2);
@@ -460,7 +451,7 @@ fn sasl_guessing_over_many_connections_is_bounded_per_shard() {
     }
     let seconds = started.elapsed().as_secs() + 1;
     let mut ok = server.client();
-    let right = frame(SASL_AUTH, &[], b"PLAIN", b"\0alice\0wonderland", 0, 0);
+    let right = alice_login();
     assert_eq!(ok.call(&right).status, 0, "the right password is refused");
     let over_budget = ok.stat("", "auth_over_budget");
     let errors = ok.stat("", "auth_errors");
@@ -543,14 +534,7 @@ fn nothing_but_authentication_is_served_before_it_over_text() {
     assert!(text_call(&mut t, b"slabs automove 1\r\n").starts_with("SERVER_ERROR not supported"));
     assert!(text_call(&mut t, b"version\r\n").starts_with("VERSION "));
     let mut c = server.client();
-    let r = c.call(&frame(
-        SASL_AUTH,
-        &[],
-        b"PLAIN",
-        b"\0alice\0wonderland",
-        0,
-        0,
-    ));
+    let r = c.call(&alice_login());
     assert_eq!(r.status, 0);
     assert_eq!(
         c.stat("", "auth_errors"),
