@@ -114,16 +114,17 @@ fn assert_untouched(path: &Path, bytes: &[u8]) {
     );
 }
 
-#[test]
-fn under_umask_000_the_data_dir_is_0700_and_every_file_0600() {
-    let dir = fresh_data_dir();
-    let args = ["--threads", "2"];
-    // The admin socket is watched from before the server starts: it must never be seen with
-    // another mode (it used to be bound, then chmod-ed).
+/// Starts a server under `prefix` while another thread watches `data_dir/admin.sock` from
+/// before the start until the server listens: the server and the modes the socket was seen with.
+fn start_watching_the_admin_socket(
+    prefix: &[&str],
+    dir: &Path,
+    args: &[&str],
+) -> (Server, Vec<u32>) {
     let socket = dir.join("admin.sock");
     let watching = std::sync::Arc::new(std::sync::atomic::AtomicBool::new(true));
     let watcher = {
-        let (socket, watching) = (socket.clone(), watching.clone());
+        let watching = watching.clone();
         std::thread::spawn(move || {
             let mut seen = Vec::new();
             while watching.load(std::sync::atomic::Ordering::Relaxed) {
@@ -134,18 +135,31 @@ fn under_umask_000_the_data_dir_is_0700_and_every_file_0600() {
             seen
         })
     };
-    let server = Server::start_command(UMASK_000, &dir, &args);
+    let server = Server::start_command(prefix, dir, args);
     watching.store(false, std::sync::atomic::Ordering::Relaxed);
-    let seen = watcher.join().unwrap();
-    let odd: Vec<String> = seen
-        .iter()
-        .filter(|&&m| m != 0o600)
-        .map(|m| format!("{m:o}"))
-        .collect();
+    (server, watcher.join().unwrap())
+}
+
+fn assert_only_0600(seen: &[u32]) {
+    let mut odd = std::collections::BTreeMap::new();
+    for &mode in seen.iter().filter(|&&m| m != 0o600) {
+        *odd.entry(format!("{mode:o}")).or_insert(0) += 1;
+    }
     assert!(
         odd.is_empty(),
-        "the admin socket was seen with modes {odd:?}"
+        "the admin socket was seen with other modes (mode: times seen): {odd:?}"
     );
+}
+
+#[test]
+fn under_umask_000_the_data_dir_is_0700_and_every_file_0600() {
+    let dir = fresh_data_dir();
+    let args = ["--threads", "2"];
+    // The admin socket is watched from before the server starts: it must never be seen with
+    // another mode (it used to be bound, then chmod-ed).
+    let socket = dir.join("admin.sock");
+    let (server, seen) = start_watching_the_admin_socket(UMASK_000, &dir, &args);
+    assert_only_0600(&seen);
     assert_eq!(mode_of(&dir), 0o700, "the data directory");
     assert_eq!(mode_of(&dir.join("segment-0")), 0o600, "segment-0");
     assert_eq!(mode_of(&dir.join("headroom.lock")), 0o600, "headroom.lock");
@@ -199,6 +213,43 @@ fn under_umask_000_the_data_dir_is_0700_and_every_file_0600() {
         .unwrap();
     assert_eq!(status.code(), Some(1));
     assert_eq!(mode_of(&log), 0o600, "the log file");
+}
+
+/// The admin socket's start-up window, held open: strace delays every mode and owner change,
+/// `listen` and the rename by 300 ms each, so a socket bound at its path and given its mode
+/// afterwards (the old code) would sit there with the umask's mode long enough to be seen on
+/// every run. The socket must only ever be seen with mode 0600.
+#[test]
+fn the_admin_socket_is_never_seen_with_another_mode_while_start_up_is_held() {
+    const HELD: &str = "fchmodat,fchmod,chmod,fchownat,fchown,chown,listen,renameat2";
+    let trace = format!("trace={HELD}");
+    let inject = format!("inject={HELD}:delay_enter=300000");
+    let prefix = [
+        "strace",
+        "-f",
+        "-qq",
+        "-o",
+        "/dev/null",
+        "-e",
+        &trace,
+        "-e",
+        &inject,
+    ]
+    .into_iter()
+    .chain(UMASK_000.iter().copied())
+    .collect::<Vec<_>>();
+    let dir = fresh_data_dir();
+    let (server, seen) = start_watching_the_admin_socket(&prefix, &dir, &["--threads", "1"]);
+    // strace leaves its tracee running when it goes: the server is stopped first.
+    let children = std::fs::read_to_string(format!("/proc/{0}/task/{0}/children", server.pid()))
+        .unwrap_or_default();
+    for pid in children.split_whitespace() {
+        let pid = nix::unistd::Pid::from_raw(pid.parse().unwrap());
+        let _ = nix::sys::signal::kill(pid, nix::sys::signal::SIGTERM);
+    }
+    drop(server);
+    assert!(!seen.is_empty(), "the admin socket was never seen");
+    assert_only_0600(&seen);
 }
 
 #[test]
