@@ -28,8 +28,11 @@ thread_local! {
 
 /// The process's `clock_gettime`: the kernel's reading, and for `CLOCK_MONOTONIC` plus how far
 /// this test has moved it.
+///
+/// # Safety
+/// As libc's: `reading` points to a `timespec` the caller owns.
 #[no_mangle]
-pub extern "C" fn clock_gettime(clock: libc::clockid_t, reading: *mut libc::timespec) -> i32 {
+pub unsafe extern "C" fn clock_gettime(clock: libc::clockid_t, reading: *mut libc::timespec) -> i32 {
     // SAFETY: the caller's arguments are passed to the system call unchanged, as libc's own
     // `clock_gettime` would pass them.
     let status = unsafe { libc::syscall(libc::SYS_clock_gettime, clock, reading) } as i32;
