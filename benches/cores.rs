@@ -23,7 +23,7 @@ use std::time::Instant;
 use headroom::arena::batch::install_core_batch;
 use headroom::bench::process::pin_current_thread;
 use headroom::server::lookahead::{Lookahead, FRAMES};
-use headroom::server::partition::Partitions;
+use headroom::store::partition::Partitions;
 
 mod common;
 use common::gets::{filled_partitions, request_batches, run_batch};

@@ -20,7 +20,7 @@ use common::{for_each_seed, Rng};
 use headroom::arena::batch::{install_core_batch, with_core_batch};
 use headroom::arena::{Arena, ArenaConfig, BlockId, MemoryPlan, NumaMode, SendPin, UnlockedMapper};
 use headroom::proto::StoreMode;
-use headroom::server::partition::Partitions;
+use headroom::store::partition::Partitions;
 use headroom::store::{ArithOutcome, KeyHasher, Lookup, StoreConfig, StoreOutcome};
 use headroom::topology::Topology;
 
@@ -616,7 +616,7 @@ fn partitions_and_core_batches_hold_every_invariant_under_seeded_interleavings()
 /// heads of exactly `ram_head` fit in 4 MiB + 8 MiB without an eviction.
 #[test]
 fn one_small_block_means_one_partition() {
-    use headroom::server::partition::{default_count, default_count_for, max_count};
+    use headroom::store::partition::{default_count, default_count_for, max_count};
     const MIB: u64 = 1 << 20;
     let distances = vec![vec![10, 21, 31], vec![21, 10, 21], vec![31, 21, 10]];
     let topo = Topology::synthetic(&[1, 1, 1], distances, 2 * MIB).unwrap();

@@ -32,7 +32,10 @@ thread_local! {
 /// # Safety
 /// As libc's: `reading` points to a `timespec` the caller owns.
 #[no_mangle]
-pub unsafe extern "C" fn clock_gettime(clock: libc::clockid_t, reading: *mut libc::timespec) -> i32 {
+pub unsafe extern "C" fn clock_gettime(
+    clock: libc::clockid_t,
+    reading: *mut libc::timespec,
+) -> i32 {
     // SAFETY: the caller's arguments are passed to the system call unchanged, as libc's own
     // `clock_gettime` would pass them.
     let status = unsafe { libc::syscall(libc::SYS_clock_gettime, clock, reading) } as i32;

@@ -5,7 +5,7 @@
 use headroom::arena::Arena;
 use headroom::proto::{decode_streaming, opcode, Decoded, Request, StoreMode};
 use headroom::server::lookahead::{Lookahead, FRAMES};
-use headroom::server::partition::Partitions;
+use headroom::store::partition::Partitions;
 use headroom::store::{KeyHasher, Lookup, StoreConfig, StoreOutcome};
 use std::sync::Arc;
 

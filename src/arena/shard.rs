@@ -979,7 +979,7 @@ impl SendPin {
     /// Lends the pinned bytes to a send; `unpin` gets the pin back when the kernel is done
     /// with them and must hand it to [`ShardArena::unpin_sent`] on the owning shard.
     /// (`unpin` is boxed once, with the pin: a lent GET allocates nothing else for it.)
-    pub fn lend(self, unpin: impl FnOnce(SendPin) + 'static) -> crate::ring::Lent {
+    pub fn lend(self, unpin: impl FnOnce(SendPin) + 'static) -> crate::lent::Lent {
         let runs = self.runs.map(|(addr, len)| (addr as *const u8, len));
         // SAFETY: both runs lie inside the pinned head (`pin_for_send` asserts it, and
         // `slot_layout::spans_of` keeps a fixed slot's runs in the slot). The head is pinned
@@ -987,7 +987,7 @@ impl SendPin {
         // hands over only after the last use of the bytes; a pinned head is never moved, freed
         // or rewritten (compaction skips its block, eviction skips it, a free waits for the
         // last unpin), and its block stays mapped.
-        unsafe { crate::ring::Lent::from_runs(runs, Box::new(move || unpin(self))) }
+        unsafe { crate::lent::Lent::from_runs(runs, Box::new(move || unpin(self))) }
     }
 }
 

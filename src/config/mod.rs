@@ -21,6 +21,8 @@ use crate::topology::{NodeId, Topology};
 
 /// Exit status for every configuration error (as clap uses for usage errors).
 pub const CONFIG_ERROR_EXIT: i32 = 2;
+/// Most partitions (stores) one server has: their number fits the top 16 bits of a CAS.
+pub const PARTITIONS_MAX: usize = 1 << 16;
 /// The smallest I/O granule and the alignment every head keeps (device block, ADR-0011).
 pub const DEVICE_BLOCK_BYTES: u64 = 4096;
 /// io_uring registers buffers of at most 1 GiB; a block must fit one.
@@ -723,7 +725,7 @@ impl fmt::Display for ConfigError {
             Partitions { count } => write!(
                 f,
                 "--partitions {count} must be from 1 to {}",
-                crate::store::PARTITIONS_MAX
+                PARTITIONS_MAX
             ),
         }
     }
@@ -1073,7 +1075,7 @@ pub fn resolve_with_file(
     }
     let partitions = cli.partitions.or(file.partitions);
     if let Some(count) = partitions {
-        if !(1..=crate::store::PARTITIONS_MAX).contains(&count) {
+        if !(1..=PARTITIONS_MAX).contains(&count) {
             return Err(ConfigError::Partitions { count });
         }
     }

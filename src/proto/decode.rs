@@ -4,19 +4,11 @@
 //! vbucket (u16), total body length (u32), opaque (u32), CAS (u64)`, all big-endian, followed by
 //! extras, key and value. Shape rules (extras and key lengths per opcode) are memcached's.
 
+use crate::command::StoreMode;
+
 use super::{
     opcode as op, Status, HEADER_BYTES, KEY_MAX_BYTES, REQUEST_MAGIC, SASL_DATA_MAX_BYTES,
 };
-
-/// How SET, ADD and REPLACE decide whether to store.
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub enum StoreMode {
-    Set,
-    Add,
-    Replace,
-    Append,
-    Prepend,
-}
 
 /// Where a SETX wants its value's replicas (the extension; plain SETs use the defaults).
 #[derive(Clone, Debug, Default, PartialEq, Eq)]

@@ -53,9 +53,11 @@
 use std::fmt;
 use std::ops::Deref;
 
-use super::decode::{PlacementHints, StoreMode};
-use super::text::{safe_strtol, safe_strtoul, safe_strtoull, TextStore};
+use super::decode::PlacementHints;
+use super::text::TextStore;
 use super::KEY_MAX_BYTES;
+use crate::command::StoreMode;
+use crate::numbers::{safe_strtol, safe_strtoul, safe_strtoull};
 
 /// Bytes a base64 key can decode to: 250 encoded bytes hold at most 62 whole quads.
 pub const KEY_DECODED_MAX_BYTES: usize = KEY_MAX_BYTES / 4 * 3;

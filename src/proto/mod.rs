@@ -12,7 +12,7 @@ pub mod meta;
 pub mod text;
 
 pub use decode::{
-    decode, decode_streaming, frame_keys, Decoded, FrameError, PlacementHints, Request, StoreMode,
+    decode, decode_streaming, frame_keys, Decoded, FrameError, PlacementHints, Request,
 };
 pub use encode::{ResponseWriter, HEADER_BYTES};
 pub use meta::{Key, MaFlags, MdFlags, MetaCode, MetaValues, MgFlags, MsFlags, ReturnFlags};
@@ -29,8 +29,7 @@ pub const RESPONSE_MAGIC: u8 = 0x81;
 pub const KEY_MAX_BYTES: usize = 250;
 /// Longest SASL AUTH/STEP data accepted (PLAIN carries two names and a password).
 pub const SASL_DATA_MAX_BYTES: usize = 1024;
-/// INCR/DECR with this expiry fail on a missing key instead of creating it.
-pub const ARITH_NO_CREATE: u32 = 0xffff_ffff;
+pub use crate::command::{StoreMode, ARITH_NO_CREATE};
 
 /// Opcodes, as on the wire.
 pub mod opcode {

@@ -46,6 +46,7 @@ use std::task::{Context, Poll, Waker};
 
 use io_uring::{cqueue, opcode, squeue, types, IoUring};
 
+use crate::lent::Lent;
 pub use buffers::FixedBuffers;
 pub use doorbell::Doorbell;
 use files::FileTable;
@@ -184,68 +185,6 @@ impl ZcReport {
     }
 }
 
-/// Memory lent to an operation by its owner: valid until it is dropped, when the owner's
-/// release runs (an arena head's unpin, say). One run of bytes, or two sent one after the
-/// other (a fixed slot's value that wraps around the slot: `arena::slot_layout`).
-pub struct Lent {
-    /// (address, length) of each run, in order; the second is empty unless the bytes wrap.
-    runs: [(*const u8, usize); 2],
-    release: Option<Box<dyn FnOnce()>>,
-}
-
-impl Lent {
-    /// # Safety
-    ///
-    /// `ptr..ptr + len` must stay mapped and must not be written or reused until `release`
-    /// has run (it runs when the last operation using these bytes is done).
-    pub unsafe fn new(ptr: *const u8, len: usize, release: Box<dyn FnOnce()>) -> Lent {
-        Lent {
-            runs: [(ptr, len), (ptr, 0)],
-            release: Some(release),
-        }
-    }
-
-    /// # Safety
-    ///
-    /// As [`Lent::new`], for each run.
-    pub unsafe fn from_runs(runs: [(*const u8, usize); 2], release: Box<dyn FnOnce()>) -> Lent {
-        Lent {
-            runs,
-            release: Some(release),
-        }
-    }
-
-    pub fn len(&self) -> usize {
-        self.runs[0].1 + self.runs[1].1
-    }
-
-    pub fn is_empty(&self) -> bool {
-        self.len() == 0
-    }
-
-    /// Where the bytes start.
-    pub fn first_addr(&self) -> *const u8 {
-        self.runs[0].0
-    }
-
-    /// The runs' bytes, in order.
-    pub fn slices(&self) -> [&[u8]; 2] {
-        self.runs.map(|(ptr, len)| {
-            // SAFETY: the contract of `new` and `from_runs`: each run's bytes stay mapped and
-            // unchanged while this lives.
-            unsafe { std::slice::from_raw_parts(ptr, len) }
-        })
-    }
-}
-
-impl Drop for Lent {
-    fn drop(&mut self) {
-        if let Some(release) = self.release.take() {
-            release();
-        }
-    }
-}
-
 /// The memory of one operation, owned by the ring until the operation's last completion.
 pub enum Buf {
     /// Heap bytes, not registered: sent with `SEND`.
@@ -351,7 +290,7 @@ pub struct Pair {
 impl Pair {
     /// Points the message at what is left after the first `sent` bytes of head then tail.
     fn aim(&mut self, sent: usize) {
-        let [first, second] = self.tail.runs;
+        let [first, second] = self.tail.runs();
         let mut skip = sent;
         let mut count = 0;
         for (ptr, len) in [(self.head.as_ptr(), self.head.len()), first, second] {
@@ -1019,7 +958,7 @@ impl Ring {
         let zero_copy = !self.lent_goes_plain(buf.ptr(), report);
         // A send that goes out in parts needs the memory until the last part is done with it.
         let shared = buf.into_lent();
-        for (ptr, total) in shared.runs {
+        for (ptr, total) in shared.runs() {
             let index = self.buffers.find(ptr as usize, total);
             let mut sent = 0;
             while sent < total {

@@ -73,13 +73,13 @@ impl MemStorage {
         offset: u64,
         len: usize,
         lease: Box<dyn std::any::Any>,
-    ) -> crate::ring::Lent {
+    ) -> crate::lent::Lent {
         self.check(offset, len);
         let ptr = self.mapping.base().as_ptr().wrapping_add(offset as usize);
         let keep = (std::sync::Arc::clone(self), lease);
         // SAFETY: in bounds of our mapping, which `keep` holds; the extent is published and
         // leased until `keep` drops, so no writer touches these bytes meanwhile.
-        unsafe { crate::ring::Lent::new(ptr, len, Box::new(move || drop(keep))) }
+        unsafe { crate::lent::Lent::new(ptr, len, Box::new(move || drop(keep))) }
     }
 
     /// Copies bytes out of the segment.

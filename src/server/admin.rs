@@ -110,7 +110,7 @@ pub async fn run(ctx: &Rc<ShardCtx>, command: &[u8]) -> Result<String, String> {
             ))
         }
         ["where", key] => {
-            ctx.shared.partitions.lock_key(key.as_bytes()).1.locate(key.as_bytes())
+            ctx.shared.partitions.lock_key(key.as_bytes()).1.locate(key.as_bytes(), super::unix_now())
         }
         _ => Err(format!(
             "unknown command '{command}': use 'mount SPEC', 'unmount prepare TARGET', 'unmount commit TARGET', 'promote' or 'where KEY'"

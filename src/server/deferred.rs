@@ -6,7 +6,7 @@
 use std::rc::Rc;
 
 use crate::arena::SendPin;
-use crate::ring::Lent;
+use crate::lent::Lent;
 
 use super::execute::{Deferred, LentGet};
 use super::large::HeldLarge;

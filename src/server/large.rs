@@ -11,9 +11,10 @@ use std::time::Duration;
 
 use glommio::net::TcpStream;
 
+use crate::lent::Lent;
 use crate::placement::{LocalityHint, PlacementError, PlacementRequest, TargetId};
 use crate::proto::{PlacementHints, ResponseWriter, Status, StoreMode};
-use crate::ring::{Lent, PoolChunk};
+use crate::ring::PoolChunk;
 use crate::segment::storage::AlignedBuf;
 use crate::segment::{Extent, TargetStorage};
 use crate::store::{LargeHit, LargeLink, StoreOutcome};

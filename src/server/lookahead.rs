@@ -18,8 +18,8 @@ use std::sync::Arc;
 use crate::proto::{first_key, frame_keys, is_binary};
 use crate::ring::ReceiveWatch;
 
-use super::partition::Partitions;
 use super::Shared;
+use crate::store::partition::Partitions;
 
 /// Frames looked ahead at once: a memtier pipeline's depth, within the CPU's outstanding-miss
 /// budget (two lines a frame).

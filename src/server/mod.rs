@@ -21,7 +21,6 @@ mod log_limit;
 pub mod lookahead;
 mod master;
 pub mod metrics;
-pub mod partition;
 mod shard;
 mod stats;
 mod text;
@@ -147,7 +146,7 @@ pub struct Shared {
     pub settings: Settings,
     pub arena: Arc<Arena>,
     /// The key space: every store, each behind its lock.
-    pub partitions: partition::Partitions,
+    pub partitions: crate::store::partition::Partitions,
     pub version: String,
     pub started: Instant,
     /// Every shard serves (set once start-up is done; `/health` answers 200 from then on).
@@ -356,8 +355,8 @@ pub fn start(settings: Settings, topology: &Topology) -> Result<Running, ServerE
         .map_err(|err| ServerError::Executor(format!("eventfd: {err}")))?;
     let count = settings
         .partitions
-        .unwrap_or_else(|| partition::default_count_for(shards, arena.plan()));
-    let partitions = partition::Partitions::new(
+        .unwrap_or_else(|| crate::store::partition::default_count_for(shards, arena.plan()));
+    let partitions = crate::store::partition::Partitions::new(
         &arena,
         KeyHasher::with_seed(random_seed()),
         count,

@@ -193,7 +193,7 @@ pub(crate) fn general_figures(
     let arena = shared.arena.stats(&figures.arena);
     let (acquisitions, contended, holds) = shared.partitions.lock_stats();
     let (user, system) = rusage_seconds();
-    let quantile = |q| super::partition::quantile_ns(&holds, q);
+    let quantile = |q| crate::store::partition::quantile_ns(&holds, q);
     GeneralFigures {
         uptime_seconds: shared.started.elapsed().as_secs(),
         version: shared.version.clone(),

@@ -21,9 +21,10 @@ use futures_lite::AsyncWriteExt;
 use glommio::net::TcpStream;
 
 use crate::arena::BlockId;
+use crate::lent::Lent;
 use crate::ring::buffers::FIXED_BUFFER_MAX_BYTES;
 use crate::ring::multishot::Inbox;
-use crate::ring::{Buf, FixedBuffers, Lent, ReapClock, Ring, Stamped, StreamPool, ZcReport};
+use crate::ring::{Buf, FixedBuffers, ReapClock, Ring, Stamped, StreamPool, ZcReport};
 
 use super::shard::ShardCtx;
 use super::Shared;

@@ -7,13 +7,14 @@
 pub mod detail;
 pub mod item;
 mod keys;
+pub mod partition;
 mod stats;
 
 use crate::arena::{
     AllocError, HeadClass, HeadLoc, Reserved, SendPin, ShardArena, SlotBytes, SlotWriter,
 };
+use crate::command::{StoreMode, ARITH_NO_CREATE};
 use crate::placement::TargetId;
-use crate::proto::StoreMode;
 use crate::segment::Extent;
 
 use item::{Meta, ValueAt};
@@ -28,8 +29,7 @@ pub const RELATIVE_EXPIRY_MAX_SECONDS: u32 = 30 * 24 * 3600;
 /// a 0 unique and fails, where the store reads a 0 CAS as "no compare").
 pub const CAS_NEVER_ISSUED: u64 = u64::MAX;
 
-/// Most partitions (stores) one server has: their number fits the top 16 bits of a CAS.
-pub const PARTITIONS_MAX: usize = 1 << 16;
+pub use crate::config::PARTITIONS_MAX;
 /// CAS bits a partition counts with.
 const CAS_COUNTER_BITS: u32 = 48;
 
@@ -195,7 +195,7 @@ pub fn is_expired(expiry: u32, now: u32) -> bool {
 /// blank, anything after that ignored (`84 abc` is 84: an INCR/DECR that shortened a counter in
 /// place padded it with spaces, and an APPEND may follow).
 fn parse_counter(value: &[u8]) -> Option<u64> {
-    crate::proto::text::safe_strtoull(value)
+    crate::numbers::safe_strtoull(value)
 }
 
 /// Where a new value will live.
@@ -650,7 +650,7 @@ impl Store {
 
     /// Where `key`'s value (or head copy) sits in a fixed slot: the slot, its block's rank
     /// (0: local), the NUMA node the kernel reports for its page, and its score now.
-    pub fn locate(&self, key: &[u8]) -> Result<String, String> {
+    pub fn locate(&self, key: &[u8], now: u32) -> Result<String, String> {
         let loc = self
             .keys
             .find(&self.arena, key)
@@ -668,7 +668,7 @@ impl Store {
             .slot_node(slot)
             .map_err(|e| format!("move_pages: {e}"))?;
         let rank = self.arena.fixed_rank(slot.block).unwrap_or(usize::MAX);
-        let period = self.promotion_period(crate::server::unix_now());
+        let period = self.promotion_period(now);
         Ok(format!(
             "slot {slot} rank {rank} node {node} score {}",
             self.arena.heat_of(slot, period)
@@ -1165,7 +1165,7 @@ impl Store {
             } else {
                 self.keys.stats.decr_misses += 1;
             }
-            if exptime == crate::proto::ARITH_NO_CREATE {
+            if exptime == ARITH_NO_CREATE {
                 return ArithOutcome::NotFound;
             }
             let new_cas = self.new_cas();

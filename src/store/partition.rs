@@ -13,8 +13,8 @@ use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex, MutexGuard};
 use std::time::Instant;
 
+use super::{IndexLayout, KeyHasher, Store, StoreConfig, PARTITIONS_MAX};
 use crate::arena::{Arena, MemoryPlan};
-use crate::store::{IndexLayout, KeyHasher, Store, StoreConfig, PARTITIONS_MAX};
 
 /// Partitions per serving core by default, when the arena has blocks enough for them.
 pub const PARTITIONS_PER_CORE: usize = 16;
