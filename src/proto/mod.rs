@@ -17,7 +17,7 @@ pub use decode::{
 pub use encode::{ResponseWriter, HEADER_BYTES};
 pub use meta::{Key, MaFlags, MdFlags, MetaCode, MetaValues, MgFlags, MsFlags, ReturnFlags};
 pub use text::{
-    decode_text, decode_text_resuming, first_key, is_binary, LineScan, TextCommand, TextDecoded,
+    command_keys, decode_text, decode_text_resuming, first_key, is_binary, LineScan, TextCommand, TextDecoded,
     TextStore, Words,
 };
 

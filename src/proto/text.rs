@@ -152,6 +152,53 @@ pub fn first_key(buf: &[u8]) -> Option<&[u8]> {
     (1..=KEY_MAX_BYTES).contains(&key.len()).then_some(key)
 }
 
+/// How far [`command_keys`] searches for a line's end: a line not ended within this many bytes
+/// stops the look ahead, so a long line that arrives in pieces is never searched again and
+/// again by it (the decoder's own search resumes: [`LineScan`]).
+pub const LOOKAHEAD_WINDOW_BYTES: usize = 16 << 10;
+
+/// The length of the data block that follows a storage command's line (`set`, `add`,
+/// `replace`, `append`, `prepend`, `cas`: the fifth word; `ms`: the third), if the line is
+/// one and the length reads as a number. A look ahead's step, not a decoder's check.
+fn data_block_bytes(line: &[u8]) -> Option<usize> {
+    let mut words = line
+        .split(|&b| matches!(b, b' ' | b'\r' | b'\n'))
+        .filter(|w| !w.is_empty());
+    let command = words.next()?;
+    let length_word = match command {
+        b"set" | b"add" | b"replace" | b"append" | b"prepend" | b"cas" => words.nth(3)?,
+        b"ms" => words.nth(1)?,
+        _ => return None,
+    };
+    usize::try_from(crate::numbers::safe_strtoull(length_word)?).ok()
+}
+
+/// Calls `key` with the key of each whole text command at the start of `buf` (its first key
+/// for a multiget; empty for a command without one), at most `most` commands, and returns the
+/// offset after the last. A look ahead for prefetching, as [`crate::proto::frame_keys`] is for
+/// binary frames: it stops at the first line not ended within [`LOOKAHEAD_WINDOW_BYTES`] or
+/// data block not whole, and checks nothing but the lengths it steps over.
+pub fn command_keys<'a>(buf: &'a [u8], most: usize, mut key: impl FnMut(&'a [u8])) -> usize {
+    let mut at = 0;
+    for _ in 0..most {
+        let window = &buf[at..buf.len().min(at + LOOKAHEAD_WINDOW_BYTES)];
+        let Some(newline) = memchr::memchr(b'\n', window) else {
+            break;
+        };
+        let line = &window[..newline + 1];
+        let mut end = at + line.len();
+        if let Some(data) = data_block_bytes(line) {
+            end = end.saturating_add(data).saturating_add(2);
+            if end > buf.len() {
+                break;
+            }
+        }
+        key(first_key(line).unwrap_or_default());
+        at = end;
+    }
+    at
+}
+
 /// The outcome of decoding the front of a buffer.
 // Keys decoded from base64 live inline (no allocation), which makes the command variants large.
 #[allow(clippy::large_enum_variant)]

@@ -22,7 +22,7 @@ use super::deferred::Held;
 use super::execute::{execute_keyed, Deferred};
 use super::large::{self, LargeReply, LargeSet};
 use super::latency::{BatchCounts, CommandKind};
-use super::lookahead::Lookahead;
+use super::lookahead::{Framing, Lookahead};
 use super::shard::ShardCtx;
 use super::stats::{write_stats, ConnInfo};
 use super::unix_now;
@@ -89,7 +89,7 @@ pub(super) struct Conn {
     /// Passes that ended inside an unfinished line, not yet added to the shard's counters.
     pub(super) line_incomplete_reads: u64,
     /// Prefetching for the received frames not yet run.
-    lookahead: Lookahead,
+    pub(super) lookahead: Lookahead,
     /// Stream bytes still to discard (the rest of a rejected or too-large frame).
     pub(super) skip: u64,
     pub(super) out: Vec<u8>,
@@ -301,6 +301,7 @@ impl Conn {
             }
             self.lookahead.before_frame(
                 &ctx.shared.partitions,
+                Framing::Binary,
                 &self.buf[..self.filled],
                 self.consumed,
             );

@@ -15,11 +15,20 @@
 use std::cell::RefCell;
 use std::sync::Arc;
 
-use crate::proto::{first_key, frame_keys, is_binary};
+use crate::proto::{command_keys, first_key, frame_keys, is_binary};
 use crate::ring::ReceiveWatch;
 
 use super::Shared;
 use crate::store::partition::Partitions;
+
+/// How the requests in a connection's buffer are framed.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Framing {
+    /// Binary protocol frames ([`frame_keys`]).
+    Binary,
+    /// Text and meta command lines and their data blocks ([`command_keys`]).
+    Text,
+}
 
 /// Frames looked ahead at once: a memtier pipeline's depth, within the CPU's outstanding-miss
 /// budget (two lines a frame).
@@ -43,9 +52,15 @@ pub struct Lookahead {
 impl Lookahead {
     /// Before the frame at `at` of `buf` runs: looks ahead from it when the frames looked at
     /// so far are used up, and asks for the records of the frame `RECORD_DISTANCE` later.
-    pub fn before_frame(&mut self, partitions: &Partitions, buf: &[u8], at: usize) {
+    pub fn before_frame(
+        &mut self,
+        partitions: &Partitions,
+        framing: Framing,
+        buf: &[u8],
+        at: usize,
+    ) {
         if at >= self.end {
-            self.look_from(partitions, buf, at);
+            self.look_from(partitions, framing, buf, at);
         }
         if let Some(Some(hash)) = self.hashes[..self.len].get(self.next + RECORD_DISTANCE) {
             partitions.prefetch_records(*hash);
@@ -60,13 +75,17 @@ impl Lookahead {
         self.end = 0;
     }
 
-    fn look_from(&mut self, partitions: &Partitions, buf: &[u8], at: usize) {
+    fn look_from(&mut self, partitions: &Partitions, framing: Framing, buf: &[u8], at: usize) {
         let mut keys: [&[u8]; FRAMES] = [&[]; FRAMES];
         let mut len = 0;
-        let ahead = frame_keys(&buf[at..], FRAMES, |key| {
+        let found = |key| {
             keys[len] = key;
             len += 1;
-        });
+        };
+        let ahead = match framing {
+            Framing::Binary => frame_keys(&buf[at..], FRAMES, found),
+            Framing::Text => command_keys(&buf[at..], FRAMES, found),
+        };
         // A lone request would wait for its prefetch at once: nothing to overlap, and no
         // hash to spend on the unpipelined path.
         if len < 2 {

@@ -908,6 +908,12 @@ impl Conn {
             if self.out.len() + self.held_bytes > OUTPUT_CAP_BYTES {
                 return After::Process;
             }
+            self.lookahead.before_frame(
+                &ctx.shared.partitions,
+                super::lookahead::Framing::Text,
+                &self.buf[..self.filled],
+                self.consumed,
+            );
             let buffered = &self.buf[self.consumed..self.filled];
             // The search for the line's end resumes where the last pass's stopped.
             // Before authentication only a token up to AUTH_TOKEN_MAX_BYTES is buffered; a
