@@ -17,8 +17,8 @@ pub use decode::{
 pub use encode::{ResponseWriter, HEADER_BYTES};
 pub use meta::{Key, MaFlags, MdFlags, MetaCode, MetaValues, MgFlags, MsFlags, ReturnFlags};
 pub use text::{
-    command_keys, decode_text, decode_text_resuming, first_key, is_binary, LineScan, TextCommand, TextDecoded,
-    TextStore, Words,
+    command_keys, decode_text, decode_text_resuming, first_key, is_binary, LineScan, TextCommand,
+    TextDecoded, TextStore, Words,
 };
 
 /// Request magic byte.

@@ -1199,6 +1199,36 @@ pub fn stat_u64(out: &mut Vec<u8>, name: &[u8], value: u64) {
 mod tests {
     use super::*;
 
+    fn keys_ahead(buf: &[u8], most: usize) -> (Vec<&[u8]>, usize) {
+        let mut keys = Vec::new();
+        let end = command_keys(buf, most, |key| keys.push(key));
+        (keys, end)
+    }
+
+    #[test]
+    fn the_look_ahead_steps_over_data_blocks_and_stops_at_a_partial_command() {
+        let buf =
+            b"get a\r\nset b 0 0 5\r\nx\nyz\n\r\nms c 2 T0\r\nhi\r\nmn\r\ncas d 0 0 1 7\r\nv\r\n";
+        let (keys, end) = keys_ahead(buf, 16);
+        assert_eq!(keys, [&b"a"[..], b"b", b"c", b"", b"d"]);
+        assert_eq!(end, buf.len());
+        // At most `most`, ending after the last one taken.
+        let (keys, end) = keys_ahead(buf, 2);
+        assert_eq!(keys, [&b"a"[..], b"b"]);
+        assert_eq!(&buf[end..end + 2], b"ms");
+        // A data block not whole, a line not ended: the look stops before them.
+        let (keys, end) = keys_ahead(b"get a\r\nset b 0 0 5\r\nxy", 16);
+        assert_eq!((keys, end), (vec![&b"a"[..]], 7));
+        let (keys, end) = keys_ahead(b"get a\r\nget b", 16);
+        assert_eq!((keys, end), (vec![&b"a"[..]], 7));
+        // A line longer than the window is never searched to its end.
+        let long = [b"get ".as_slice(), &[b'k'; LOOKAHEAD_WINDOW_BYTES], b"\r\n"].concat();
+        assert_eq!(keys_ahead(&long, 16), (vec![], 0));
+        // A length that is no number takes no data block (the decoder answers the error).
+        let (keys, _) = keys_ahead(b"set e 0 0 x\r\nget f\r\n", 16);
+        assert_eq!(keys, [&b"e"[..], b"f"]);
+    }
+
     #[test]
     fn numbers_parse_as_memcached_parses_them_and_never_wrap() {
         assert_eq!(safe_strtol(b"4294967298"), None);

@@ -9,6 +9,10 @@
 //! `i + RECORD_DISTANCE` (this probes the index, by now in cache, under that key's partition
 //! lock, briefly, like any lookup). Nothing here changes what a request does or sees.
 //!
+//! Binary frames and text command lines are looked ahead at alike (`Framing`); a text line not
+//! ended within `proto::text::LOOKAHEAD_WINDOW_BYTES` stops the look, so a long line arriving
+//! in pieces costs the look ahead a bounded search per pass.
+//!
 //! Connections that are not pipelining get the same across connections: [`ReceiveLookahead`]
 //! sees each receive as the shard's ring reaps it, before the connection it wakes runs.
 
