@@ -4,7 +4,7 @@
 
 use headroom::arena::Arena;
 use headroom::proto::{decode_streaming, opcode, Decoded, Request, StoreMode};
-use headroom::server::lookahead::{Lookahead, FRAMES};
+use headroom::server::lookahead::{Framing, Lookahead, FRAMES};
 use headroom::store::partition::Partitions;
 use headroom::store::{KeyHasher, Lookup, StoreConfig, StoreOutcome};
 use std::sync::Arc;
@@ -117,7 +117,7 @@ pub fn run_batch(
     let mut at = 0;
     while at < batch.len() {
         if let Some(l) = lookahead.as_deref_mut() {
-            l.before_frame(partitions, batch, at);
+            l.before_frame(partitions, Framing::Binary, batch, at);
         }
         let Decoded::Request {
             request, consumed, ..
