@@ -19,10 +19,11 @@ use glommio::net::TcpStream;
 use crate::proto::{decode_streaming, Decoded, FrameError, Request, ResponseWriter, Status};
 
 use super::deferred::Held;
-use super::execute::{execute_keyed, Deferred};
+use super::execute::execute_keyed;
 use super::large::{self, LargeReply, LargeSet};
 use super::latency::{BatchCounts, CommandKind};
 use super::lookahead::{Framing, Lookahead};
+use super::replies::Replies;
 use super::shard::ShardCtx;
 use super::stats::{write_stats, ConnInfo};
 use super::unix_now;
@@ -45,8 +46,6 @@ pub(super) const READ_BUFFER_GROWTH_MAX_BYTES: usize =
 pub(super) fn grown_buffer_len(len: usize, needed: usize) -> usize {
     needed.max(len.saturating_mul(2).min(READ_BUFFER_GROWTH_MAX_BYTES))
 }
-/// Replies gathered before they are written, so a pipeline of large GETs stays bounded.
-pub(super) const OUTPUT_CAP_BYTES: usize = 1 << 20;
 
 /// What the connection does after writing its replies.
 pub(super) enum After {
@@ -92,12 +91,8 @@ pub(super) struct Conn {
     pub(super) lookahead: Lookahead,
     /// Stream bytes still to discard (the rest of a rejected or too-large frame).
     pub(super) skip: u64,
-    pub(super) out: Vec<u8>,
-    /// Values the connection sends itself, at their offsets in `out` (each lease or pin ends
-    /// when it is dropped).
-    pub(super) held: Vec<(usize, Held)>,
-    /// Bytes `held` keeps in RAM until sent (they count against the output cap).
-    pub(super) held_bytes: usize,
+    /// The pass's replies, and the values sent in place among them.
+    pub(super) replies: Replies,
     /// SASL done, or not required (`--sasl-password-file` unset).
     pub(super) authenticated: bool,
     /// Failed authentications so far (`auth::after_failure`).
@@ -118,30 +113,6 @@ pub(super) struct Conn {
 /// The body of the refusal ADMIN gets on a data connection.
 const ADMIN_REFUSAL: &str =
     "ADMIN is served only on the admin socket (--admin-socket PATH), not on data connections";
-
-/// Keeps a reply part the connection sends itself in its place among the replies (`out`'s
-/// end); a lent value is followed by `lent_suffix` (the text protocols' `\r\n` after a data
-/// block). (A function of the fields, not of the connection: the command being run still
-/// borrows the connection's read buffer.)
-pub(super) fn hold(
-    ctx: &Rc<ShardCtx>,
-    out: &mut Vec<u8>,
-    held: &mut Vec<(usize, Held)>,
-    held_bytes: &mut usize,
-    part: Option<Deferred>,
-    lent_suffix: &[u8],
-) {
-    let Some(part) = part else {
-        return;
-    };
-    let lent = matches!(part, Deferred::Lent(_));
-    let part = Held::new(ctx, part);
-    *held_bytes += part.held_bytes();
-    held.push((out.len(), part));
-    if lent {
-        out.extend_from_slice(lent_suffix);
-    }
-}
 
 /// What a connection may do before SASL authentication, as memcached allows (its
 /// `authenticated()`): anything else is answered `Auth failure.` and the connection closed.
@@ -296,7 +267,7 @@ impl Conn {
             if !self.skip_buffered() {
                 return After::Read;
             }
-            if self.out.len() + self.held_bytes > OUTPUT_CAP_BYTES {
+            if self.replies.full() {
                 return After::Process;
             }
             self.lookahead.before_frame(
@@ -330,14 +301,14 @@ impl Conn {
                         log_peer_error(ctx, &self.peer, &what, close);
                         if !self.authenticated {
                             // Before authentication nothing else is answered (memcached).
-                            ResponseWriter::new(&mut self.out).error(
+                            ResponseWriter::new(&mut self.replies.out).error(
                                 opcode,
                                 opaque,
                                 Status::AuthError,
                             );
                             return After::Close;
                         }
-                        ResponseWriter::new(&mut self.out).error(opcode, opaque, status);
+                        ResponseWriter::new(&mut self.replies.out).error(opcode, opaque, status);
                         self.skip_stream(skip);
                         if close {
                             return After::Close;
@@ -359,11 +330,11 @@ impl Conn {
             self.batch.add(CommandKind::of_opcode(opcode));
             if !self.authenticated && !allowed_before_auth(&request) {
                 // Refused without running, and the connection closed, as memcached does.
-                ResponseWriter::new(&mut self.out).error(opcode, opaque, Status::AuthError);
+                ResponseWriter::new(&mut self.replies.out).error(opcode, opaque, Status::AuthError);
                 self.consume(consumed);
                 return After::Close;
             }
-            let mut w = ResponseWriter::new(&mut self.out);
+            let mut w = ResponseWriter::new(&mut self.replies.out);
             match &request {
                 Request::Noop | Request::Version | Request::Verbosity { .. } => {
                     let value: &[u8] = if request == Request::Version {
@@ -390,7 +361,7 @@ impl Conn {
                 Request::Stat { group } => {
                     let group = group.to_vec();
                     self.consume(consumed);
-                    write_stats(ctx, &group, opcode, opaque, &mut self.out).await;
+                    write_stats(ctx, &group, opcode, opaque, &mut self.replies.out).await;
                     continue;
                 }
                 Request::Admin { .. } => w.reply(
@@ -404,7 +375,7 @@ impl Conn {
                 ),
                 Request::SaslListMechs | Request::SaslAuth { .. } => {
                     let (status, body) = sasl(ctx, &mut self.authenticated, &request);
-                    ResponseWriter::new(&mut self.out).reply(
+                    ResponseWriter::new(&mut self.replies.out).reply(
                         opcode,
                         opaque,
                         status,
@@ -450,32 +421,18 @@ impl Conn {
                 }
                 keyed => {
                     let key = keyed.key().expect("keyed requests have keys");
-                    let partitions = &ctx.shared.partitions;
-                    let (partition, mut store) = partitions.lock_key(key);
-                    // Past one output cap of held bytes, values are copied, not lent.
-                    let lend = lend_from.filter(|_| self.held_bytes <= OUTPUT_CAP_BYTES);
-                    let part = execute_keyed(
-                        &mut store,
-                        partition,
-                        keyed,
-                        opcode,
-                        opaque,
-                        now,
-                        &mut self.out,
-                        lend,
-                        &ctx.shared.watchers,
-                        self.fd,
-                    );
-                    let frees = store.take_pending_frees();
-                    drop(store);
-                    ctx.free_extents(frees);
-                    hold(
+                    let (watchers, fd) = (&ctx.shared.watchers, self.fd);
+                    self.replies.run_keyed(
                         ctx,
-                        &mut self.out,
-                        &mut self.held,
-                        &mut self.held_bytes,
-                        part,
+                        key,
+                        lend_from,
                         b"",
+                        |store, partition, out, lend| {
+                            let (request, at) = (keyed, partition);
+                            execute_keyed(
+                                store, at, request, opcode, opaque, now, out, lend, watchers, fd,
+                            )
+                        },
                     );
                 }
             }
@@ -691,9 +648,7 @@ async fn serve_frames(
         lookahead: Lookahead::default(),
         consumed: 0,
         skip: 0,
-        out: Vec::new(),
-        held: Vec::new(),
-        held_bytes: 0,
+        replies: Replies::default(),
         authenticated: ctx.shared.credentials.is_none(),
         auth_failures: 0,
         protocol: None,
@@ -805,15 +760,16 @@ async fn serve_frames(
             info.state.set("conn_write");
             // Replies in order: bytes up to each large value, the large value streamed, ...
             let mut written = 0;
-            conn.held_bytes = 0;
+            conn.replies.held_bytes = 0;
             // Drained, and put back below: its room serves the next pass without allocating.
-            let mut held = std::mem::take(&mut conn.held);
+            let mut held = std::mem::take(&mut conn.replies.held);
             let parts = held.len();
             for (i, (at, part)) in held.drain(..).enumerate() {
                 let sent = match part {
                     Held::Large(get) => {
                         if let Err(ended) =
-                            write_out(ctx, stream, wire, idle, &mut conn.out, written, at).await
+                            write_out(ctx, stream, wire, idle, &mut conn.replies.out, written, at)
+                                .await
                         {
                             return ended;
                         }
@@ -821,20 +777,20 @@ async fn serve_frames(
                     }
                     // The replies before it, its header included, leave with it.
                     Held::Lent(lent) => {
-                        let last = i + 1 == parts && at == conn.out.len();
+                        let last = i + 1 == parts && at == conn.replies.out.len();
                         if last && matches!(after, After::Read) && wire.on_ring() {
                             // The pass's last reply: it goes out with the next receive, its
                             // header from the reply buffer itself when that is all of it (the
                             // spare takes its place, and it comes back as the spare).
                             let head = if written == 0 {
-                                std::mem::replace(&mut conn.out, std::mem::take(&mut spare))
+                                std::mem::replace(&mut conn.replies.out, std::mem::take(&mut spare))
                             } else {
-                                conn.out[written..at].to_vec()
+                                conn.replies.out[written..at].to_vec()
                             };
                             pending = Some(Pending::Lent(head, lent));
                             Ok(())
                         } else {
-                            let head = conn.out[written..at].to_vec();
+                            let head = conn.replies.out[written..at].to_vec();
                             send_lent(ctx, stream, wire, idle, head, lent).await
                         }
                     }
@@ -845,17 +801,17 @@ async fn serve_frames(
                     return Ended::Cut;
                 }
             }
-            conn.held = held;
-            let end = conn.out.len();
+            conn.replies.held = held;
+            let end = conn.replies.out.len();
             if matches!(after, After::Read) && wire.on_ring() && end > written {
                 // Sent together with the next receive (above); the buffer itself when whole.
                 pending = Some(Pending::Bytes(if written == 0 {
-                    std::mem::replace(&mut conn.out, std::mem::take(&mut spare))
+                    std::mem::replace(&mut conn.replies.out, std::mem::take(&mut spare))
                 } else {
-                    conn.out[written..end].to_vec()
+                    conn.replies.out[written..end].to_vec()
                 }));
             } else if let Err(ended) =
-                write_out(ctx, stream, wire, idle, &mut conn.out, written, end).await
+                write_out(ctx, stream, wire, idle, &mut conn.replies.out, written, end).await
             {
                 return ended;
             }
@@ -865,7 +821,7 @@ async fn serve_frames(
                 let elapsed_ns = arrived.elapsed().as_nanos() as u64;
                 ctx.latency.record_batch(&conn.batch.take(), elapsed_ns);
             }
-            conn.out.clear();
+            conn.replies.out.clear();
             let after = match after {
                 After::LargeSet(set) => {
                     info.state.set("conn_nread");
@@ -876,7 +832,7 @@ async fn serve_frames(
                         (idle, conn.fd),
                         buffered,
                         &set,
-                        &mut conn.out,
+                        &mut conn.replies.out,
                     )
                     .await
                     {

@@ -21,6 +21,7 @@ mod log_limit;
 pub mod lookahead;
 mod master;
 pub mod metrics;
+mod replies;
 mod shard;
 mod stats;
 mod text;

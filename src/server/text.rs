@@ -21,10 +21,11 @@ use crate::store::{
     RELATIVE_EXPIRY_MAX_SECONDS,
 };
 
-use super::conn::{hold, log_peer_error, After, Conn, OUTPUT_CAP_BYTES};
+use super::conn::{log_peer_error, After, Conn};
 use super::execute::{deliver_large, lend, lends, watched_store, Deferred, WatchedStore};
 use super::large::{LargeReply, LargeSet};
 use super::latency::CommandKind;
+use super::replies::OUTPUT_CAP_BYTES;
 use super::shard::ShardCtx;
 use super::stats::group_pairs;
 use super::unix_now;
@@ -897,7 +898,7 @@ impl Conn {
         let lend_from = ctx.io.lend_from();
         loop {
             if let Some(dump) = self.metadump.take() {
-                self.metadump = continue_metadump(ctx, dump, &mut self.out).await;
+                self.metadump = continue_metadump(ctx, dump, &mut self.replies.out).await;
                 if self.metadump.is_some() {
                     return After::Process;
                 }
@@ -905,7 +906,7 @@ impl Conn {
             if !self.skip_buffered() {
                 return After::Read;
             }
-            if self.out.len() + self.held_bytes > OUTPUT_CAP_BYTES {
+            if self.replies.full() {
                 return After::Process;
             }
             self.lookahead.before_frame(
@@ -957,7 +958,7 @@ impl Conn {
                         (false, true) => b"",
                         (false, false) => UNAUTHENTICATED,
                     };
-                    self.out.extend_from_slice(reply);
+                    self.replies.out.extend_from_slice(reply);
                     self.skip_stream(skip);
                     if close {
                         return After::Close;
@@ -973,18 +974,18 @@ impl Conn {
                     ctx.counters.borrow_mut().commands += 1;
                     self.batch.add(CommandKind::Set);
                     let reply = if self.authenticated {
-                        let (_, mut store) = ctx.shared.partitions.lock_key(&key);
-                        store.refuse_too_large(&key, drop_existing);
-                        let frees = store.take_pending_frees();
-                        drop(store);
-                        ctx.free_extents(frees);
+                        self.replies
+                            .run_keyed(ctx, &key, None, b"", |store, _, _, _| {
+                                store.refuse_too_large(&key, drop_existing);
+                                None
+                            });
                         reply
                     } else if buffered.starts_with(b"set ") {
                         AUTH_TOKEN_TOO_LONG
                     } else {
                         UNAUTHENTICATED
                     };
-                    self.out.extend_from_slice(reply);
+                    self.replies.out.extend_from_slice(reply);
                     self.skip_stream(skip);
                     continue;
                 }
@@ -996,7 +997,7 @@ impl Conn {
                     self.line_scan.consumed(consumed);
                     if !self.authenticated {
                         // Refused without running; the value and its `\r\n` are skipped.
-                        self.out.extend_from_slice(UNAUTHENTICATED);
+                        self.replies.out.extend_from_slice(UNAUTHENTICATED);
                         self.skip += store.value_len as u64 + 2;
                         continue;
                     }
@@ -1013,11 +1014,12 @@ impl Conn {
                 match authenticate(ctx, &command) {
                     Auth::Accepted => {
                         self.authenticated = true;
-                        self.out.extend_from_slice(text::STORED);
+                        self.replies.out.extend_from_slice(text::STORED);
                     }
-                    Auth::Refused(reply) => self.out.extend_from_slice(reply),
+                    Auth::Refused(reply) => self.replies.out.extend_from_slice(reply),
                     Auth::Failed => {
-                        self.out
+                        self.replies
+                            .out
                             .extend_from_slice(b"CLIENT_ERROR authentication failure\r\n");
                         if super::auth::after_failure(ctx, &mut self.auth_failures).await {
                             return After::Close;
@@ -1029,54 +1031,41 @@ impl Conn {
             match &command {
                 TextCommand::Get { cas, touch, keys } => {
                     let touch = touch.map(store_exptime);
+                    let (watchers, fd) = (&ctx.shared.watchers, self.fd);
                     for key in keys.iter() {
-                        let (partition, mut store) = ctx.shared.partitions.lock_key(key);
-                        // Past one output cap of held bytes, values are copied, not lent.
-                        let lend = lend_from.filter(|_| self.held_bytes <= OUTPUT_CAP_BYTES);
-                        let (part, fetched) = get_one(
-                            &mut store,
-                            partition,
-                            key,
-                            *cas,
-                            touch,
-                            now,
-                            &mut self.out,
-                            lend,
-                        );
-                        // (A lookup that finds a large item expired frees its extents.)
-                        let frees = store.take_pending_frees();
-                        drop(store);
-                        ctx.shared.watchers.fetched(key, fetched, self.fd);
-                        ctx.free_extents(frees);
-                        hold(
+                        self.replies.run_keyed(
                             ctx,
-                            &mut self.out,
-                            &mut self.held,
-                            &mut self.held_bytes,
-                            part,
+                            key,
+                            lend_from,
                             b"\r\n",
+                            |store, partition, out, lend| {
+                                let (part, fetched) =
+                                    get_one(store, partition, key, *cas, touch, now, out, lend);
+                                watchers.fetched(key, fetched, fd);
+                                part
+                            },
                         );
                     }
-                    self.out.extend_from_slice(text::END);
+                    self.replies.out.extend_from_slice(text::END);
                 }
                 TextCommand::FlushAll { delay, noreply } => {
                     ctx.counters.borrow_mut().cmd_flush += 1;
                     super::flush_all(&ctx.shared, (*delay).max(0) as u32, now);
                     if !noreply {
-                        self.out.extend_from_slice(text::OK);
+                        self.replies.out.extend_from_slice(text::OK);
                     }
                 }
-                TextCommand::Version => text::version(&mut self.out, &ctx.shared.version),
+                TextCommand::Version => text::version(&mut self.replies.out, &ctx.shared.version),
                 TextCommand::Verbosity { noreply, .. } => {
                     if !noreply {
-                        self.out.extend_from_slice(text::OK);
+                        self.replies.out.extend_from_slice(text::OK);
                     }
                 }
                 TextCommand::Stats { args } => {
                     let args = *args;
-                    let mut out = std::mem::take(&mut self.out);
+                    let mut out = std::mem::take(&mut self.replies.out);
                     write_stats(ctx, &args, &mut out).await;
-                    self.out = out;
+                    self.replies.out = out;
                 }
                 TextCommand::Quit => {
                     self.consume(consumed);
@@ -1084,58 +1073,47 @@ impl Conn {
                 }
                 TextCommand::Watch { kinds } => {
                     // Checked in memcached's order: replies waiting first, then the kinds.
-                    if !self.out.is_empty() || !self.held.is_empty() {
-                        self.out.extend_from_slice(errors::WATCH_AFTER_PIPELINE);
+                    if !self.replies.is_empty() {
+                        self.replies
+                            .out
+                            .extend_from_slice(errors::WATCH_AFTER_PIPELINE);
                         self.consume(consumed);
                         continue;
                     }
                     let Some(kinds) = watch::kinds_of(kinds.iter()) else {
-                        self.out.extend_from_slice(errors::ERROR);
+                        self.replies.out.extend_from_slice(errors::ERROR);
                         self.consume(consumed);
                         continue;
                     };
                     self.consume(consumed);
                     match ctx.shared.watchers.add(kinds) {
                         Some(watcher) => {
-                            self.out.extend_from_slice(text::OK);
+                            self.replies.out.extend_from_slice(text::OK);
                             return After::Watch(watcher);
                         }
-                        None => self.out.extend_from_slice(errors::WATCHER_TOO_MANY),
+                        None => self.replies.out.extend_from_slice(errors::WATCHER_TOO_MANY),
                     }
                     continue;
                 }
-                TextCommand::MetaNoop => self.out.extend_from_slice(meta::MN),
+                TextCommand::MetaNoop => self.replies.out.extend_from_slice(meta::MN),
                 TextCommand::LruCrawler(crawler) => {
-                    let pipelined = !self.out.is_empty() || !self.held.is_empty();
+                    let pipelined = !self.replies.is_empty();
                     let crawler = *crawler;
-                    let mut out = std::mem::take(&mut self.out);
+                    let mut out = std::mem::take(&mut self.replies.out);
                     self.metadump = lru_crawler(ctx, crawler, pipelined, &mut out).await;
-                    self.out = out;
+                    self.replies.out = out;
                 }
                 keyed => {
                     let key = key_of(keyed).expect("keyed text commands have keys");
-                    let (partition, mut store) = ctx.shared.partitions.lock_key(key);
-                    let lend = lend_from.filter(|_| self.held_bytes <= OUTPUT_CAP_BYTES);
-                    let part = execute_keyed(
-                        &mut store,
-                        partition,
-                        keyed,
-                        now,
-                        &mut self.out,
-                        lend,
-                        &ctx.shared.watchers,
-                        self.fd,
-                    );
-                    let frees = store.take_pending_frees();
-                    drop(store);
-                    ctx.free_extents(frees);
-                    hold(
+                    let (watchers, fd) = (&ctx.shared.watchers, self.fd);
+                    self.replies.run_keyed(
                         ctx,
-                        &mut self.out,
-                        &mut self.held,
-                        &mut self.held_bytes,
-                        part,
+                        key,
+                        lend_from,
                         b"\r\n",
+                        |store, partition, out, lend| {
+                            execute_keyed(store, partition, keyed, now, out, lend, watchers, fd)
+                        },
                     );
                 }
             }

@@ -1,0 +1,79 @@
+//! The replies a connection's pass composes, and the one way a request reaches its key's
+//! partition. Every protocol runs a keyed request the same way ([`Replies::run_keyed`]): lock
+//! the key's partition, run the request against its store (the request appends its reply and
+//! may hand back a value to send in place), let go of the lock, free the extents the store let
+//! go of, and keep the value in its place among the replies.
+
+use std::rc::Rc;
+
+use crate::store::Store;
+
+use super::deferred::Held;
+use super::execute::Deferred;
+use super::shard::ShardCtx;
+
+/// Replies gathered before they are written, so a pipeline of large GETs stays bounded.
+pub(super) const OUTPUT_CAP_BYTES: usize = 1 << 20;
+
+/// The replies of one pass, in request order: their bytes, and the values the connection sends
+/// itself (lent from the arena, or streamed from a segment) at their offsets in those bytes.
+#[derive(Default)]
+pub(super) struct Replies {
+    pub(super) out: Vec<u8>,
+    /// Values sent in place, each at its offset in `out` (each lease or pin ends when it is
+    /// dropped).
+    pub(super) held: Vec<(usize, Held)>,
+    /// Bytes `held` keeps in RAM until sent (they count against the output cap).
+    pub(super) held_bytes: usize,
+}
+
+impl Replies {
+    /// Whether the pass should stop and write before running more requests.
+    pub(super) fn full(&self) -> bool {
+        self.out.len() + self.held_bytes > OUTPUT_CAP_BYTES
+    }
+
+    /// Whether no reply is waiting (a `watch` or a metadump must come first in its pass).
+    pub(super) fn is_empty(&self) -> bool {
+        self.out.is_empty() && self.held.is_empty()
+    }
+
+    /// Keeps a value the connection sends itself in its place among the replies (`out`'s
+    /// end); a lent value is followed by `lent_suffix` (the text protocols' `\r\n` after a data
+    /// block).
+    fn hold(&mut self, ctx: &Rc<ShardCtx>, part: Option<Deferred>, lent_suffix: &[u8]) {
+        let Some(part) = part else {
+            return;
+        };
+        let lent = matches!(part, Deferred::Lent(_));
+        let part = Held::new(ctx, part);
+        self.held_bytes += part.held_bytes();
+        self.held.push((self.out.len(), part));
+        if lent {
+            self.out.extend_from_slice(lent_suffix);
+        }
+    }
+
+    /// Runs a request against `key`'s partition: `run` gets the store (locked), the
+    /// partition's index, the reply buffer and the size from which a found value is lent
+    /// rather than copied (`lend_from`, none once one output cap of bytes is held). The
+    /// extents the store let go of are freed after the lock is released, and the value `run`
+    /// hands back is kept in its place, followed by `lent_suffix` when lent.
+    pub(super) fn run_keyed(
+        &mut self,
+        ctx: &Rc<ShardCtx>,
+        key: &[u8],
+        lend_from: Option<usize>,
+        lent_suffix: &[u8],
+        run: impl FnOnce(&mut Store, usize, &mut Vec<u8>, Option<usize>) -> Option<Deferred>,
+    ) {
+        let lend_from = lend_from.filter(|_| self.held_bytes <= OUTPUT_CAP_BYTES);
+        let (partition, mut store) = ctx.shared.partitions.lock_key(key);
+        let part = run(&mut store, partition, &mut self.out, lend_from);
+        // (A lookup that finds a large item expired frees its extents, too.)
+        let frees = store.take_pending_frees();
+        drop(store);
+        ctx.free_extents(frees);
+        self.hold(ctx, part, lent_suffix);
+    }
+}
