@@ -525,16 +525,8 @@ impl Server {
 }
 
 fn request(opcode: u8, extras: &[u8], key: &[u8], value: &[u8]) -> Vec<u8> {
-    let body = extras.len() + key.len() + value.len();
-    let mut out = Vec::with_capacity(24 + body);
-    out.extend_from_slice(&[0x80, opcode]);
-    out.extend_from_slice(&(key.len() as u16).to_be_bytes());
-    out.extend_from_slice(&[extras.len() as u8, 0, 0, 0]);
-    out.extend_from_slice(&(body as u32).to_be_bytes());
-    out.extend_from_slice(&[0; 12]);
-    out.extend_from_slice(extras);
-    out.extend_from_slice(key);
-    out.extend_from_slice(value);
+    let mut out = Vec::new();
+    headroom::proto::write_request(&mut out, opcode, (extras, key, value), 0, 0);
     out
 }
 

@@ -1451,15 +1451,8 @@ fn watch_streams_fetches_and_stores_of_every_shard() {
     }
     // A binary client's SET and GET are logged too.
     let frame = |opcode: u8, extras: &[u8], key: &[u8], value: &[u8]| {
-        let body = (extras.len() + key.len() + value.len()) as u32;
-        let mut f = vec![0x80, opcode];
-        f.extend_from_slice(&(key.len() as u16).to_be_bytes());
-        f.extend_from_slice(&[extras.len() as u8, 0, 0, 0]);
-        f.extend_from_slice(&body.to_be_bytes());
-        f.extend_from_slice(&[0; 12]);
-        f.extend_from_slice(extras);
-        f.extend_from_slice(key);
-        f.extend_from_slice(value);
+        let mut f = Vec::new();
+        headroom::proto::write_request(&mut f, opcode, (extras, key, value), 0, 0);
         f
     };
     let mut binary = connect(server.addr);

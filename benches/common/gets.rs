@@ -27,25 +27,12 @@ pub fn key(i: u64) -> Vec<u8> {
 
 /// A binary GET frame for `key`.
 pub fn get_frame(out: &mut Vec<u8>, key: &[u8]) {
-    out.extend_from_slice(&[0x80, opcode::GET]);
-    out.extend_from_slice(&(key.len() as u16).to_be_bytes());
-    out.extend_from_slice(&[0, 0, 0, 0]);
-    out.extend_from_slice(&(key.len() as u32).to_be_bytes());
-    out.extend_from_slice(&[0; 12]);
-    out.extend_from_slice(key);
+    headroom::proto::write_request(out, opcode::GET, (&[], key, &[]), 0, 0);
 }
 
 /// A binary SET frame for `key` (flags 0, no expiry).
 pub fn set_frame(out: &mut Vec<u8>, key: &[u8], value: &[u8]) {
-    const EXTRAS_BYTES: usize = 8;
-    out.extend_from_slice(&[0x80, opcode::SET]);
-    out.extend_from_slice(&(key.len() as u16).to_be_bytes());
-    out.extend_from_slice(&[EXTRAS_BYTES as u8, 0, 0, 0]);
-    out.extend_from_slice(&((EXTRAS_BYTES + key.len() + value.len()) as u32).to_be_bytes());
-    out.extend_from_slice(&[0; 12]);
-    out.extend_from_slice(&[0; EXTRAS_BYTES]);
-    out.extend_from_slice(key);
-    out.extend_from_slice(value);
+    headroom::proto::write_request(out, opcode::SET, (&[0; 8], key, value), 0, 0);
 }
 
 /// `count` partitions over `arena` holding keys `0..keys`, each a `value_bytes` value.

@@ -6,11 +6,9 @@ use std::io::{self, BufReader, BufWriter, Read, Write};
 use std::net::{SocketAddr, TcpStream};
 use std::time::Duration;
 
-pub const GET: u8 = 0x00;
-pub const SET: u8 = 0x01;
-pub const DELETE: u8 = 0x04;
-pub const STAT: u8 = 0x10;
-pub const SETX: u8 = 0x40;
+use crate::proto::request_header;
+
+pub use crate::proto::opcode::{DELETE, GET, SET, SETX, STAT};
 
 pub const STATUS_OK: u16 = 0x0000;
 pub const STATUS_NOT_FOUND: u16 = 0x0001;
@@ -51,13 +49,8 @@ impl Conn {
 
     /// Queues one request (sent at [`Conn::flush`]).
     pub fn queue(&mut self, opcode: u8, extras: &[u8], key: &[u8], value: &[u8]) -> io::Result<()> {
-        let body = extras.len() + key.len() + value.len();
-        let mut header = [0u8; 24];
-        header[0] = 0x80;
-        header[1] = opcode;
-        header[2..4].copy_from_slice(&(key.len() as u16).to_be_bytes());
-        header[4] = extras.len() as u8;
-        header[8..12].copy_from_slice(&(body as u32).to_be_bytes());
+        let (extras_len, key_len) = (extras.len() as u8, key.len() as u16);
+        let header = request_header(opcode, extras_len, key_len, value.len() as u32, 0, 0);
         self.writer.write_all(&header)?;
         self.writer.write_all(extras)?;
         self.writer.write_all(key)?;

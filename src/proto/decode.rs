@@ -538,16 +538,8 @@ mod tests {
     use super::*;
 
     fn frame(opcode: u8, extras: &[u8], key: &[u8], value: &[u8], cas: u64) -> Vec<u8> {
-        let mut out = vec![REQUEST_MAGIC, opcode];
-        out.extend_from_slice(&(key.len() as u16).to_be_bytes());
-        out.push(extras.len() as u8);
-        out.extend_from_slice(&[0, 0, 0]);
-        out.extend_from_slice(&((extras.len() + key.len() + value.len()) as u32).to_be_bytes());
-        out.extend_from_slice(&0xdead_beefu32.to_be_bytes());
-        out.extend_from_slice(&cas.to_be_bytes());
-        out.extend_from_slice(extras);
-        out.extend_from_slice(key);
-        out.extend_from_slice(value);
+        let mut out = Vec::new();
+        crate::proto::write_request(&mut out, opcode, (extras, key, value), 0xdead_beef, cas);
         out
     }
 

@@ -14,7 +14,7 @@ pub mod text;
 pub use decode::{
     decode, decode_streaming, frame_keys, Decoded, FrameError, PlacementHints, Request,
 };
-pub use encode::{ResponseWriter, HEADER_BYTES};
+pub use encode::{request_header, write_request, ResponseWriter, HEADER_BYTES};
 pub use meta::{Key, MaFlags, MdFlags, MetaCode, MetaValues, MgFlags, MsFlags, ReturnFlags};
 pub use text::{
     command_keys, decode_text, decode_text_resuming, first_key, is_binary, LineScan, TextCommand,

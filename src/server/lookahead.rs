@@ -173,9 +173,14 @@ mod tests {
 
     #[test]
     fn the_first_request_key_is_found_in_either_protocol() {
-        let mut get = vec![0x80, 0x00, 0, 3, 0, 0, 0, 0, 0, 0, 0, 3, 0, 0, 0, 0];
-        get.extend_from_slice(&[0; 8]);
-        get.extend_from_slice(b"abc");
+        let mut get = Vec::new();
+        crate::proto::write_request(
+            &mut get,
+            crate::proto::opcode::GET,
+            (&[], b"abc", &[]),
+            0,
+            0,
+        );
         assert_eq!(first_request_key(&get), Some(&b"abc"[..]));
         // A frame cut short names no key.
         assert_eq!(first_request_key(&get[..get.len() - 1]), None);

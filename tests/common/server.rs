@@ -308,16 +308,8 @@ pub fn frame(
     cas: u64,
     opaque: u32,
 ) -> Vec<u8> {
-    let mut out = vec![0x80, opcode];
-    out.extend_from_slice(&(key.len() as u16).to_be_bytes());
-    out.push(extras.len() as u8);
-    out.extend_from_slice(&[0, 0, 0]);
-    out.extend_from_slice(&((extras.len() + key.len() + value.len()) as u32).to_be_bytes());
-    out.extend_from_slice(&opaque.to_be_bytes());
-    out.extend_from_slice(&cas.to_be_bytes());
-    out.extend_from_slice(extras);
-    out.extend_from_slice(key);
-    out.extend_from_slice(value);
+    let mut out = Vec::new();
+    headroom::proto::write_request(&mut out, opcode, (extras, key, value), opaque, cas);
     out
 }
 
