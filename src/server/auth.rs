@@ -11,6 +11,7 @@
 //! failure closes its connection at once, so many connections guessing together get
 //! [`AUTH_SHARD_FAILURES_PER_SECOND`] answered guesses a second per shard, not thousands.
 
+use std::cell::RefCell;
 use std::collections::HashMap;
 use std::path::Path;
 use std::time::{Duration, Instant};
@@ -70,12 +71,16 @@ impl FailureBudget {
 /// times before: charges the shard's [`FailureBudget`], holds the connection back
 /// [`AUTH_FAILURE_DELAY`] (a timer, never the executor), counts the failure, and says whether
 /// the connection must now close (its last allowed failure, or the shard's budget spent).
-pub(super) async fn after_failure(ctx: &super::shard::ShardCtx, failures: &mut u32) -> bool {
+pub(super) async fn after_failure(
+    budget: &RefCell<FailureBudget>,
+    counters: &RefCell<super::ConnCounters>,
+    failures: &mut u32,
+) -> bool {
     *failures += 1;
-    let within_budget = ctx.auth_failure_budget.borrow_mut().charge(Instant::now());
+    let within_budget = budget.borrow_mut().charge(Instant::now());
     glommio::timer::sleep(AUTH_FAILURE_DELAY).await;
     let close = !within_budget || *failures >= AUTH_FAILURES_MAX;
-    let mut counters = ctx.counters.borrow_mut();
+    let mut counters = counters.borrow_mut();
     if !within_budget {
         counters.auth_over_budget += 1;
     }

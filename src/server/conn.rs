@@ -22,10 +22,12 @@ use super::deferred::Held;
 use super::execute::execute_keyed;
 use super::large::{self, LargeReply, LargeSet};
 use super::latency::{BatchCounts, CommandKind};
+use super::limits::{idle_closed, with_limits, Io};
 use super::lookahead::{Framing, Lookahead};
 use super::replies::Replies;
+use super::shard::ConnInfo;
 use super::shard::ShardCtx;
-use super::stats::{write_stats, ConnInfo};
+use super::stats::write_stats;
 use super::unix_now;
 use super::wire::Wire;
 
@@ -133,19 +135,6 @@ pub(super) fn log_peer_error(ctx: &ShardCtx, peer: &str, what: &str, closed: boo
             held_back,
             closed,
             "protocol error from a client: {what} (one line per second per shard at most)"
-        );
-    }
-}
-
-/// Counts a connection closed for idling past `--idle-timeout`, with a debug line (at most one
-/// per second per shard).
-pub(super) fn idle_closed(ctx: &ShardCtx) {
-    ctx.counters.borrow_mut().idle_closed += 1;
-    if let Some(held_back) = ctx.idle_log.allow(unix_now()) {
-        tracing::debug!(
-            shard = ctx.id,
-            held_back,
-            "connection closed: idle past --idle-timeout"
         );
     }
 }
@@ -386,7 +375,13 @@ impl Conn {
                     );
                     if status == Status::AuthError {
                         self.consume(consumed);
-                        if super::auth::after_failure(ctx, &mut self.auth_failures).await {
+                        if super::auth::after_failure(
+                            &ctx.auth_failure_budget,
+                            &ctx.counters,
+                            &mut self.auth_failures,
+                        )
+                        .await
+                        {
                             return After::Close;
                         }
                         continue;
@@ -509,42 +504,13 @@ impl Conn {
     }
 }
 
-/// What a read or a write came back with.
-pub(super) enum Io {
-    Done(usize),
-    /// The peer left, the socket failed, or the server stops (`shard::shut_connections` shut
-    /// the socket down).
-    Closed,
-    TimedOut,
-}
-
-/// Runs one socket read or write, bounded by the idle timeout. Shutdown needs no waiter here:
-/// it shuts the socket down, which ends the read or fails the write.
-pub(super) async fn with_limits<F>(idle: Option<Duration>, io: F) -> Io
-where
-    F: std::future::Future<Output = std::io::Result<usize>>,
-{
-    let io = async {
-        match io.await {
-            Ok(0) | Err(_) => Io::Closed,
-            Ok(n) => Io::Done(n),
-        }
-    };
-    match idle {
-        Some(limit) => glommio::timer::timeout(limit, async { Ok(io.await) })
-            .await
-            .unwrap_or(Io::TimedOut),
-        None => io.await,
-    }
-}
-
 /// Serves one connection until the client leaves, a protocol error closes it, it idles out,
 /// or the server stops. The socket is closed only after every ring operation on it is done.
 pub async fn serve(ctx: Rc<ShardCtx>, mut stream: TcpStream) {
     if let Err(err) = stream.set_nodelay(true) {
         tracing::debug!(%err, "TCP_NODELAY refused");
     }
-    let wire = Wire::new(&ctx, &stream);
+    let wire = Wire::new(&ctx.io, ctx.shared.settings.receive_timestamps, &stream);
     let info = Rc::new(ConnInfo {
         fd: std::os::fd::AsRawFd::as_raw_fd(&stream),
         peer: stream.peer_addr().map_or("?".into(), |a| a.to_string()),

@@ -8,8 +8,7 @@ use std::rc::Rc;
 use crate::arena::SendPin;
 use crate::lent::Lent;
 
-use super::execute::{Deferred, LentGet};
-use super::large::HeldLarge;
+use super::execute::{Deferred, LargeGet, LentGet};
 use super::shard::ShardCtx;
 
 pub enum Held {
@@ -73,4 +72,47 @@ impl Drop for HeldLent {
 /// Ends a send pin in the partition that made it.
 pub(super) fn unpin(ctx: &Rc<ShardCtx>, owner: usize, pin: SendPin) {
     ctx.shared.partitions.lock(owner).unpin_sent(pin);
+}
+
+/// Ends a large GET's lease in its partition; extents freed meanwhile go to the master.
+pub fn release(ctx: &Rc<ShardCtx>, get: &LargeGet) {
+    let Some(lease) = get.hit.lease else {
+        return;
+    };
+    let frees = {
+        let mut store = ctx.shared.partitions.lock(get.owner);
+        store.release_lease(lease);
+        store.take_pending_frees()
+    };
+    ctx.free_extents(frees);
+}
+
+/// A large GET waiting to be streamed: its lease ends when this is dropped, whether the value
+/// was sent or the connection died first.
+pub struct HeldLarge {
+    pub(super) get: LargeGet,
+    ctx: Rc<ShardCtx>,
+}
+
+impl HeldLarge {
+    pub fn new(ctx: &Rc<ShardCtx>, get: LargeGet) -> HeldLarge {
+        HeldLarge {
+            get,
+            ctx: Rc::clone(ctx),
+        }
+    }
+
+    /// Head bytes held in memory for it (copied, or pinned in the owner's arena).
+    pub fn head_bytes(&self) -> usize {
+        self.get.head_len()
+    }
+}
+
+impl Drop for HeldLarge {
+    fn drop(&mut self) {
+        if let Some(pin) = self.get.head_pin.take() {
+            unpin(&self.ctx, self.get.owner, pin);
+        }
+        release(&self.ctx, &self.get);
+    }
 }

@@ -13,16 +13,17 @@ use glommio::net::TcpStream;
 
 use crate::lent::Lent;
 use crate::placement::{LocalityHint, PlacementError, PlacementRequest, TargetId};
-use crate::proto::{PlacementHints, ResponseWriter, Status, StoreMode};
+use crate::proto::{PlacementHints, ResponseWriter, Status, StoreMode, TextStore};
 use crate::ring::PoolChunk;
 use crate::segment::storage::AlignedBuf;
 use crate::segment::{Extent, TargetStorage};
 use crate::store::{LargeHit, LargeLink, StoreOutcome};
 
-use super::conn::{with_limits, Io};
-use super::execute::{watched_store, LargeGet, WatchedStore};
+use super::deferred::{unpin, HeldLarge};
+use super::execute::{watched_store, WatchedStore};
+use super::limits::{with_limits, Io};
 use super::shard::{ShardCtx, ShardReply, ShardRequest};
-use super::text::OwnedStoreReply;
+use super::text_reply::{compare_cas, store_exptime, OwnedStoreReply};
 use super::unix_now;
 use super::wire::Wire;
 
@@ -327,49 +328,6 @@ impl SegmentFiles {
     }
 }
 
-/// Ends a large GET's lease in its partition; extents freed meanwhile go to the master.
-pub fn release(ctx: &Rc<ShardCtx>, get: &LargeGet) {
-    let Some(lease) = get.hit.lease else {
-        return;
-    };
-    let frees = {
-        let mut store = ctx.shared.partitions.lock(get.owner);
-        store.release_lease(lease);
-        store.take_pending_frees()
-    };
-    ctx.free_extents(frees);
-}
-
-/// A large GET waiting to be streamed: its lease ends when this is dropped, whether the value
-/// was sent or the connection died first.
-pub struct HeldLarge {
-    get: LargeGet,
-    ctx: Rc<ShardCtx>,
-}
-
-impl HeldLarge {
-    pub fn new(ctx: &Rc<ShardCtx>, get: LargeGet) -> HeldLarge {
-        HeldLarge {
-            get,
-            ctx: Rc::clone(ctx),
-        }
-    }
-
-    /// Head bytes held in memory for it (copied, or pinned in the owner's arena).
-    pub fn head_bytes(&self) -> usize {
-        self.get.head_len()
-    }
-}
-
-impl Drop for HeldLarge {
-    fn drop(&mut self) {
-        if let Some(pin) = self.get.head_pin.take() {
-            super::deferred::unpin(&self.ctx, self.get.owner, pin);
-        }
-        release(&self.ctx, &self.get);
-    }
-}
-
 /// One bounded socket read or write; anything but progress is an error that ends the
 /// connection (a timeout is counted).
 async fn step<F>(ctx: &ShardCtx, idle: Option<Duration>, io: F) -> io::Result<usize>
@@ -379,7 +337,7 @@ where
     match with_limits(idle, io).await {
         Io::Done(n) => Ok(n),
         Io::TimedOut => {
-            super::conn::idle_closed(ctx);
+            super::limits::idle_closed(ctx);
             Err(io::ErrorKind::TimedOut.into())
         }
         Io::Closed => Err(io::ErrorKind::UnexpectedEof.into()),
@@ -479,7 +437,7 @@ where
             ))
         }
         Io::TimedOut => {
-            super::conn::idle_closed(ctx);
+            super::limits::idle_closed(ctx);
             Err(io::ErrorKind::TimedOut.into())
         }
         Io::Closed => Err(io::ErrorKind::UnexpectedEof.into()),
@@ -689,8 +647,7 @@ pub async fn receive_set(
             // connection stays in step and can be answered.
             if segment_error.is_none() {
                 for &(target, extent) in &replicas {
-                    let (written, back) = ctx
-                        .files
+                    let (written, back) = SegmentFiles
                         .write(ctx, target, extent, received, staging, filled)
                         .await;
                     staging = back;
@@ -909,7 +866,7 @@ async fn send_value(
                 counters.head_bytes_lent += len as u64;
             }
             let (unpin_ctx, owner) = (Rc::clone(ctx), get.owner);
-            let lent = pin.lend(move |pin| super::deferred::unpin(&unpin_ctx, owner, pin));
+            let lent = pin.lend(move |pin| unpin(&unpin_ctx, owner, pin));
             check.feed_lent(&lent)?;
             step(ctx, idle, async {
                 wire.write_head_and_lent(stream, header, lent)
@@ -1016,7 +973,7 @@ async fn send_copied(
     let mut chunk = Vec::with_capacity(chunk_bytes);
     while at < rest.value_len {
         let len = ((rest.value_len - at) as usize).min(chunk_bytes);
-        ctx.files.read(ctx, target, rest.extent, at, len, &mut chunk).await.inspect_err(|err| {
+        SegmentFiles.read(ctx, target, rest.extent, at, len, &mut chunk).await.inspect_err(|err| {
             tracing::error!(%err, "reading a large value from its segment failed; closing the connection");
         })?;
         check.feed(&chunk)?;
@@ -1083,7 +1040,7 @@ async fn send_file_ring(
             ctx.io.counters.borrow_mut().fallbacks += 1;
             let len = ((rest.value_len - next) as usize).min(chunk_bytes);
             let mut chunk = Vec::new();
-            ctx.files
+            SegmentFiles
                 .read_file(file, rest.extent.offset + next, len, &mut chunk)
                 .await?;
             check.feed(&chunk)?;
@@ -1117,5 +1074,21 @@ async fn send_file_ring(
                 .map(|()| len.max(1))
         })
         .await?;
+    }
+}
+
+impl LargeSet {
+    /// A text or `ms` storage command whose value is streamed to a segment.
+    pub(super) fn from_text(store: &TextStore) -> LargeSet {
+        LargeSet {
+            mode: store.mode,
+            key: store.key.to_vec(),
+            flags: store.flags,
+            expiry: store_exptime(store.exptime),
+            cas: compare_cas(store),
+            value_len: store.value_len as u64,
+            hints: store.meta.as_ref().and_then(|ms| ms.hints.clone()),
+            reply: LargeReply::Text(Box::new(OwnedStoreReply::of(store))),
+        }
     }
 }

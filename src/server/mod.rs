@@ -16,6 +16,7 @@ mod event;
 mod execute;
 mod large;
 pub mod latency;
+mod limits;
 pub mod listen;
 mod log_limit;
 pub mod lookahead;
@@ -24,7 +25,9 @@ pub mod metrics;
 mod replies;
 mod shard;
 mod stats;
+mod tasks;
 mod text;
+mod text_reply;
 pub mod user;
 mod warm;
 mod watch;
@@ -537,7 +540,7 @@ async fn shard_main(
         ))));
     }
     let ctx = Rc::new(ShardCtx::new(id, Arc::clone(&shared), senders, peers, io));
-    shard::spawn_receivers(&ctx, receivers);
+    tasks::spawn_receivers(&ctx, receivers);
     warm::restore(&ctx).await;
     // Only the master answers during restores, so blocking this thread here is safe.
     shared.restore_done.wait();
@@ -562,9 +565,9 @@ async fn shard_main(
     };
     let admin =
         admin.map(|listener| glommio::spawn_local(admin::serve_socket(Rc::clone(&ctx), listener)));
-    let sweeper = glommio::spawn_local(shard::sweep_loop(Rc::clone(&ctx)));
-    let promoter = glommio::spawn_local(shard::promotion_loop(Rc::clone(&ctx)));
-    shard::accept_loop(Rc::clone(&ctx), listener).await;
+    let sweeper = glommio::spawn_local(tasks::sweep_loop(Rc::clone(&ctx)));
+    let promoter = glommio::spawn_local(tasks::promotion_loop(Rc::clone(&ctx)));
+    tasks::accept_loop(Rc::clone(&ctx), listener).await;
     watcher.await;
     if let Some(admin) = admin {
         admin.await;

@@ -11,20 +11,40 @@
 use std::cell::{Cell, RefCell};
 use std::collections::HashMap;
 use std::rc::Rc;
-use std::sync::atomic::{AtomicUsize, Ordering};
+use std::sync::atomic::Ordering;
 use std::sync::Arc;
-use std::time::Duration;
+use std::time::Instant;
 
-use glommio::channels::channel_mesh::{Receivers, Senders};
+use glommio::channels::channel_mesh::Senders;
 use glommio::channels::local_channel::{self, LocalSender};
-use glommio::net::{TcpListener, TcpStream};
 
 use crate::placement::{Placed, PlacementError, PlacementRequest, PlacementStats, TargetId};
 use crate::segment::{Extent, MountedTarget, SegmentSpec, TargetSpec, TargetStorage};
 
 use super::event::LocalEvent;
-use super::large::SegmentFiles;
 use super::{unix_now, ConnCounters, Shared};
+
+/// A STAT group every shard answers for its own core (its connections and counters).
+#[derive(Clone, Copy, Debug)]
+pub enum StatQuery {
+    Reset,
+    Conns,
+}
+
+pub enum StatAnswer {
+    Done,
+    Conns(Vec<ConnRow>),
+}
+
+/// One connection's row.
+#[derive(Clone, Debug)]
+pub struct ConnRow {
+    pub fd: i32,
+    pub peer: String,
+    pub local: String,
+    pub state: &'static str,
+    pub idle_seconds: u64,
+}
 
 /// Messages between peers of the mesh (shards and the placement master).
 pub enum Message {
@@ -46,7 +66,7 @@ pub enum ShardRequest {
     /// To a shard: serve this accepted connection (its descriptor is the receiver's now).
     Adopt(std::os::fd::OwnedFd),
     /// To a shard: a STAT group answered per core (connections).
-    StatQuery(super::stats::StatQuery),
+    StatQuery(StatQuery),
     /// To the placement master: extents for a large value of `key`.
     Place {
         request: PlacementRequest,
@@ -99,7 +119,7 @@ pub enum ShardReply {
     /// A handed-off connection is served by the shard that answers.
     Adopted,
     Stats(Box<ShardSnapshot>),
-    StatAnswer(super::stats::StatAnswer),
+    StatAnswer(StatAnswer),
     Placed(Result<Placed, PlacementError>),
     /// No room: evict these large values (least recently used) and ask again.
     EvictFirst(Vec<Victim>),
@@ -168,6 +188,18 @@ pub struct ShardSnapshot {
     pub latency: super::latency::LatencySnapshot,
 }
 
+/// What STAT `conns` shows of a live client connection (shared by the connection, which
+/// updates it, and its shard's table).
+#[derive(Debug)]
+pub struct ConnInfo {
+    pub fd: i32,
+    pub peer: String,
+    pub local: String,
+    /// memcached's state names: `conn_waiting`, `conn_parse_cmd`, `conn_nread`, `conn_write`.
+    pub state: Cell<&'static str>,
+    pub last_command: Cell<Instant>,
+}
+
 /// Everything a shard's tasks share (single-threaded; `Rc`).
 pub struct ShardCtx {
     pub id: usize,
@@ -189,10 +221,9 @@ pub struct ShardCtx {
     pub auth_failure_budget: RefCell<super::auth::FailureBudget>,
     pub segment_write_log: super::log_limit::LogLimiter,
     /// This shard's client connections, by socket, for STAT `conns`.
-    pub conns: RefCell<HashMap<i32, Rc<super::stats::ConnInfo>>>,
+    pub conns: RefCell<HashMap<i32, Rc<ConnInfo>>>,
     pub stop: LocalEvent,
     pub live_connections: Cell<usize>,
-    pub files: SegmentFiles,
     /// The storage of every mounted target, by target id (`None`: unmounted).
     pub storage: RefCell<Vec<Option<TargetStorage>>>,
     /// The ring (if any), the streaming pool, and the data path's counters.
@@ -278,13 +309,22 @@ impl ShardCtx {
             conns: RefCell::new(HashMap::new()),
             stop: LocalEvent::new(),
             live_connections: Cell::new(0),
-            files: SegmentFiles,
             io,
             latency: super::latency::LatencyHistograms::new(),
             storage: RefCell::new(storage),
             mesh_sent: Cell::new(MeshCounters::default()),
             calls: Calls::default(),
         }
+    }
+
+    /// Answers a peer's request `token` without blocking ([`send_reply`]).
+    pub fn reply_to(&self, peer: usize, token: u64, reply: ShardReply) {
+        send_reply(&self.mesh, peer, token, reply);
+    }
+
+    /// Hands a peer's reply to the request of this shard waiting for it.
+    pub fn deliver(&self, token: u64, reply: ShardReply) {
+        self.calls.deliver(token, reply);
     }
 
     /// Sends a request to shard `to` and waits for its reply.
@@ -304,13 +344,12 @@ impl ShardCtx {
         self.calls.call(&self.mesh, to, request).await
     }
 
-    /// Runs a request from another peer, synchronously.
-    fn serve(&self, request: ShardRequest) -> ShardReply {
+    /// Runs a request from another peer, synchronously (statistics queries aside: the
+    /// receivers answer them, `tasks::spawn_receivers`).
+    pub fn serve(&self, request: ShardRequest) -> ShardReply {
         match request {
             ShardRequest::Stats => ShardReply::Stats(Box::new(self.snapshot())),
-            ShardRequest::StatQuery(query) => {
-                ShardReply::StatAnswer(super::stats::answer(self, query))
-            }
+            ShardRequest::StatQuery(_) => unreachable!("the receivers answer statistics queries"),
             ShardRequest::AddStorage(added) => {
                 let mut table = self.storage.borrow_mut();
                 for (id, storage) in added {
@@ -392,34 +431,6 @@ pub fn send_reply(mesh: &Rc<Senders<Message>>, to: usize, token: u64, reply: Sha
     }
 }
 
-/// Receives from every peer: runs requests, delivers replies.
-pub fn spawn_receivers(ctx: &Rc<ShardCtx>, mut receivers: Receivers<Message>) {
-    for (_peer, stream) in receivers.streams() {
-        let ctx = Rc::clone(ctx);
-        glommio::spawn_local(async move {
-            while let Some(message) = stream.recv().await {
-                match message {
-                    Message::Request {
-                        from,
-                        token,
-                        request: ShardRequest::Adopt(fd),
-                    } => {
-                        spawn_connection(&ctx, super::listen::adopt_stream(fd));
-                        send_reply(&ctx.mesh, from, token, ShardReply::Adopted)
-                    }
-                    Message::Request {
-                        from,
-                        token,
-                        request,
-                    } => send_reply(&ctx.mesh, from, token, ctx.serve(request)),
-                    Message::Reply { token, reply } => ctx.calls.deliver(token, reply),
-                }
-            }
-        })
-        .detach();
-    }
-}
-
 /// How the stop reaches this shard's client connections. A connection waits on its socket
 /// alone, with no stop waiter beside each read and write (that cost a map entry and a waker
 /// clone per I/O), so the stop goes through the sockets: `Read` at the stop ends every
@@ -435,155 +446,6 @@ pub fn shut_connections(ctx: &ShardCtx, how: nix::sys::socket::Shutdown) -> usiz
         }
     }
     conns.len()
-}
-
-/// Sleeps `period`; `false` when the shard is told to stop meanwhile.
-async fn tick_or_stop(ctx: &ShardCtx, period: Duration) -> bool {
-    futures_lite::future::or(
-        async {
-            glommio::timer::sleep(period).await;
-            true
-        },
-        async {
-            ctx.stop.wait().await;
-            false
-        },
-    )
-    .await
-}
-
-/// Accepts connections until the stop event fires.
-pub async fn accept_loop(ctx: Rc<ShardCtx>, listener: TcpListener) {
-    loop {
-        let accepted = futures_lite::future::or(async { Some(listener.accept().await) }, async {
-            ctx.stop.wait().await;
-            None
-        })
-        .await;
-        let stream = match accepted {
-            None => break,
-            Some(Ok(stream)) => stream,
-            Some(Err(err)) => {
-                tracing::warn!(shard = ctx.id, %err, "accept failed");
-                glommio::timer::sleep(Duration::from_millis(10)).await;
-                continue;
-            }
-        };
-        let shared = &ctx.shared;
-        let open = shared.curr_connections.fetch_add(1, Ordering::AcqRel) + 1;
-        if open > shared.settings.max_connections {
-            shared.curr_connections.fetch_sub(1, Ordering::AcqRel);
-            shared.rejected_connections.fetch_add(1, Ordering::Relaxed);
-            if let Some(held_back) = ctx.refusal_log.allow(super::unix_now()) {
-                let peer = stream.peer_addr().map_or("?".into(), |a| a.to_string());
-                tracing::warn!(
-                    shard = ctx.id,
-                    %peer,
-                    max_connections = shared.settings.max_connections,
-                    held_back,
-                    "connection refused: --max-connections reached (one line per second per shard at most; STAT rejected_connections counts every refusal)"
-                );
-            }
-            super::listen::refuse_over_limit(stream);
-            continue;
-        }
-        shared.total_connections.fetch_add(1, Ordering::Relaxed);
-        match fewer_connections_than_mine(&shared.connections_by_shard, ctx.id) {
-            Some(to) => hand_off(&ctx, stream, to),
-            None => {
-                shared.connections_by_shard[ctx.id].fetch_add(1, Ordering::AcqRel);
-                spawn_connection(&ctx, stream);
-            }
-        }
-    }
-}
-
-/// The shard a new connection should go to instead of `mine`: the one serving the fewest, if
-/// it serves fewer than `mine` does. The kernel's SO_REUSEPORT hash spreads connections at
-/// random, so with a few clients one shard could serve three and another one (memcached's
-/// dispatcher hands them round-robin); this keeps the counts within one of each other. A
-/// hand-off is one control-plane message per connection, never per request.
-fn fewer_connections_than_mine(by_shard: &[AtomicUsize], mine: usize) -> Option<usize> {
-    let count = |shard: usize| by_shard[shard].load(Ordering::Acquire);
-    let fewest = (0..by_shard.len()).min_by_key(|&shard| count(shard))?;
-    (count(fewest) < count(mine)).then_some(fewest)
-}
-
-/// Gives an accepted connection to shard `to` over the mesh. If `to` has stopped (shutdown),
-/// the message and the descriptor in it are dropped, which closes the connection.
-fn hand_off(ctx: &Rc<ShardCtx>, stream: TcpStream, to: usize) {
-    let by_shard = &ctx.shared.connections_by_shard;
-    let fd = super::listen::detach_stream(stream);
-    // Counted on `to` at once, so the next accept (here or on another shard) sees it.
-    by_shard[to].fetch_add(1, Ordering::AcqRel);
-    let ctx = Rc::clone(ctx);
-    glommio::spawn_local(async move {
-        if let ShardReply::Adopted = ctx.call(to, ShardRequest::Adopt(fd)).await {
-            return;
-        }
-        let shared = &ctx.shared;
-        shared.connections_by_shard[to].fetch_sub(1, Ordering::AcqRel);
-        shared.curr_connections.fetch_sub(1, Ordering::AcqRel);
-    })
-    .detach();
-}
-
-/// Serves an admitted connection on this shard; counted in `connections_by_shard` already.
-fn spawn_connection(ctx: &Rc<ShardCtx>, stream: TcpStream) {
-    ctx.live_connections.set(ctx.live_connections.get() + 1);
-    let conn_ctx = Rc::clone(ctx);
-    glommio::spawn_local(async move {
-        super::conn::serve(Rc::clone(&conn_ctx), stream).await;
-        conn_ctx
-            .live_connections
-            .set(conn_ctx.live_connections.get() - 1);
-        let shared = &conn_ctx.shared;
-        shared.connections_by_shard[conn_ctx.id].fetch_sub(1, Ordering::AcqRel);
-        shared.curr_connections.fetch_sub(1, Ordering::AcqRel);
-    })
-    .detach();
-}
-
-/// Bounded background sweep of expired items in this shard's partitions, once a second
-/// (skipped while text `lru_crawler disable` has it off).
-pub async fn sweep_loop(ctx: Rc<ShardCtx>) {
-    const SWEEP_ITEMS_PER_TICK: usize = 10_000;
-    let partitions = &ctx.shared.partitions;
-    let mine: Vec<usize> = partitions.owned_by(ctx.id, ctx.shards).collect();
-    if mine.is_empty() {
-        return;
-    }
-    let budget = (SWEEP_ITEMS_PER_TICK / mine.len()).max(1);
-    while tick_or_stop(&ctx, Duration::from_secs(1)).await {
-        if !ctx.shared.crawler_enabled.load(Ordering::Relaxed) {
-            continue;
-        }
-        let now = unix_now();
-        for &index in &mine {
-            let mut store = partitions.lock(index);
-            store.sweep_expired(budget, now);
-            // Expired large items give their extents back now, not at the next request.
-            let frees = store.take_pending_frees();
-            drop(store);
-            ctx.free_extents(frees);
-        }
-    }
-}
-
-/// The promotion pass over this shard's partitions every `--promotion-interval` (never with
-/// 0, or with one fixed-head region, where the arena has nothing to exchange).
-pub async fn promotion_loop(ctx: Rc<ShardCtx>) {
-    let interval = ctx.shared.settings.promotion_interval_ms;
-    let partitions = &ctx.shared.partitions;
-    if interval == 0 || partitions.is_empty() || !partitions.lock(0).arena().can_promote() {
-        return;
-    }
-    let mine: Vec<usize> = partitions.owned_by(ctx.id, ctx.shards).collect();
-    while tick_or_stop(&ctx, Duration::from_millis(interval)).await {
-        for &index in &mine {
-            promote(&ctx.shared, index);
-        }
-    }
 }
 
 /// One promotion pass on a partition, logged when it moved anything.

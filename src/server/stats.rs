@@ -2,7 +2,6 @@
 //! `items`, `slabs`, `sizes`, `conns`, `reset` and `detail on|off|dump`; and Headroom's own
 //! `arena`, `io`, `segments` and `placement`. `docs/protocol.md` lists every name.
 
-use std::cell::Cell;
 use std::collections::BTreeMap;
 use std::sync::atomic::Ordering;
 use std::time::Instant;
@@ -11,7 +10,10 @@ use crate::proto::{ResponseWriter, Status};
 use crate::store::detail::{self, PrefixCounts};
 use crate::store::{ItemClass, StoreStats};
 
-use super::shard::{MasterSnapshot, ShardCtx, ShardReply, ShardRequest, ShardSnapshot};
+use super::shard::{
+    ConnRow, MasterSnapshot, ShardCtx, ShardReply, ShardRequest, ShardSnapshot, StatAnswer,
+    StatQuery,
+};
 use super::{ConnCounters, Shared};
 
 /// Gathers every shard's snapshot (this one's directly, the others over the mesh).
@@ -46,40 +48,6 @@ async fn gather(ctx: &ShardCtx) -> Vec<ShardSnapshot> {
         }
     }
     snapshots
-}
-
-/// A STAT group every shard answers for its own core (its connections and counters).
-#[derive(Clone, Copy, Debug)]
-pub enum StatQuery {
-    Reset,
-    Conns,
-}
-
-pub enum StatAnswer {
-    Done,
-    Conns(Vec<ConnRow>),
-}
-
-/// What STAT `conns` shows of a live client connection (shared by the connection, which
-/// updates it, and its shard's table).
-#[derive(Debug)]
-pub struct ConnInfo {
-    pub fd: i32,
-    pub peer: String,
-    pub local: String,
-    /// memcached's state names: `conn_waiting`, `conn_parse_cmd`, `conn_nread`, `conn_write`.
-    pub state: Cell<&'static str>,
-    pub last_command: Cell<Instant>,
-}
-
-/// One connection's row.
-#[derive(Clone, Debug)]
-pub struct ConnRow {
-    pub fd: i32,
-    pub peer: String,
-    pub local: String,
-    pub state: &'static str,
-    pub idle_seconds: u64,
 }
 
 /// Answers a [`StatQuery`] on this shard.

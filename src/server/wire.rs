@@ -26,7 +26,6 @@ use crate::ring::buffers::FIXED_BUFFER_MAX_BYTES;
 use crate::ring::multishot::Inbox;
 use crate::ring::{Buf, FixedBuffers, ReapClock, Ring, Stamped, StreamPool, ZcReport};
 
-use super::shard::ShardCtx;
 use super::Shared;
 
 /// Counters of the choices the data path made (STAT `io`, beside the ring's own).
@@ -259,13 +258,16 @@ pub struct Wire {
 const STAMP_AGE_MAX: Duration = Duration::from_secs(10);
 
 impl Wire {
-    pub fn new(ctx: &ShardCtx, stream: &TcpStream) -> Wire {
+    /// The data path of a new connection on `stream`, through the shard's `io`; with
+    /// `receive_timestamps` (and a ring) the kernel's receive time starts each request's
+    /// latency.
+    pub fn new(io: &ShardIo, receive_timestamps: bool, stream: &TcpStream) -> Wire {
         let fd = stream.as_raw_fd();
-        let ring = ctx.io.ring.clone();
+        let ring = io.ring.clone();
         // The kernel's receive time starts a request's latency where the bytes arrived,
         // before this shard woke up to reap them (docs/server.md, "Latency").
         let stamps = ring.is_some()
-            && ctx.shared.settings.receive_timestamps
+            && receive_timestamps
             && crate::sys::enable_receive_timestamps(fd)
                 .inspect_err(|err| tracing::debug!(%err, "no receive timestamps"))
                 .is_ok();

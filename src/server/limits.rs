@@ -1,0 +1,49 @@
+//! A socket read or write bounded by the connection's idle timeout, and what it came back
+//! with: the one way a connection's I/O waits, whether it carries requests or a large value.
+
+use std::time::Duration;
+
+use super::shard::ShardCtx;
+use super::unix_now;
+
+/// Counts a connection closed for idling past `--idle-timeout`, with a debug line (at most one
+/// per second per shard).
+pub(super) fn idle_closed(ctx: &ShardCtx) {
+    ctx.counters.borrow_mut().idle_closed += 1;
+    if let Some(held_back) = ctx.idle_log.allow(unix_now()) {
+        tracing::debug!(
+            shard = ctx.id,
+            held_back,
+            "connection closed: idle past --idle-timeout"
+        );
+    }
+}
+
+/// What a read or a write came back with.
+pub(super) enum Io {
+    Done(usize),
+    /// The peer left, the socket failed, or the server stops (`shard::shut_connections` shut
+    /// the socket down).
+    Closed,
+    TimedOut,
+}
+
+/// Runs one socket read or write, bounded by the idle timeout. Shutdown needs no waiter here:
+/// it shuts the socket down, which ends the read or fails the write.
+pub(super) async fn with_limits<F>(idle: Option<Duration>, io: F) -> Io
+where
+    F: std::future::Future<Output = std::io::Result<usize>>,
+{
+    let io = async {
+        match io.await {
+            Ok(0) | Err(_) => Io::Closed,
+            Ok(n) => Io::Done(n),
+        }
+    };
+    match idle {
+        Some(limit) => glommio::timer::timeout(limit, async { Ok(io.await) })
+            .await
+            .unwrap_or(Io::TimedOut),
+        None => io.await,
+    }
+}
