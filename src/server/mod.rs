@@ -9,6 +9,7 @@
 
 mod admin;
 mod auth;
+mod binary;
 mod conn;
 pub mod data_dir;
 mod deferred;
@@ -23,6 +24,7 @@ pub mod lookahead;
 mod master;
 pub mod metrics;
 mod replies;
+mod serve;
 mod shard;
 mod stats;
 mod tasks;

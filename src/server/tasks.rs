@@ -145,7 +145,7 @@ fn spawn_connection(ctx: &Rc<ShardCtx>, stream: TcpStream) {
     ctx.live_connections.set(ctx.live_connections.get() + 1);
     let conn_ctx = Rc::clone(ctx);
     glommio::spawn_local(async move {
-        super::conn::serve(Rc::clone(&conn_ctx), stream).await;
+        super::serve::serve(Rc::clone(&conn_ctx), stream).await;
         conn_ctx
             .live_connections
             .set(conn_ctx.live_connections.get() - 1);

@@ -630,7 +630,7 @@ async fn crawl(ctx: &Rc<ShardCtx>, classes: CrawlClasses) {
 
 /// Where an `lru_crawler metadump` is: the partition and index bucket it goes on from, and
 /// the classes it lists.
-pub(super) struct Metadump {
+struct Metadump {
     classes: CrawlClasses,
     partition: usize,
     bucket: usize,
@@ -733,59 +733,68 @@ fn authenticate(ctx: &ShardCtx, command: &TextCommand) -> Auth {
     }
 }
 
-impl Conn {
-    /// Runs every whole text or meta command buffered, up to the output cap. Returns what to
-    /// do next.
-    pub(super) async fn process_text(&mut self, ctx: &Rc<ShardCtx>, now: u32) -> After {
+/// A text connection's state between passes.
+#[derive(Default)]
+pub(super) struct TextSession {
+    /// An `lru_crawler metadump` under way: it goes out a buffer at a time, before the
+    /// commands after it.
+    metadump: Option<Metadump>,
+}
+
+impl TextSession {
+    /// Runs every whole text or meta command buffered on `conn`, up to the output cap, and
+    /// says what the connection does next. `now`: the time the commands run at, in Unix
+    /// seconds.
+    pub(super) async fn process(&mut self, conn: &mut Conn, ctx: &Rc<ShardCtx>, now: u32) -> After {
         let max_item = ctx.shared.settings.max_item_bytes as usize;
         // Values above ram_head live in segments: they are streamed, never buffered whole.
         let stream_from = ctx.shared.settings.arena.ram_head_bytes as usize;
         let lend_from = ctx.io.lend_from();
         loop {
             if let Some(dump) = self.metadump.take() {
-                self.metadump = continue_metadump(ctx, dump, &mut self.replies.out).await;
+                self.metadump = continue_metadump(ctx, dump, &mut conn.replies.out).await;
                 if self.metadump.is_some() {
                     return After::Process;
                 }
             }
-            if !self.skip_buffered() {
+            if !conn.skip_buffered() {
                 return After::Read;
             }
-            if self.replies.full() {
+            if conn.replies.full() {
                 return After::Process;
             }
-            self.lookahead.before_frame(
+            conn.lookahead.before_frame(
                 &ctx.shared.partitions,
                 super::lookahead::Framing::Text,
-                &self.buf[..self.filled],
-                self.consumed,
+                &conn.buf[..conn.filled],
+                conn.consumed,
             );
-            let buffered = &self.buf[self.consumed..self.filled];
+            let buffered = &conn.buf[conn.consumed..conn.filled];
             // The search for the line's end resumes where the last pass's stopped.
             // Before authentication only a token up to AUTH_TOKEN_MAX_BYTES is buffered; a
             // longer value is refused and skipped, never held (memcached's MAX_AUTH_REQ_LEN).
-            let (max_item, stream_from) = if self.authenticated {
+            let (max_item, stream_from) = if conn.authenticated {
                 (max_item, stream_from)
             } else {
                 (AUTH_TOKEN_MAX_BYTES, AUTH_TOKEN_MAX_BYTES)
             };
             let decoded =
-                text::decode_text_resuming(buffered, &mut self.line_scan, max_item, stream_from);
+                text::decode_text_resuming(buffered, &mut conn.line_scan, max_item, stream_from);
             let (command, consumed) = match decoded {
                 TextDecoded::Incomplete { needed } => {
-                    let no_line = self.line_scan.newline_free == buffered.len();
-                    if no_line && !self.authenticated && buffered.len() > text::LINE_MAX_BYTES {
+                    let no_line = conn.line_scan.newline_free == buffered.len();
+                    if no_line && !conn.authenticated && buffered.len() > text::LINE_MAX_BYTES {
                         // As memcached's text authentication: before it, a line without a
                         // newline in 2048 bytes closes the connection (no multiget exception).
                         ctx.counters.borrow_mut().text_errors += 1;
                         let what = "a line over 2048 bytes before authentication";
-                        log_peer_error(ctx, &self.peer, what, true);
+                        log_peer_error(ctx, &conn.peer, what, true);
                         return After::Close;
                     }
                     if no_line {
-                        self.line_incomplete_reads += 1;
+                        conn.line_incomplete_reads += 1;
                     }
-                    self.make_room(needed);
+                    conn.make_room(needed);
                     return After::Read;
                 }
                 TextDecoded::Error { reply, skip, close } => {
@@ -795,16 +804,16 @@ impl Conn {
                         b"" => "an error silenced by noreply".to_string(),
                         line => String::from_utf8_lossy(line).into_owned(),
                     };
-                    log_peer_error(ctx, &self.peer, &what, close);
+                    log_peer_error(ctx, &conn.peer, &what, close);
                     // Before authentication no command is answered but with memcached's
                     // refusal (`shutdown`, `slabs automove`, ... included); a close is silent.
-                    let reply = match (self.authenticated, close) {
+                    let reply = match (conn.authenticated, close) {
                         (true, _) => &reply[..],
                         (false, true) => b"",
                         (false, false) => UNAUTHENTICATED,
                     };
-                    self.replies.out.extend_from_slice(reply);
-                    self.skip_stream(skip);
+                    conn.replies.out.extend_from_slice(reply);
+                    conn.skip_stream(skip);
                     if close {
                         return After::Close;
                     }
@@ -817,9 +826,9 @@ impl Conn {
                     skip,
                 } => {
                     ctx.counters.borrow_mut().commands += 1;
-                    self.batch.add(CommandKind::Set);
-                    let reply = if self.authenticated {
-                        self.replies
+                    conn.batch.add(CommandKind::Set);
+                    let reply = if conn.authenticated {
+                        conn.replies
                             .run_keyed(ctx, &key, None, b"", |store, _, _, _| {
                                 store.refuse_too_large(&key, drop_existing);
                                 None
@@ -830,20 +839,20 @@ impl Conn {
                     } else {
                         UNAUTHENTICATED
                     };
-                    self.replies.out.extend_from_slice(reply);
-                    self.skip_stream(skip);
+                    conn.replies.out.extend_from_slice(reply);
+                    conn.skip_stream(skip);
                     continue;
                 }
                 TextDecoded::LargeStore { store, consumed } => {
                     ctx.counters.borrow_mut().commands += 1;
-                    self.batch.add(CommandKind::of_text_store(&store));
+                    conn.batch.add(CommandKind::of_text_store(&store));
                     // `Conn::consume`, field by field: the command still borrows the buffer.
-                    self.consumed += consumed;
-                    self.line_scan.consumed(consumed);
-                    if !self.authenticated {
+                    conn.consumed += consumed;
+                    conn.line_scan.consumed(consumed);
+                    if !conn.authenticated {
                         // Refused without running; the value and its `\r\n` are skipped.
-                        self.replies.out.extend_from_slice(UNAUTHENTICATED);
-                        self.skip += store.value_len as u64 + 2;
+                        conn.replies.out.extend_from_slice(UNAUTHENTICATED);
+                        conn.skip += store.value_len as u64 + 2;
                         continue;
                     }
                     return After::LargeSet(LargeSet::from_text(&store));
@@ -851,25 +860,25 @@ impl Conn {
                 TextDecoded::Command { command, consumed } => (command, consumed),
             };
             ctx.counters.borrow_mut().commands += 1;
-            self.batch.add(CommandKind::of_text(&command));
-            if !self.authenticated {
+            conn.batch.add(CommandKind::of_text(&command));
+            if !conn.authenticated {
                 // `Conn::consume`, field by field: the command still borrows the buffer.
-                self.consumed += consumed;
-                self.line_scan.consumed(consumed);
+                conn.consumed += consumed;
+                conn.line_scan.consumed(consumed);
                 match authenticate(ctx, &command) {
                     Auth::Accepted => {
-                        self.authenticated = true;
-                        self.replies.out.extend_from_slice(text::STORED);
+                        conn.authenticated = true;
+                        conn.replies.out.extend_from_slice(text::STORED);
                     }
-                    Auth::Refused(reply) => self.replies.out.extend_from_slice(reply),
+                    Auth::Refused(reply) => conn.replies.out.extend_from_slice(reply),
                     Auth::Failed => {
-                        self.replies
+                        conn.replies
                             .out
                             .extend_from_slice(b"CLIENT_ERROR authentication failure\r\n");
                         if super::auth::after_failure(
                             &ctx.auth_failure_budget,
                             &ctx.counters,
-                            &mut self.auth_failures,
+                            &mut conn.auth_failures,
                         )
                         .await
                         {
@@ -882,9 +891,9 @@ impl Conn {
             match &command {
                 TextCommand::Get { cas, touch, keys } => {
                     let touch = touch.map(store_exptime);
-                    let (watchers, fd) = (&ctx.shared.watchers, self.fd);
+                    let (watchers, fd) = (&ctx.shared.watchers, conn.fd);
                     for key in keys.iter() {
-                        self.replies.run_keyed(
+                        conn.replies.run_keyed(
                             ctx,
                             key,
                             lend_from,
@@ -897,67 +906,67 @@ impl Conn {
                             },
                         );
                     }
-                    self.replies.out.extend_from_slice(text::END);
+                    conn.replies.out.extend_from_slice(text::END);
                 }
                 TextCommand::FlushAll { delay, noreply } => {
                     ctx.counters.borrow_mut().cmd_flush += 1;
                     super::flush_all(&ctx.shared, (*delay).max(0) as u32, now);
                     if !noreply {
-                        self.replies.out.extend_from_slice(text::OK);
+                        conn.replies.out.extend_from_slice(text::OK);
                     }
                 }
-                TextCommand::Version => text::version(&mut self.replies.out, &ctx.shared.version),
+                TextCommand::Version => text::version(&mut conn.replies.out, &ctx.shared.version),
                 TextCommand::Verbosity { noreply, .. } => {
                     if !noreply {
-                        self.replies.out.extend_from_slice(text::OK);
+                        conn.replies.out.extend_from_slice(text::OK);
                     }
                 }
                 TextCommand::Stats { args } => {
                     let args = *args;
-                    let mut out = std::mem::take(&mut self.replies.out);
+                    let mut out = std::mem::take(&mut conn.replies.out);
                     write_stats(ctx, &args, &mut out).await;
-                    self.replies.out = out;
+                    conn.replies.out = out;
                 }
                 TextCommand::Quit => {
-                    self.consume(consumed);
+                    conn.consume(consumed);
                     return After::Close;
                 }
                 TextCommand::Watch { kinds } => {
                     // Checked in memcached's order: replies waiting first, then the kinds.
-                    if !self.replies.is_empty() {
-                        self.replies
+                    if !conn.replies.is_empty() {
+                        conn.replies
                             .out
                             .extend_from_slice(errors::WATCH_AFTER_PIPELINE);
-                        self.consume(consumed);
+                        conn.consume(consumed);
                         continue;
                     }
                     let Some(kinds) = watch::kinds_of(kinds.iter()) else {
-                        self.replies.out.extend_from_slice(errors::ERROR);
-                        self.consume(consumed);
+                        conn.replies.out.extend_from_slice(errors::ERROR);
+                        conn.consume(consumed);
                         continue;
                     };
-                    self.consume(consumed);
+                    conn.consume(consumed);
                     match ctx.shared.watchers.add(kinds) {
                         Some(watcher) => {
-                            self.replies.out.extend_from_slice(text::OK);
+                            conn.replies.out.extend_from_slice(text::OK);
                             return After::Watch(watcher);
                         }
-                        None => self.replies.out.extend_from_slice(errors::WATCHER_TOO_MANY),
+                        None => conn.replies.out.extend_from_slice(errors::WATCHER_TOO_MANY),
                     }
                     continue;
                 }
-                TextCommand::MetaNoop => self.replies.out.extend_from_slice(meta::MN),
+                TextCommand::MetaNoop => conn.replies.out.extend_from_slice(meta::MN),
                 TextCommand::LruCrawler(crawler) => {
-                    let pipelined = !self.replies.is_empty();
+                    let pipelined = !conn.replies.is_empty();
                     let crawler = *crawler;
-                    let mut out = std::mem::take(&mut self.replies.out);
+                    let mut out = std::mem::take(&mut conn.replies.out);
                     self.metadump = lru_crawler(ctx, crawler, pipelined, &mut out).await;
-                    self.replies.out = out;
+                    conn.replies.out = out;
                 }
                 keyed => {
                     let key = key_of(keyed).expect("keyed text commands have keys");
-                    let (watchers, fd) = (&ctx.shared.watchers, self.fd);
-                    self.replies.run_keyed(
+                    let (watchers, fd) = (&ctx.shared.watchers, conn.fd);
+                    conn.replies.run_keyed(
                         ctx,
                         key,
                         lend_from,
@@ -968,7 +977,7 @@ impl Conn {
                     );
                 }
             }
-            self.consume(consumed);
+            conn.consume(consumed);
         }
     }
 }

@@ -1,0 +1,270 @@
+//! The memcached binary protocol on a connection: each frame decoded from the connection's
+//! buffer (`proto::decode_streaming`) runs on the spot (keyed requests through
+//! `Replies::run_keyed` and `execute.rs`), and its reply goes into the connection's replies.
+//! Validation and connection handling follow memcached 1.6's `proto_bin.c`.
+
+use std::rc::Rc;
+
+use crate::proto::{decode_streaming, Decoded, FrameError, Request, ResponseWriter, Status};
+
+use super::conn::{log_peer_error, After, Conn};
+use super::execute::execute_keyed;
+use super::large::{LargeReply, LargeSet};
+use super::latency::CommandKind;
+use super::lookahead::Framing;
+use super::shard::ShardCtx;
+use super::stats::write_stats;
+use super::unix_now;
+
+/// The body of the refusal ADMIN gets on a data connection.
+const ADMIN_REFUSAL: &str =
+    "ADMIN is served only on the admin socket (--admin-socket PATH), not on data connections";
+
+/// What a connection may do before SASL authentication, as memcached allows (its
+/// `authenticated()`): anything else is answered `Auth failure.` and the connection closed.
+fn allowed_before_auth(request: &Request) -> bool {
+    matches!(
+        request,
+        Request::Version | Request::SaslListMechs | Request::SaslAuth { .. }
+    )
+}
+
+fn count(ctx: &ShardCtx, error: FrameError) {
+    let mut c = ctx.counters.borrow_mut();
+    match error {
+        FrameError::BadMagic => c.bad_magic += 1,
+        FrameError::BodyTooShort => c.body_too_short += 1,
+        FrameError::KeyTooLong => c.key_too_long += 1,
+        FrameError::BadShape => c.invalid_frames += 1,
+        FrameError::UnknownOpcode => c.unknown_opcodes += 1,
+        FrameError::TooLarge => c.too_large_frames += 1,
+    }
+}
+
+/// Answers a SASL command (updating whether the connection is authenticated): the status and
+/// body of its reply.
+fn sasl(ctx: &ShardCtx, authenticated: &mut bool, request: &Request) -> (Status, String) {
+    use super::auth::{AuthOutcome, MECHANISMS};
+    let Some(credentials) = &ctx.shared.credentials else {
+        return (
+            Status::UnknownCommand,
+            Status::UnknownCommand.message().into(),
+        );
+    };
+    let Request::SaslAuth {
+        mechanism, data, ..
+    } = request
+    else {
+        return (Status::Ok, MECHANISMS.to_string());
+    };
+    ctx.counters.borrow_mut().auth_cmds += 1;
+    match credentials.authenticate(mechanism, data) {
+        AuthOutcome::Authenticated { user } => {
+            *authenticated = true;
+            tracing::debug!(shard = ctx.id, %user, "SASL: authenticated");
+            (Status::Ok, "Authenticated".into())
+        }
+        outcome => {
+            *authenticated = false;
+            ctx.counters.borrow_mut().auth_errors += 1;
+            if let Some(held_back) = ctx.auth_log.allow(unix_now()) {
+                let reason = match outcome {
+                    AuthOutcome::UnknownMechanism => "an unknown mechanism".to_string(),
+                    AuthOutcome::Refused { user } => format!("user '{user}' refused"),
+                    AuthOutcome::Authenticated { .. } => unreachable!(),
+                };
+                tracing::warn!(
+                        shard = ctx.id,
+                        held_back,
+                        "SASL authentication failed: {reason} (one line per second per shard at most; auth_errors counts every failure)"
+                    );
+            }
+            (Status::AuthError, Status::AuthError.message().into())
+        }
+    }
+}
+
+/// Runs every whole binary frame buffered on `conn`, up to the output cap, and says what the
+/// connection does next. `now`: the time the requests run at, in Unix seconds.
+pub(super) async fn process(conn: &mut Conn, ctx: &Rc<ShardCtx>, now: u32) -> After {
+    let max_item = ctx.shared.settings.max_item_bytes as usize;
+    // Values above ram_head live in segments: they are streamed, never buffered whole.
+    let stream_from = ctx.shared.settings.arena.ram_head_bytes as usize;
+    let lend_from = ctx.io.lend_from();
+    loop {
+        if !conn.skip_buffered() {
+            return After::Read;
+        }
+        if conn.replies.full() {
+            return After::Process;
+        }
+        conn.lookahead.before_frame(
+            &ctx.shared.partitions,
+            Framing::Binary,
+            &conn.buf[..conn.filled],
+            conn.consumed,
+        );
+        let frame = &conn.buf[conn.consumed..conn.filled];
+        let (request, opcode, opaque, consumed) =
+            match decode_streaming(frame, max_item, stream_from) {
+                Decoded::Incomplete { needed } => {
+                    conn.make_room(needed);
+                    return After::Read;
+                }
+                Decoded::Close { error } => {
+                    count(ctx, error);
+                    log_peer_error(ctx, &conn.peer, &format!("binary frame: {error:?}"), true);
+                    return After::Close;
+                }
+                Decoded::Reject {
+                    opcode,
+                    opaque,
+                    status,
+                    skip,
+                    close,
+                    error,
+                } => {
+                    count(ctx, error);
+                    let what = format!("binary frame: {error:?} (opcode {opcode:#04x})");
+                    log_peer_error(ctx, &conn.peer, &what, close);
+                    if !conn.authenticated {
+                        // Before authentication nothing else is answered (memcached).
+                        ResponseWriter::new(&mut conn.replies.out).error(
+                            opcode,
+                            opaque,
+                            Status::AuthError,
+                        );
+                        return After::Close;
+                    }
+                    ResponseWriter::new(&mut conn.replies.out).error(opcode, opaque, status);
+                    conn.skip_stream(skip);
+                    if close {
+                        return After::Close;
+                    }
+                    continue;
+                }
+                Decoded::Request {
+                    request,
+                    opcode,
+                    opaque,
+                    consumed,
+                    skip_after,
+                } => {
+                    conn.skip = skip_after;
+                    (request, opcode, opaque, consumed)
+                }
+            };
+        ctx.counters.borrow_mut().commands += 1;
+        conn.batch.add(CommandKind::of_opcode(opcode));
+        if !conn.authenticated && !allowed_before_auth(&request) {
+            // Refused without running, and the connection closed, as memcached does.
+            ResponseWriter::new(&mut conn.replies.out).error(opcode, opaque, Status::AuthError);
+            conn.consume(consumed);
+            return After::Close;
+        }
+        let mut w = ResponseWriter::new(&mut conn.replies.out);
+        match &request {
+            Request::Noop | Request::Version | Request::Verbosity { .. } => {
+                let value: &[u8] = if request == Request::Version {
+                    ctx.shared.version.as_bytes()
+                } else {
+                    &[]
+                };
+                w.reply(opcode, opaque, Status::Ok, 0, &[], &[], value);
+            }
+            Request::Quit { quiet } => {
+                if !quiet {
+                    w.reply(opcode, opaque, Status::Ok, 0, &[], &[], &[]);
+                }
+                conn.consume(consumed);
+                return After::Close;
+            }
+            Request::Flush { delay, quiet } => {
+                ctx.counters.borrow_mut().cmd_flush += 1;
+                super::flush_all(&ctx.shared, *delay, now);
+                if !quiet {
+                    w.reply(opcode, opaque, Status::Ok, 0, &[], &[], &[]);
+                }
+            }
+            Request::Stat { group } => {
+                let group = group.to_vec();
+                conn.consume(consumed);
+                write_stats(ctx, &group, opcode, opaque, &mut conn.replies.out).await;
+                continue;
+            }
+            Request::Admin { .. } => w.reply(
+                opcode,
+                opaque,
+                Status::NotSupported,
+                0,
+                &[],
+                &[],
+                ADMIN_REFUSAL.as_bytes(),
+            ),
+            Request::SaslListMechs | Request::SaslAuth { .. } => {
+                let (status, body) = sasl(ctx, &mut conn.authenticated, &request);
+                ResponseWriter::new(&mut conn.replies.out).reply(
+                    opcode,
+                    opaque,
+                    status,
+                    0,
+                    &[],
+                    &[],
+                    body.as_bytes(),
+                );
+                if status == Status::AuthError {
+                    conn.consume(consumed);
+                    if super::auth::after_failure(
+                        &ctx.auth_failure_budget,
+                        &ctx.counters,
+                        &mut conn.auth_failures,
+                    )
+                    .await
+                    {
+                        return After::Close;
+                    }
+                    continue;
+                }
+            }
+            Request::LargeStore {
+                mode,
+                key,
+                flags,
+                expiry,
+                cas,
+                quiet,
+                value_len,
+                hints,
+            } => {
+                let set = LargeSet {
+                    hints: hints.clone(),
+                    mode: *mode,
+                    key: key.to_vec(),
+                    flags: *flags,
+                    expiry: *expiry,
+                    cas: *cas,
+                    value_len: *value_len,
+                    reply: LargeReply::Binary {
+                        opcode,
+                        opaque,
+                        quiet: *quiet,
+                    },
+                };
+                conn.consume(consumed);
+                return After::LargeSet(set);
+            }
+            keyed => {
+                let key = keyed.key().expect("keyed requests have keys");
+                let (watchers, fd) = (&ctx.shared.watchers, conn.fd);
+                conn.replies
+                    .run_keyed(ctx, key, lend_from, b"", |store, partition, out, lend| {
+                        let (request, at) = (keyed, partition);
+                        execute_keyed(
+                            store, at, request, opcode, opaque, now, out, lend, watchers, fd,
+                        )
+                    });
+            }
+        }
+        conn.consume(consumed);
+    }
+}
