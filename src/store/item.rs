@@ -236,6 +236,18 @@ pub fn accessed(record: &[u8]) -> u32 {
     u32_at(record, 18)
 }
 
+/// A read: referenced (CLOCK), fetched since stored, accessed `now`; each byte written only if
+/// it changes, so a record read many times a second is written at most once a second.
+pub fn mark_fetched(record: &mut [u8], now: u32) {
+    let bits = record[17] | BIT_REFERENCED | BIT_FETCHED;
+    if record[17] != bits {
+        record[17] = bits;
+    }
+    if record[18..22] != now.to_le_bytes() {
+        set_accessed(record, now);
+    }
+}
+
 pub fn set_accessed(record: &mut [u8], now: u32) {
     record[18..22].copy_from_slice(&now.to_le_bytes());
 }
@@ -272,6 +284,24 @@ pub fn set_referenced(record: &mut [u8], on: bool) {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn a_read_marks_the_record_once_and_then_leaves_it_alone() {
+        let mut record = vec![0u8; RECORD_HEADER_BYTES + 4];
+        mark_fetched(&mut record, 1_000);
+        assert!(referenced(&record) && bit(&record, BIT_FETCHED));
+        assert_eq!(accessed(&record), 1_000);
+        let marked = record.clone();
+        mark_fetched(&mut record, 1_000);
+        assert_eq!(
+            record, marked,
+            "a second read in the same second changes nothing"
+        );
+        set_referenced(&mut record, false); // the CLOCK hand passed
+        mark_fetched(&mut record, 1_001);
+        assert!(referenced(&record));
+        assert_eq!(accessed(&record), 1_001);
+    }
 
     #[test]
     fn round_trips_large_records() {

@@ -461,9 +461,9 @@ impl Store {
             self.keys.stats.get_hits += 1;
         }
         if bump {
-            item::set_referenced(record, true);
-            item::set_bit(record, item::BIT_FETCHED, true);
-            item::set_accessed(record, now);
+            // Written only when it changes: a record read again and again (by both cores, the
+            // partitions being shared) stays a clean line in each core's cache.
+            item::mark_fetched(record, now);
         }
         // A read of a value in a fixed slot (or of a large value's head copy) bumps the slot's
         // score (promotion).
