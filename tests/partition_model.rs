@@ -637,8 +637,8 @@ fn one_small_block_means_one_partition() {
     assert_eq!(default_count_for(1, &plan), 1);
     assert_eq!(max_count(&plan), 1);
     let arena = Arena::map(plan, &UnlockedMapper, 1).expect("map");
-    // What a caller counting only the fixed-head blocks asks for.
-    let asked = default_count(1, 10);
+    // What a caller counting only the fixed-head blocks would ask for with more of them.
+    let asked = default_count(1, 16);
     assert_eq!(asked, 2);
     let partitions = Partitions::new(&arena, KeyHasher::with_seed(7), asked, store_config);
     assert_eq!(partitions.len(), 1);

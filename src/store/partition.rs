@@ -18,9 +18,12 @@ use crate::arena::{Arena, MemoryPlan};
 
 /// Partitions per serving core by default, when the arena has blocks enough for them.
 pub const PARTITIONS_PER_CORE: usize = 16;
-/// Blocks of each reservation a partition stores in that it should be able to hold by default
-/// (a partition keeps at least one partly used block per class it stores in).
-const BLOCKS_PER_PARTITION_MIN: u64 = 4;
+/// Blocks of each reservation a partition stores in that it should be able to hold by default.
+/// A partition keeps at least one partly used block per class it stores in, so with few
+/// blocks each, those partly used blocks are a large share of memory: at 4 blocks a partition
+/// (32 partitions in 256 MiB), a store filled with 32 B values until it evicted held 2.82M
+/// items; at 8 (16 partitions) 3.24M, as many as with 8 partitions (`scripts/bench-items`).
+const BLOCKS_PER_PARTITION_MIN: u64 = 8;
 /// One hold in this many is timed.
 const HOLD_SAMPLE_EVERY: u32 = 64;
 /// Buckets of the hold-time histogram: bucket `i` counts holds of [2^i, 2^(i+1)) ns.
@@ -356,7 +359,8 @@ mod tests {
 
     #[test]
     fn default_counts() {
-        assert_eq!(default_count(2, 32), 8, "64 MiB of 2 MiB blocks");
+        assert_eq!(default_count(2, 32), 4, "64 MiB of 2 MiB blocks");
+        assert_eq!(default_count(2, 128), 16, "256 MiB: 8 blocks a partition");
         assert_eq!(default_count(2, 2048), 32, "16 per core");
         assert_eq!(default_count(1, 2), 1, "at least one");
         assert_eq!(default_count(64, 1 << 30), 1024);
@@ -392,14 +396,15 @@ mod tests {
         let plan = vm_plan(Some(2 << 20));
         assert_eq!(default_count_for(1, &plan), 1);
         assert_eq!(max_count(&plan), 1);
-        // Small objects plentiful: the fixed-head blocks decide.
+        // Small objects plentiful: the ten fixed-head blocks decide (one partition by default
+        // at eight blocks each; at most ten).
         let plan = vm_plan(Some(64 << 20));
-        assert_eq!(default_count_for(1, &plan), 2);
-        assert_eq!(default_count_for(4, &plan), 2);
+        assert_eq!(default_count_for(1, &plan), 1);
+        assert_eq!(default_count_for(4, &plan), 1);
         assert_eq!(max_count(&plan), 10);
         // Shared mode: one reservation holds both classes.
         let plan = vm_plan(None);
-        assert_eq!(default_count_for(1, &plan), 2);
+        assert_eq!(default_count_for(1, &plan), 1);
         assert_eq!(max_count(&plan), 10);
     }
 
