@@ -271,7 +271,7 @@ pub struct Cli {
 
     /// Partitions of the key space (each a store behind a short lock; any core serves any
     /// partition) [default: 16 per serving CPU, fewer when the fixed-head or the small-object
-    /// reservation holds under 4 blocks each; never more than the scarcer holds blocks].
+    /// reservation holds under 8 blocks each; never more than the scarcer holds blocks].
     #[arg(long, value_name = "N")]
     pub partitions: Option<usize>,
 
