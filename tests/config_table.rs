@@ -73,7 +73,7 @@ fn every_invalid_combination_has_its_own_error_and_exit_2() {
         (
             ONE,
             &["--verify-reads", "sometimes"],
-            "--verify-reads 'sometimes' must be on or off",
+            "--verify-reads 'sometimes' must be files, on or off",
         ),
         (
             ONE,

@@ -139,7 +139,20 @@ fn damaged_value_is_never_served(ask: Ask, segment: Segment, damage_at: usize) {
         Segment::File { .. } => format!("file:{},size=96M", file.display()),
         Segment::Memory => "mem:size=96M,numa=0".to_string(),
     };
-    let server = Server::start_in(&dir, &["--threads", "1", "--segment", &spec]);
+    // A memory segment's values are checked only when asked (`files` is the default).
+    let verify = match segment {
+        Segment::File { .. } => "files",
+        Segment::Memory => "on",
+    };
+    let args = [
+        "--threads",
+        "1",
+        "--segment",
+        &spec,
+        "--verify-reads",
+        verify,
+    ];
+    let server = Server::start_in(&dir, &args);
     let mut c = server.client();
     let value = pattern(36, (5 * MIB) + 123);
     let other = pattern(37, 3 * MIB);
@@ -260,6 +273,33 @@ fn with_verify_reads_off_a_changed_byte_goes_out() {
     let start = find_in_file(&segment, &value, 0);
     flip_byte(&segment, start + MIB as u64);
     value[MIB] ^= 0xff;
+    assert_serves(&mut c, b"k", &value);
+    assert_eq!(c.stat("", "segment_read_crc_errors"), 0);
+}
+
+/// By default (`--verify-reads files`) a value read from a memory segment is not summed: the
+/// segment is the server's own memory. A byte changed there behind its back (through
+/// `/proc/PID/mem`) goes out, and nothing is counted.
+#[test]
+fn by_default_a_memory_segment_is_not_checked() {
+    let dir = common::server::fresh_data_dir();
+    let server = Server::start_in(
+        &dir,
+        &["--threads", "1", "--segment", "mem:size=64M,numa=0"],
+    );
+    let mut c = server.client();
+    let settings = c.stats("settings");
+    let verify = settings.iter().find(|(name, _)| name == "verify_reads");
+    assert_eq!(verify.map(|(_, v)| v.as_str()), Some("files"));
+    let mut value = pattern(39, 3 * MIB);
+    assert_eq!(c.set_streamed(0x01, b"k", &value, 0).status, 0);
+    let probe_at = 2 * MIB;
+    let start = find_in_memory(server.pid(), &value, probe_at, 64 << 20) - probe_at as u64;
+    flip_byte(
+        Path::new(&format!("/proc/{}/mem", server.pid())),
+        start + (MIB + 1) as u64,
+    );
+    value[MIB + 1] ^= 0xff;
     assert_serves(&mut c, b"k", &value);
     assert_eq!(c.stat("", "segment_read_crc_errors"), 0);
 }

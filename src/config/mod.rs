@@ -375,10 +375,34 @@ pub struct Cli {
 
     /// Check each large value's CRC32C, computed when it was stored, as a GET streams it out
     /// of its segment; a value that fails is never sent whole: the connection is closed and
-    /// the item dropped. `off` skips the check (docs/benchmarks.md measures its cost)
-    /// [default: on].
-    #[arg(long, value_name = "on|off")]
+    /// the item dropped. `files` checks values read from file segments (which other processes
+    /// and disks can change), `on` memory segments too, `off` none (docs/benchmarks.md
+    /// measures the cost) [default: files].
+    #[arg(long, value_name = "files|on|off")]
     pub verify_reads: Option<String>,
+}
+
+/// Which large values a GET checks against their CRC32C as they stream out (`--verify-reads`).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum VerifyReads {
+    /// None.
+    Off,
+    /// Values read from file segments: a disk, or another process with the file open, can
+    /// change their bytes; a memory segment is this process's own memory.
+    Files,
+    /// Values read from any segment, memory segments too.
+    On,
+}
+
+impl VerifyReads {
+    /// As `--verify-reads` spells it.
+    pub fn as_str(self) -> &'static str {
+        match self {
+            VerifyReads::Off => "off",
+            VerifyReads::Files => "files",
+            VerifyReads::On => "on",
+        }
+    }
 }
 
 /// The `--config` file: the same settings, spelled as the flags without `--`.
@@ -501,6 +525,8 @@ pub enum ConfigError {
         io_pool: u64,
         io_chunk: u64,
     },
+    /// `--verify-reads` got something but `files`, `on` or `off`.
+    VerifyReads(String),
     /// A switch that takes `on` or `off` got something else.
     OnOff {
         flag: &'static str,
@@ -648,6 +674,7 @@ impl fmt::Display for ConfigError {
                 b(io_chunk)
             ),
             OnOff { flag, text } => write!(f, "{flag} '{text}' must be on or off"),
+            VerifyReads(text) => write!(f, "--verify-reads '{text}' must be files, on or off"),
             PromotionHalfLife => write!(f, "--promotion-half-life must be at least 1 second"),
             BudgetBelowBlock { flag, bytes, block } => write!(
                 f,
@@ -775,8 +802,8 @@ pub struct Settings {
     pub user: Option<String>,
     /// `--allow-root`: started as root without `--user`, stay root.
     pub allow_root: bool,
-    /// Check each large value's CRC32C as it streams out of its segment (`--verify-reads on`).
-    pub verify_reads: bool,
+    /// Which large values' CRC32C is checked as they stream out of their segment.
+    pub verify_reads: VerifyReads,
     /// Each shard's streaming pool.
     pub io_pool_bytes: u64,
     /// Try the io_uring data path (`--io-ring on`).
@@ -969,10 +996,17 @@ pub fn resolve_with_file(
         return Err(ConfigError::IoPoolBelowTwoChunks { io_pool, io_chunk });
     }
     let io_ring = on_off("--io-ring", cli.io_ring.as_ref().or(file.io_ring.as_ref()))?;
-    let verify_reads = on_off(
-        "--verify-reads",
-        cli.verify_reads.as_ref().or(file.verify_reads.as_ref()),
-    )?;
+    let verify_reads = match cli
+        .verify_reads
+        .as_ref()
+        .or(file.verify_reads.as_ref())
+        .map(String::as_str)
+    {
+        None | Some("files") => VerifyReads::Files,
+        Some("on") => VerifyReads::On,
+        Some("off") => VerifyReads::Off,
+        Some(other) => return Err(ConfigError::VerifyReads(other.to_string())),
+    };
     let receive_timestamps = on_off(
         "--receive-timestamps",
         cli.receive_timestamps

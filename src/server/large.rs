@@ -11,6 +11,7 @@ use std::time::Duration;
 
 use glommio::net::TcpStream;
 
+use crate::config::VerifyReads;
 use crate::lent::Lent;
 use crate::placement::{LocalityHint, PlacementError, PlacementRequest, TargetId};
 use crate::proto::{PlacementHints, ResponseWriter, Status, StoreMode, TextStore};
@@ -739,7 +740,8 @@ struct ReadCheck {
     crc: u32,
     /// Value bytes not fed yet.
     left: u64,
-    /// `--verify-reads off`: nothing is computed.
+    /// Whether the sum is computed: `--verify-reads on`, or `files` and the value is read
+    /// from a file segment.
     on: bool,
     /// The CRC32C the value went out with, when it was not `want`.
     failed: Option<u32>,
@@ -747,11 +749,21 @@ struct ReadCheck {
 
 impl ReadCheck {
     fn new(ctx: &ShardCtx, hit: &LargeHit) -> ReadCheck {
+        let from_file = || {
+            hit.replicas.first().is_some_and(|&(target, _)| {
+                matches!(storage_of(ctx, target), Ok(TargetStorage::File(_)))
+            })
+        };
+        let on = match ctx.shared.settings.verify_reads {
+            VerifyReads::Off => false,
+            VerifyReads::Files => from_file(),
+            VerifyReads::On => true,
+        };
         ReadCheck {
             want: hit.checksum,
             crc: 0,
             left: hit.value_len,
-            on: ctx.shared.settings.verify_reads,
+            on,
             failed: None,
         }
     }

@@ -337,10 +337,7 @@ fn settings(ctx: &ShardCtx) -> Vec<(String, String)> {
         ("item_size_max", s.max_item_bytes.to_string()),
         ("idle_timeout", s.idle_timeout_seconds.to_string()),
         ("body_timeout", s.body_timeout_seconds.to_string()),
-        (
-            "verify_reads",
-            if s.verify_reads { "on" } else { "off" }.to_string(),
-        ),
+        ("verify_reads", s.verify_reads.as_str().to_string()),
         ("spin_before_park_us", s.spin_before_park_micros.to_string()),
         (
             "receive_timestamps",
