@@ -11,7 +11,6 @@ use super::conn::{log_peer_error, After, Conn};
 use super::execute::execute_keyed;
 use super::large::{LargeReply, LargeSet};
 use super::latency::CommandKind;
-use super::lookahead::Framing;
 use super::shard::ShardCtx;
 use super::stats::write_stats;
 use super::unix_now;
@@ -92,18 +91,9 @@ pub(super) async fn process(conn: &mut Conn, ctx: &Rc<ShardCtx>, now: u32) -> Af
     let stream_from = ctx.shared.settings.arena.ram_head_bytes as usize;
     let lend_from = ctx.io.lend_from();
     loop {
-        if !conn.skip_buffered() {
-            return After::Read;
+        if let Some(after) = conn.before_next(&ctx.shared.partitions) {
+            return after;
         }
-        if conn.replies.full() {
-            return After::Process;
-        }
-        conn.lookahead.before_frame(
-            &ctx.shared.partitions,
-            Framing::Binary,
-            &conn.buf[..conn.filled],
-            conn.consumed,
-        );
         let frame = &conn.buf[conn.consumed..conn.filled];
         let (request, opcode, opaque, consumed) =
             match decode_streaming(frame, max_item, stream_from) {
@@ -214,13 +204,7 @@ pub(super) async fn process(conn: &mut Conn, ctx: &Rc<ShardCtx>, now: u32) -> Af
                 );
                 if status == Status::AuthError {
                     conn.consume(consumed);
-                    if super::auth::after_failure(
-                        &ctx.auth_failure_budget,
-                        &ctx.counters,
-                        &mut conn.auth_failures,
-                    )
-                    .await
-                    {
+                    if conn.authentication_failed(ctx).await {
                         return After::Close;
                     }
                     continue;

@@ -9,6 +9,7 @@ use super::lookahead::{Framing, Lookahead};
 use super::replies::Replies;
 use super::shard::ShardCtx;
 use super::unix_now;
+use crate::store::partition::Partitions;
 
 /// Read buffer a connection starts with (and shrinks back to when idle). A frame or line that
 /// needs more doubles it (at least), so a long line takes a few reads of growing size, never
@@ -151,6 +152,31 @@ impl Conn {
         if self.buf.len() < needed {
             self.buf.resize(grown_buffer_len(self.buf.len(), needed), 0);
         }
+    }
+
+    /// Before a codec takes the next request: `Read` while the rest of a refused request is
+    /// still to be skipped, `Process` when the replies are full (write them first); otherwise
+    /// nothing, after looking ahead from here ([`Lookahead::before_frame`]).
+    pub(super) fn before_next(&mut self, partitions: &Partitions) -> Option<After> {
+        if !self.skip_buffered() {
+            return Some(After::Read);
+        }
+        if self.replies.full() {
+            return Some(After::Process);
+        }
+        if let Some(framing) = self.framing {
+            let buffered = &self.buf[..self.filled];
+            self.lookahead
+                .before_frame(partitions, framing, buffered, self.consumed);
+        }
+        None
+    }
+
+    /// Runs the policy after a failed authentication (`auth::after_failure`): whether the
+    /// connection must now close.
+    pub(super) async fn authentication_failed(&mut self, ctx: &ShardCtx) -> bool {
+        let (budget, counters) = (&ctx.auth_failure_budget, &ctx.counters);
+        super::auth::after_failure(budget, counters, &mut self.auth_failures).await
     }
 
     /// Adds the line-scan counts gathered since the last call to the shard's counters.

@@ -757,18 +757,9 @@ impl TextSession {
                     return After::Process;
                 }
             }
-            if !conn.skip_buffered() {
-                return After::Read;
+            if let Some(after) = conn.before_next(&ctx.shared.partitions) {
+                return after;
             }
-            if conn.replies.full() {
-                return After::Process;
-            }
-            conn.lookahead.before_frame(
-                &ctx.shared.partitions,
-                super::lookahead::Framing::Text,
-                &conn.buf[..conn.filled],
-                conn.consumed,
-            );
             let buffered = &conn.buf[conn.consumed..conn.filled];
             // The search for the line's end resumes where the last pass's stopped.
             // Before authentication only a token up to AUTH_TOKEN_MAX_BYTES is buffered; a
@@ -875,13 +866,7 @@ impl TextSession {
                         conn.replies
                             .out
                             .extend_from_slice(b"CLIENT_ERROR authentication failure\r\n");
-                        if super::auth::after_failure(
-                            &ctx.auth_failure_budget,
-                            &ctx.counters,
-                            &mut conn.auth_failures,
-                        )
-                        .await
-                        {
+                        if conn.authentication_failed(ctx).await {
                             return After::Close;
                         }
                     }
