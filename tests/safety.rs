@@ -509,18 +509,19 @@ fn nothing_but_authentication_is_served_before_it_over_text() {
     }
     // A token over memcached's 16 KiB is refused and its value skipped, never buffered; a
     // store that is not `set` is not an authentication at all.
-    let mut long_token = b"set a 0 0 16385\r\n".to_vec();
-    long_token.extend(std::iter::repeat_n(b'x', 16385));
-    long_token.extend_from_slice(b"\r\n");
+    // `command a 0 0 len`, its data block `len` bytes of `x`.
+    let store = |command: &str, len: usize| {
+        let mut request = format!("{command} a 0 0 {len}\r\n").into_bytes();
+        request.extend(std::iter::repeat_n(b'x', len));
+        request.extend_from_slice(b"\r\n");
+        request
+    };
     assert_eq!(
-        text_call(&mut t, &long_token),
+        text_call(&mut t, &store("set", 16385)),
         "CLIENT_ERROR auth token too long\r\n"
     );
-    let mut long_add = b"add a 0 0 20000\r\n".to_vec();
-    long_add.extend(std::iter::repeat_n(b'x', 20000));
-    long_add.extend_from_slice(b"\r\n");
     assert_eq!(
-        text_call(&mut t, &long_add),
+        text_call(&mut t, &store("add", 20000)),
         "CLIENT_ERROR unauthenticated\r\n"
     );
     assert_eq!(

@@ -749,9 +749,12 @@ struct ReadCheck {
 
 impl ReadCheck {
     fn new(ctx: &ShardCtx, hit: &LargeHit) -> ReadCheck {
+        // The first replica is the one streamed (`send_value`).
         let from_file = || {
             hit.replicas.first().is_some_and(|&(target, _)| {
-                matches!(storage_of(ctx, target), Ok(TargetStorage::File(_)))
+                let storage = ctx.storage.borrow();
+                let slot = storage.get(target.0 as usize);
+                matches!(slot, Some(Some(TargetStorage::File(_))))
             })
         };
         let on = match ctx.shared.settings.verify_reads {
