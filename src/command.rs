@@ -1,5 +1,6 @@
 //! What a client can ask of a store, whatever protocol it speaks: the codecs (`proto`) parse
-//! into these words and the store (`store`) acts on them, so neither imports the other.
+//! into these words, the server turns each keyed request into one [`Command`], and the store
+//! (`store`) acts on them, so no protocol reaches the store and the store imports no protocol.
 
 /// How a store command decides whether to store: SET always, ADD only a missing key, REPLACE
 /// only an existing one, APPEND and PREPEND onto an existing value.
@@ -14,3 +15,113 @@ pub enum StoreMode {
 
 /// INCR/DECR with this expiry fail on a missing key instead of creating it.
 pub const ARITH_NO_CREATE: u32 = 0xffff_ffff;
+
+/// Relative expiry times above this are absolute Unix times (memcached's rule: 30 days).
+pub const RELATIVE_EXPIRY_MAX_SECONDS: u32 = 30 * 24 * 3600;
+
+/// A CAS no item ever has: what a text `cas` with unique 0 compares with (memcached compares
+/// a 0 unique and fails, where the store reads a 0 CAS as "no compare").
+pub const CAS_NEVER_ISSUED: u64 = u64::MAX;
+
+/// A text protocol exptime as the store takes it. memcached's text protocol lets it be
+/// negative ("expired at once"); an absolute time just past the relative range is long gone,
+/// so the item is stored (or touched) and never seen again, as memcached does.
+pub fn store_exptime(exptime: i32) -> u32 {
+    u32::try_from(exptime).unwrap_or(RELATIVE_EXPIRY_MAX_SECONDS + 1)
+}
+
+/// What a meta get asks beyond a plain lookup.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct MetaGet {
+    /// `T`: a new TTL.
+    pub touch: Option<u32>,
+    /// `N`: create an empty item with this TTL on a miss (and win its token).
+    pub vivify: Option<u32>,
+    /// `R`: win the token when the item has less than this TTL left.
+    pub recache: Option<u32>,
+    /// Update recency, fetched bit and last access (no `u`).
+    pub bump: bool,
+    /// Lease a large value's extents (its value is wanted).
+    pub lease: bool,
+}
+
+/// One request that names a key, as every protocol asks it: binary, text and meta requests
+/// all become one of these, and one executor (`server::execute`) runs it against the key's
+/// store. Expiries are as the store takes them (relative seconds up to 30 days, else a Unix
+/// time; 0 never); a CAS of 0 compares nothing.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Command<'a> {
+    /// A lookup: the GET family, GAT/TOUCH (`touch`: a new expiry), and with `value: false`
+    /// a touch that sends no value.
+    Get {
+        key: &'a [u8],
+        touch: Option<u32>,
+        value: bool,
+    },
+    /// A lookup that also reports and updates the item's meta state (`mg`).
+    MetaGet {
+        key: &'a [u8],
+        options: MetaGet,
+    },
+    /// The item's state without changing it (`me`).
+    Inspect {
+        key: &'a [u8],
+    },
+    /// A store. `invalidate` (`ms I`): a CAS older than the item's still stores, keeping its
+    /// expiry, and marks it stale.
+    Store {
+        mode: StoreMode,
+        key: &'a [u8],
+        value: &'a [u8],
+        flags: u32,
+        expiry: u32,
+        cas: u64,
+        invalidate: bool,
+    },
+    /// A store of a value over the size limit: counted and refused, dropping the key's item
+    /// when asked (memcached's SET does).
+    Refuse {
+        key: &'a [u8],
+        drop_existing: bool,
+    },
+    Delete {
+        key: &'a [u8],
+        cas: u64,
+    },
+    /// `md`: with `invalidate`, the item is marked stale (given `ttl`) instead of removed.
+    MetaDelete {
+        key: &'a [u8],
+        cas: u64,
+        invalidate: bool,
+        ttl: Option<u32>,
+    },
+    /// INCR/DECR. A miss creates the counter at `initial` with expiry `create` unless that is
+    /// [`ARITH_NO_CREATE`]; `ttl` sets the expiry after a success (`ma T`); `report` asks for
+    /// whether the counter existed and its expiry (what `ma` answers).
+    Arith {
+        incr: bool,
+        key: &'a [u8],
+        delta: u64,
+        initial: u64,
+        create: u32,
+        cas: u64,
+        ttl: Option<u32>,
+        report: bool,
+    },
+}
+
+impl<'a> Command<'a> {
+    /// The key whose partition runs the command.
+    pub fn key(&self) -> &'a [u8] {
+        match *self {
+            Command::Get { key, .. }
+            | Command::MetaGet { key, .. }
+            | Command::Inspect { key }
+            | Command::Store { key, .. }
+            | Command::Refuse { key, .. }
+            | Command::Delete { key, .. }
+            | Command::MetaDelete { key, .. }
+            | Command::Arith { key, .. } => key,
+        }
+    }
+}

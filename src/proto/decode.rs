@@ -4,7 +4,7 @@
 //! vbucket (u16), total body length (u32), opaque (u32), CAS (u64)`, all big-endian, followed by
 //! extras, key and value. Shape rules (extras and key lengths per opcode) are memcached's.
 
-use crate::command::StoreMode;
+use crate::command::{Command, StoreMode};
 
 use super::{
     opcode as op, Status, HEADER_BYTES, KEY_MAX_BYTES, REQUEST_MAGIC, SASL_DATA_MAX_BYTES,
@@ -126,7 +126,55 @@ pub enum Request<'a> {
     },
 }
 
-impl Request<'_> {
+impl<'a> Request<'a> {
+    /// The keyed command this request asks of a store (none for the others, and for a
+    /// streamed store, which the server runs as its value arrives).
+    pub fn command(&self) -> Option<Command<'a>> {
+        Some(match *self {
+            Request::Get {
+                key, touch, value, ..
+            } => Command::Get { key, touch, value },
+            Request::Store {
+                mode,
+                key,
+                value,
+                flags,
+                expiry,
+                cas,
+                ..
+            } => Command::Store {
+                mode,
+                key,
+                value,
+                flags,
+                expiry,
+                cas,
+                invalidate: false,
+            },
+            Request::Delete { key, cas, .. } => Command::Delete { key, cas },
+            Request::Arith {
+                incr,
+                key,
+                delta,
+                initial,
+                expiry,
+                cas,
+                ..
+            } => Command::Arith {
+                incr,
+                key,
+                delta,
+                initial,
+                create: expiry,
+                cas,
+                ttl: None,
+                report: false,
+            },
+            Request::TooLarge { key, drop_existing } => Command::Refuse { key, drop_existing },
+            _ => return None,
+        })
+    }
+
     /// The key that decides which shard owns the request, if any.
     pub fn key(&self) -> Option<&[u8]> {
         match self {

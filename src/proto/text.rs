@@ -60,7 +60,9 @@ use std::fmt;
 
 use super::meta::{self, push_number, Key, MaFlags, MdFlags, MgFlags, MsFlags};
 use super::{KEY_MAX_BYTES, REQUEST_MAGIC};
-use crate::command::StoreMode;
+use crate::command::{
+    store_exptime, Command, MetaGet, StoreMode, ARITH_NO_CREATE, CAS_NEVER_ISSUED,
+};
 use crate::numbers::{safe_strtol, safe_strtoul, safe_strtoull};
 
 /// A command line longer than this (before its `\n`) closes the connection, as memcached's
@@ -323,6 +325,75 @@ pub enum TextCommand<'a> {
     LruCrawler(Crawler),
 }
 
+impl TextCommand<'_> {
+    /// The keyed command this asks of a store: none for the commands that name no key, and
+    /// for `get`, whose every key is one [`Command::Get`].
+    pub fn command(&self) -> Option<Command<'_>> {
+        Some(match self {
+            TextCommand::Store { store, value } => Command::Store {
+                mode: store.mode,
+                key: &store.key,
+                value,
+                flags: store.flags,
+                expiry: store_exptime(store.exptime),
+                cas: store.compare_cas(),
+                invalidate: store.meta.as_ref().is_some_and(|ms| ms.invalidate),
+            },
+            TextCommand::Arith {
+                incr, key, delta, ..
+            } => Command::Arith {
+                incr: *incr,
+                key,
+                delta: *delta,
+                initial: 0,
+                create: ARITH_NO_CREATE,
+                cas: 0,
+                ttl: None,
+                report: false,
+            },
+            TextCommand::Delete { key, .. } => Command::Delete { key, cas: 0 },
+            TextCommand::Touch { key, exptime, .. } => Command::Get {
+                key,
+                touch: Some(store_exptime(*exptime)),
+                value: false,
+            },
+            TextCommand::MetaGet { key, flags } => Command::MetaGet {
+                key,
+                options: MetaGet {
+                    touch: flags.ttl.map(store_exptime),
+                    vivify: flags.vivify.map(store_exptime),
+                    recache: flags.recache.map(store_exptime),
+                    bump: !flags.no_bump,
+                    lease: flags.value,
+                },
+            },
+            TextCommand::MetaDelete { key, flags } => Command::MetaDelete {
+                key,
+                // `C0` still compares (and fails), as memcached's md does.
+                cas: match flags.cas {
+                    Some(0) => CAS_NEVER_ISSUED,
+                    cas => cas.unwrap_or(0),
+                },
+                invalidate: flags.invalidate,
+                ttl: flags.ttl.map(store_exptime),
+            },
+            TextCommand::MetaArith { key, flags } => Command::Arith {
+                incr: flags.incr,
+                key,
+                delta: flags.delta,
+                initial: flags.initial,
+                // (store_exptime never gives ARITH_NO_CREATE: an i32 stays below it.)
+                create: flags.vivify.map_or(ARITH_NO_CREATE, store_exptime),
+                cas: flags.cas.unwrap_or(0),
+                ttl: flags.ttl.map(store_exptime),
+                report: true,
+            },
+            TextCommand::MetaDebug { key } => Command::Inspect { key },
+            _ => return None,
+        })
+    }
+}
+
 /// An `lru_crawler` command.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum Crawler {
@@ -379,6 +450,18 @@ pub struct TextStore<'a> {
 }
 
 impl TextStore<'_> {
+    /// The CAS this store compares with, as the store takes it (0: none).
+    pub fn compare_cas(&self) -> u64 {
+        match (self.mode, self.cas) {
+            // memcached's add ignores a CAS (only `ms` can give one: "add-with-cas works the
+            // same as add").
+            (StoreMode::Add, _) => 0,
+            // A `cas` (or `ms C0`) with unique 0 still compares, and fails.
+            (StoreMode::Set | StoreMode::Replace, Some(0)) => CAS_NEVER_ISSUED,
+            (_, cas) => cas.unwrap_or(0),
+        }
+    }
+
     /// What to send when the two bytes after the value are not `\r\n`: memcached's `CLIENT_ERROR
     /// bad data chunk`, silenced by a classic `noreply` (never for `ms`).
     pub fn bad_chunk_reply(&self) -> &'static [u8] {

@@ -1,14 +1,16 @@
 //! The memcached binary protocol on a connection: each frame decoded from the connection's
-//! buffer (`proto::decode_streaming`) runs on the spot (keyed requests through
-//! `Replies::run_keyed` and `execute.rs`), and its reply goes into the connection's replies.
+//! buffer (`proto::decode_streaming`) runs on the spot (a keyed request as its
+//! [`crate::command::Command`], through `Replies::run` and the executor, answered by a
+//! [`BinaryReply`]), and its reply goes into the connection's replies.
 //! Validation and connection handling follow memcached 1.6's `proto_bin.c`.
 
 use std::rc::Rc;
 
 use crate::proto::{decode_streaming, Decoded, FrameError, Request, ResponseWriter, Status};
+use crate::store::{ArithOutcome, DeleteOutcome, StoreOutcome};
 
 use super::conn::{log_peer_error, After, Conn};
-use super::execute::execute_keyed;
+use super::execute::{Counted, Found, Reply};
 use super::large::{LargeReply, LargeSet};
 use super::latency::CommandKind;
 use super::shard::ShardCtx;
@@ -238,17 +240,135 @@ pub(super) async fn process(conn: &mut Conn, ctx: &Rc<ShardCtx>, now: u32) -> Af
                 return After::LargeSet(set);
             }
             keyed => {
-                let key = keyed.key().expect("keyed requests have keys");
-                let (watchers, fd) = (&ctx.shared.watchers, conn.fd);
-                conn.replies
-                    .run_keyed(ctx, key, lend_from, b"", |store, partition, out, lend| {
-                        let (request, at) = (keyed, partition);
-                        execute_keyed(
-                            store, at, request, opcode, opaque, now, out, lend, watchers, fd,
-                        )
-                    });
+                let command = keyed.command().expect("keyed requests are commands");
+                let mut reply = BinaryReply::of(keyed, opcode, opaque);
+                let how = (now, conn.fd);
+                conn.replies.run(ctx, &command, how, lend_from, &mut reply);
             }
         }
         conn.consume(consumed);
+    }
+}
+
+/// How a binary request is answered, as memcached's `proto_bin.c` answers it: quiet requests
+/// reply only on errors (and the GETQ family only on hits); GETK and GATK carry the key.
+struct BinaryReply<'k> {
+    opcode: u8,
+    opaque: u32,
+    quiet: bool,
+    with_key: bool,
+    key: &'k [u8],
+}
+
+impl<'k> BinaryReply<'k> {
+    fn of(request: &'k Request<'k>, opcode: u8, opaque: u32) -> BinaryReply<'k> {
+        let (quiet, with_key) = match *request {
+            Request::Get {
+                quiet, with_key, ..
+            } => (quiet, with_key),
+            Request::Store { quiet, .. }
+            | Request::Delete { quiet, .. }
+            | Request::Arith { quiet, .. } => (quiet, false),
+            _ => (false, false),
+        };
+        BinaryReply {
+            opcode,
+            opaque,
+            quiet,
+            with_key,
+            key: request.key().unwrap_or_default(),
+        }
+    }
+
+    fn writer<'o>(&self, out: &'o mut Vec<u8>) -> ResponseWriter<'o> {
+        ResponseWriter::new(out)
+    }
+
+    fn error(&self, out: &mut Vec<u8>, status: Status) {
+        self.writer(out).error(self.opcode, self.opaque, status);
+    }
+
+    /// A success: nothing when quiet.
+    fn ok(&self, out: &mut Vec<u8>, cas: u64, extras: &[u8], value: &[u8]) {
+        if !self.quiet {
+            let (opcode, opaque) = (self.opcode, self.opaque);
+            self.writer(out)
+                .reply(opcode, opaque, Status::Ok, cas, extras, &[], value);
+        }
+    }
+}
+
+impl Reply for BinaryReply<'_> {
+    const VALUE_END: &'static [u8] = b"";
+
+    fn found(&mut self, out: &mut Vec<u8>, found: &Found) {
+        let key: &[u8] = if self.with_key { self.key } else { &[] };
+        let value_len = if found.value { found.len as u32 } else { 0 };
+        let mut w = self.writer(out);
+        let (opcode, opaque) = (self.opcode, self.opaque);
+        w.header(
+            opcode,
+            opaque,
+            Status::Ok,
+            found.cas,
+            4,
+            key.len() as u16,
+            value_len,
+        );
+        w.body(&found.flags.to_be_bytes());
+        w.body(key);
+    }
+
+    fn missed(&mut self, out: &mut Vec<u8>) {
+        // GETK/GATK misses carry the key and no message; the others memcached's text.
+        if self.quiet {
+        } else if self.with_key {
+            let (opcode, opaque, key) = (self.opcode, self.opaque, self.key);
+            self.writer(out)
+                .reply(opcode, opaque, Status::NotFound, 0, &[], key, &[]);
+        } else {
+            self.error(out, Status::NotFound);
+        }
+    }
+
+    fn stored(&mut self, out: &mut Vec<u8>, outcome: StoreOutcome) {
+        match outcome {
+            StoreOutcome::Stored { cas } => {
+                // A SETX reply counts the replicas placed: none, for a value kept in RAM.
+                let extras: &[u8] = if self.opcode == crate::proto::opcode::SETX {
+                    &[0]
+                } else {
+                    &[]
+                };
+                self.ok(out, cas, extras, &[]);
+            }
+            StoreOutcome::Exists => self.error(out, Status::Exists),
+            StoreOutcome::NotFound => self.error(out, Status::NotFound),
+            StoreOutcome::NotStored => self.error(out, Status::NotStored),
+            StoreOutcome::TooLarge => self.error(out, Status::TooLarge),
+            StoreOutcome::OutOfMemory => self.error(out, Status::OutOfMemory),
+        }
+    }
+
+    fn deleted(&mut self, out: &mut Vec<u8>, outcome: DeleteOutcome) {
+        match outcome {
+            DeleteOutcome::Deleted => self.ok(out, 0, &[], &[]),
+            DeleteOutcome::NotFound => self.error(out, Status::NotFound),
+            DeleteOutcome::Exists => self.error(out, Status::Exists),
+        }
+    }
+
+    fn counted(&mut self, out: &mut Vec<u8>, outcome: ArithOutcome, _: Counted) {
+        match outcome {
+            ArithOutcome::Value { value, cas } => self.ok(out, cas, &[], &value.to_be_bytes()),
+            ArithOutcome::NotFound => self.error(out, Status::NotFound),
+            ArithOutcome::Exists => self.error(out, Status::Exists),
+            ArithOutcome::NonNumeric => self.error(out, Status::NonNumeric),
+            ArithOutcome::OutOfMemory => self.error(out, Status::OutOfMemory),
+        }
+    }
+
+    fn refused(&mut self, out: &mut Vec<u8>) {
+        self.error(out, Status::TooLarge);
     }
 }

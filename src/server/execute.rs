@@ -1,11 +1,14 @@
-//! Running one keyed request against its partition's store (held by the caller) and composing
-//! its reply, exactly as memcached's binary protocol answers. How a found value leaves (copied
-//! into the reply, lent from the arena, or streamed from its segment) is shared by every wire
-//! protocol: [`lends`], [`lend`] and [`deliver_large`].
+//! The one executor: runs a keyed [`Command`] against its partition's store (held by the
+//! caller) and hands each outcome to the protocol's [`Reply`], which writes the bytes. It
+//! knows no protocol. How a found value leaves (copied into the reply, lent from the arena, or
+//! streamed from its segment) is decided here for every protocol: [`lends`], [`lend`] and
+//! [`deliver_large`].
 
-use crate::arena::{SendPin, SlotBytes};
-use crate::proto::{Request, ResponseWriter, Status};
-use crate::store::{ArithOutcome, DeleteOutcome, LargeHit, Lookup, Store, StoreOutcome};
+use crate::arena::SendPin;
+use crate::command::{Command, MetaGet, StoreMode};
+use crate::store::{
+    ArithOutcome, DeleteOutcome, LargeHit, Lookup, MetaState, Store, StoreOutcome, CAS_NEVER_ISSUED,
+};
 
 use super::watch::{self, Fetched, Watchers};
 
@@ -96,7 +99,7 @@ pub fn deliver_large(
 /// A store as `watch` logs it.
 pub struct WatchedStore<'k> {
     pub key: &'k [u8],
-    pub mode: crate::proto::StoreMode,
+    pub mode: StoreMode,
     pub with_cas: bool,
     /// memcached's exptime (relative seconds, or a Unix time past 30 days; 0 never).
     pub exptime: u32,
@@ -132,190 +135,310 @@ pub fn watched_store(
     outcome
 }
 
-/// Runs a request that has a key (GET family, stores, DELETE, INCR/DECR, too-large stores)
-/// and appends its reply, if any, to `out`. Quiet requests reply only on errors (and GETQ
-/// family only on hits), as memcached does. A hit on a large value returns its [`LargeGet`]
-/// instead of a reply; with `lend_from`, a hit on a value of at least that many bytes appends
-/// only its header and returns the value pinned ([`LentGet`]). `owner` is this store's
-/// partition. GETs and stores are logged to `watch`ers as the connection on socket `fd`.
-#[allow(clippy::too_many_arguments)]
-pub fn execute_keyed(
+/// What a lookup found, for a reply's header (or whole reply, when no value follows).
+#[derive(Clone, Copy, Debug)]
+pub struct Found {
+    pub flags: u32,
+    pub cas: u64,
+    /// The value's bytes.
+    pub len: usize,
+    /// Whether the value follows the header.
+    pub value: bool,
+    /// The item's meta state (`mg`, `me`).
+    pub state: Option<MetaState>,
+    /// When it was found (Unix seconds), for the TTL and last access a reply shows.
+    pub now: u32,
+}
+
+/// What an INCR/DECR reports beyond its outcome, when the command asked (`report`).
+#[derive(Clone, Copy, Debug, Default)]
+pub struct Counted {
+    /// The counter was live before the command.
+    pub existed: bool,
+    /// Its expiry after the command (0: never).
+    pub expiry: u32,
+    pub now: u32,
+}
+
+/// How one protocol answers one command: the executor hands it each outcome and the protocol
+/// writes the bytes. A found value's bytes are the executor's to place (copied, lent, or
+/// streamed), between the header [`Reply::found`] writes and [`Reply::VALUE_END`].
+pub trait Reply {
+    /// The bytes after a value (the text protocols' `\r\n`).
+    const VALUE_END: &'static [u8];
+    fn found(&mut self, out: &mut Vec<u8>, found: &Found);
+    fn missed(&mut self, out: &mut Vec<u8>);
+    fn stored(&mut self, out: &mut Vec<u8>, outcome: StoreOutcome);
+    fn deleted(&mut self, out: &mut Vec<u8>, outcome: DeleteOutcome);
+    fn counted(&mut self, out: &mut Vec<u8>, outcome: ArithOutcome, counted: Counted);
+    /// A store refused as too large ([`Command::Refuse`]).
+    fn refused(&mut self, out: &mut Vec<u8>);
+}
+
+/// How a command runs beyond the command itself: the partition holding `store`, the time,
+/// the size from which a found value is lent rather than copied, and the `watch`ers to log to
+/// as the connection on socket `fd`.
+#[derive(Clone, Copy)]
+pub struct Run<'w> {
+    pub owner: usize,
+    pub now: u32,
+    pub lend_from: Option<usize>,
+    pub watchers: &'w Watchers,
+    pub fd: i32,
+}
+
+/// Runs one keyed command against its partition's store (held by the caller): the one
+/// executor every protocol's requests go through. Its reply goes to `out` through `reply`; a
+/// value sent in place (lent from the arena or streamed from a segment) comes back as a
+/// [`Deferred`]. GETs and stores are logged to `watch`ers as memcached logs them.
+pub fn run<R: Reply>(
     store: &mut Store,
-    owner: usize,
-    request: &Request<'_>,
-    opcode: u8,
-    opaque: u32,
-    now: u32,
+    command: &Command<'_>,
+    how: Run<'_>,
     out: &mut Vec<u8>,
-    lend_from: Option<usize>,
-    watchers: &Watchers,
-    fd: i32,
+    reply: &mut R,
 ) -> Option<Deferred> {
-    // (TOUCH, a GET-family request without a value, is not a fetch in memcached's log.)
-    let log_fetch = |fetched: Fetched| {
-        if let Request::Get {
-            key, value: true, ..
-        } = *request
-        {
-            watchers.fetched(key, fetched, fd);
+    let now = how.now;
+    match *command {
+        Command::Get { key, touch, value } => {
+            return deliver(store, key, Fetch::Plain { touch, value }, how, out, reply);
         }
-    };
-    let mut w = ResponseWriter::new(out);
-    match *request {
-        Request::Get {
-            key,
-            quiet,
-            with_key,
-            touch,
-            value,
-        } => match store.lookup(key, touch, now, value) {
-            Lookup::Large(hit) if value => {
-                log_fetch(Fetched::Found {
-                    class: 3,
-                    bytes: hit.value_len,
-                });
-                let key: &[u8] = if with_key { key } else { &[] };
-                let mut prefix = Vec::with_capacity(32 + key.len());
-                let mut header = ResponseWriter::new(&mut prefix);
-                header.header(
-                    opcode,
-                    opaque,
-                    Status::Ok,
-                    hit.cas,
-                    4,
-                    key.len() as u16,
-                    hit.value_len as u32,
-                );
-                header.body(&hit.flags.to_be_bytes());
-                header.body(key);
-                return Some(deliver_large(store, owner, hit, prefix, b"", lend_from));
-            }
-            Lookup::Large(hit) => {
-                // TOUCH: flags and CAS, no value.
-                w.header(opcode, opaque, Status::Ok, hit.cas, 4, 0, 0);
-                w.body(&hit.flags.to_be_bytes());
-            }
-            Lookup::Small(hit) => {
-                log_fetch(Fetched::Found {
-                    class: 1,
-                    bytes: hit.value.len() as u64,
-                });
-                let key_part: &[u8] = if with_key { key } else { &[] };
-                let value_part = if value {
-                    hit.value
-                } else {
-                    SlotBytes::default()
-                };
-                w.header(
-                    opcode,
-                    opaque,
-                    Status::Ok,
-                    hit.cas,
-                    4,
-                    key_part.len() as u16,
-                    value_part.len() as u32,
-                );
-                w.body(&hit.flags.to_be_bytes());
-                w.body(key_part);
-                if !lends(value_part.len(), lend_from) {
-                    for run in value_part.parts() {
-                        w.body(run);
-                    }
+        Command::MetaGet { key, options } => {
+            return deliver(store, key, Fetch::Meta(options), how, out, reply);
+        }
+        Command::Inspect { key } => {
+            let options = MetaGet {
+                bump: false,
+                ..MetaGet::default()
+            };
+            let (state, found) = store.meta_get(key, now, &options);
+            let (flags, len) = match found {
+                Lookup::Miss => {
+                    reply.missed(out);
                     return None;
                 }
-                let (at, len) = (hit.at, value_part.len());
-                return Some(lend(store, owner, at, len));
-            }
-            Lookup::Miss => {
-                log_fetch(Fetched::NotFound);
-                // GETK/GATK misses carry the key and no message; the others memcached's text.
-                if quiet {
-                } else if with_key {
-                    w.reply(opcode, opaque, Status::NotFound, 0, &[], key, &[]);
-                } else {
-                    w.error(opcode, opaque, Status::NotFound);
-                }
-            }
-        },
-        Request::Store {
+                Lookup::Small(hit) => (hit.flags, hit.value.len()),
+                Lookup::Large(hit) => (hit.flags, hit.value_len as usize),
+            };
+            let cas = store.meta_of(key, now).map_or(0, |m| m.cas);
+            let found = Found {
+                flags,
+                cas,
+                len,
+                value: false,
+                state: Some(state),
+                now,
+            };
+            reply.found(out, &found);
+        }
+        Command::Store {
             mode,
             key,
             value,
             flags,
             expiry,
             cas,
-            quiet,
-        } => match watched_store(
-            store,
-            (watchers, fd),
-            WatchedStore {
+            invalidate,
+        } => {
+            let what = WatchedStore {
                 key,
                 mode,
                 with_cas: cas != 0,
                 exptime: expiry,
                 bytes: value.len() as u64,
                 now,
-            },
-            |store| store.store(mode, key, value, flags, expiry, cas, now),
-        ) {
-            StoreOutcome::Stored { cas } => {
-                if !quiet {
-                    // A SETX reply counts the replicas placed: none, for a value kept in RAM.
-                    let extras: &[u8] = if opcode == crate::proto::opcode::SETX {
-                        &[0]
-                    } else {
-                        &[]
-                    };
-                    w.reply(opcode, opaque, Status::Ok, cas, extras, &[], &[]);
+            };
+            let outcome = watched_store(store, (how.watchers, how.fd), what, |store| {
+                if invalidate {
+                    if let Some(outcome) = store_stale(store, command, now) {
+                        return outcome;
+                    }
                 }
-            }
-            StoreOutcome::Exists => w.error(opcode, opaque, Status::Exists),
-            StoreOutcome::NotFound => w.error(opcode, opaque, Status::NotFound),
-            StoreOutcome::NotStored => w.error(opcode, opaque, Status::NotStored),
-            StoreOutcome::TooLarge => w.error(opcode, opaque, Status::TooLarge),
-            StoreOutcome::OutOfMemory => w.error(opcode, opaque, Status::OutOfMemory),
-        },
-        Request::TooLarge { key, drop_existing } => {
-            store.refuse_too_large(key, drop_existing);
-            w.error(opcode, opaque, Status::TooLarge);
+                store.store(mode, key, value, flags, expiry, cas, now)
+            });
+            reply.stored(out, outcome);
         }
-        Request::Delete { key, cas, quiet } => match store.delete(key, cas, now) {
-            DeleteOutcome::Deleted => {
-                if !quiet {
-                    w.reply(opcode, opaque, Status::Ok, 0, &[], &[], &[]);
-                }
-            }
-            DeleteOutcome::NotFound => w.error(opcode, opaque, Status::NotFound),
-            DeleteOutcome::Exists => w.error(opcode, opaque, Status::Exists),
-        },
-        Request::Arith {
+        Command::Refuse { key, drop_existing } => {
+            store.refuse_too_large(key, drop_existing);
+            reply.refused(out);
+        }
+        Command::Delete { key, cas } => reply.deleted(out, store.delete(key, cas, now)),
+        Command::MetaDelete {
+            key,
+            cas,
+            invalidate,
+            ttl,
+        } => reply.deleted(out, store.meta_delete(key, cas, invalidate, ttl, now)),
+        Command::Arith {
             incr,
             key,
             delta,
             initial,
-            expiry,
+            create,
             cas,
-            quiet,
-        } => match store.arith(incr, key, delta, initial, expiry, cas, now) {
-            ArithOutcome::Value { value, cas } => {
-                if !quiet {
-                    w.reply(
-                        opcode,
-                        opaque,
-                        Status::Ok,
-                        cas,
-                        &[],
-                        &[],
-                        &value.to_be_bytes(),
-                    );
+            ttl,
+            report,
+        } => {
+            let existed = report && store.meta_of(key, now).is_some();
+            let outcome = store.arith(incr, key, delta, initial, create, cas, now);
+            let mut counted = Counted {
+                existed,
+                expiry: 0,
+                now,
+            };
+            if let ArithOutcome::Value { .. } = outcome {
+                if let Some(ttl) = ttl {
+                    store.set_ttl(key, ttl, now);
+                }
+                if report {
+                    counted.expiry = store.meta_of(key, now).map_or(0, |m| m.expiry);
                 }
             }
-            ArithOutcome::NotFound => w.error(opcode, opaque, Status::NotFound),
-            ArithOutcome::Exists => w.error(opcode, opaque, Status::Exists),
-            ArithOutcome::NonNumeric => w.error(opcode, opaque, Status::NonNumeric),
-            ArithOutcome::OutOfMemory => w.error(opcode, opaque, Status::OutOfMemory),
-        },
-        _ => unreachable!("only keyed requests are executed by a store"),
+            reply.counted(out, outcome, counted);
+        }
     }
     None
+}
+
+/// What a lookup found, as `watch fetchers` logs it.
+fn fetched(found: &Lookup<'_>) -> Fetched {
+    match found {
+        Lookup::Miss => Fetched::NotFound,
+        Lookup::Small(hit) => Fetched::Found {
+            class: 1,
+            bytes: hit.value.len() as u64,
+        },
+        Lookup::Large(hit) => Fetched::Found {
+            class: 3,
+            bytes: hit.value_len,
+        },
+    }
+}
+
+/// A lookup, plain or meta.
+#[derive(Clone, Copy)]
+enum Fetch {
+    /// `touch`: a new expiry; `value`: the value is wanted.
+    Plain {
+        touch: Option<u32>,
+        value: bool,
+    },
+    Meta(MetaGet),
+}
+
+/// Looks `key` up and answers: the reply's header, then (when the value is wanted) the value
+/// copied after it, lent from the arena, or streamed from its segment.
+fn deliver<R: Reply>(
+    store: &mut Store,
+    key: &[u8],
+    fetch: Fetch,
+    how: Run<'_>,
+    out: &mut Vec<u8>,
+    reply: &mut R,
+) -> Option<Deferred> {
+    let (state, found, value) = match fetch {
+        Fetch::Plain { touch, value } => (None, store.lookup(key, touch, how.now, value), value),
+        Fetch::Meta(options) => {
+            let (state, found) = store.meta_get(key, how.now, &options);
+            (Some(state), found, options.lease)
+        }
+    };
+    // memcached logs every fetch of an item: every `mg`, and a GET but not a touch.
+    if value || state.is_some() {
+        how.watchers.fetched(key, fetched(&found), how.fd);
+    }
+    match found {
+        Lookup::Miss => {
+            reply.missed(out);
+            None
+        }
+        Lookup::Small(hit) => {
+            let len = hit.value.len();
+            let (flags, cas) = (hit.flags, hit.cas);
+            reply.found(
+                out,
+                &Found {
+                    flags,
+                    cas,
+                    len,
+                    value,
+                    state,
+                    now: how.now,
+                },
+            );
+            if !value {
+                return None;
+            }
+            if lends(len, how.lend_from) {
+                let at = hit.at;
+                return Some(lend(store, how.owner, at, len));
+            }
+            hit.value.append_to(out);
+            out.extend_from_slice(R::VALUE_END);
+            None
+        }
+        Lookup::Large(hit) => {
+            let found = Found {
+                flags: hit.flags,
+                cas: hit.cas,
+                len: hit.value_len as usize,
+                value,
+                state,
+                now: how.now,
+            };
+            if !value {
+                // The lease was not taken (no value asked): nothing to release.
+                debug_assert!(hit.lease.is_none());
+                reply.found(out, &found);
+                return None;
+            }
+            let mut prefix = Vec::with_capacity(64);
+            reply.found(&mut prefix, &found);
+            let suffix = R::VALUE_END;
+            let owner = how.owner;
+            Some(deliver_large(
+                store,
+                owner,
+                hit,
+                prefix,
+                suffix,
+                how.lend_from,
+            ))
+        }
+    }
+}
+
+/// `ms ... C<cas> I`: a CAS older than the item's still stores a SET or REPLACE, keeping the
+/// item's expiry, and marks it stale so the next reader wins the token to refill it. `None`:
+/// the store runs as any other.
+fn store_stale(store: &mut Store, command: &Command<'_>, now: u32) -> Option<StoreOutcome> {
+    let Command::Store {
+        mode,
+        key,
+        value,
+        flags,
+        cas,
+        ..
+    } = *command
+    else {
+        return None;
+    };
+    // (A `C0` compares as CAS_NEVER_ISSUED; here it is the oldest CAS there is.)
+    let given = match cas {
+        0 => return None,
+        CAS_NEVER_ISSUED => 0,
+        cas => cas,
+    };
+    let old = store.meta_of(key, now)?;
+    if given >= old.cas || !matches!(mode, StoreMode::Set | StoreMode::Replace) {
+        return None;
+    }
+    // (An expiry is a Unix time, past the relative range: it is kept as it is.) A recache
+    // token already handed out stays handed out.
+    let token_sent = store.token_sent(key, now);
+    let outcome = store.store(StoreMode::Set, key, value, flags, old.expiry, 0, now);
+    if matches!(outcome, StoreOutcome::Stored { .. }) {
+        store.meta_mark(key, now, None, true, token_sent);
+    }
+    Some(outcome)
 }

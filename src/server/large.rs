@@ -24,7 +24,7 @@ use super::deferred::{unpin, HeldLarge};
 use super::execute::{watched_store, WatchedStore};
 use super::limits::{with_limits, Io};
 use super::shard::{ShardCtx, ShardReply, ShardRequest};
-use super::text_reply::{compare_cas, store_exptime, OwnedStoreReply};
+use super::text_reply::{store_exptime, OwnedStoreReply};
 use super::unix_now;
 use super::wire::Wire;
 
@@ -1100,7 +1100,7 @@ impl LargeSet {
             key: store.key.to_vec(),
             flags: store.flags,
             expiry: store_exptime(store.exptime),
-            cas: compare_cas(store),
+            cas: store.compare_cas(),
             value_len: store.value_len as u64,
             hints: store.meta.as_ref().and_then(|ms| ms.hints.clone()),
             reply: LargeReply::Text(Box::new(OwnedStoreReply::of(store))),

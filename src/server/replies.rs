@@ -1,15 +1,15 @@
-//! The replies a connection's pass composes, and the one way a request reaches its key's
-//! partition. Every protocol runs a keyed request the same way ([`Replies::run_keyed`]): lock
-//! the key's partition, run the request against its store (the request appends its reply and
-//! may hand back a value to send in place), let go of the lock, free the extents the store let
-//! go of, and keep the value in its place among the replies.
+//! The replies a connection's pass composes, and the one way a command reaches its key's
+//! partition. Every protocol runs a keyed command the same way ([`Replies::run`]): lock the
+//! key's partition, run the command through the executor (the protocol's reply is appended,
+//! and a value may come back to send in place), let go of the lock, free the extents the store
+//! let go of, and keep the value in its place among the replies.
 
 use std::rc::Rc;
 
-use crate::store::Store;
+use crate::command::Command;
 
 use super::deferred::Held;
-use super::execute::Deferred;
+use super::execute::{self, Deferred, Reply, Run};
 use super::shard::ShardCtx;
 
 /// Replies gathered before they are written, so a pipeline of large GETs stays bounded.
@@ -54,26 +54,33 @@ impl Replies {
         }
     }
 
-    /// Runs a request against `key`'s partition: `run` gets the store (locked), the
-    /// partition's index, the reply buffer and the size from which a found value is lent
-    /// rather than copied (`lend_from`, none once one output cap of bytes is held). The
-    /// extents the store let go of are freed after the lock is released, and the value `run`
-    /// hands back is kept in its place, followed by `lent_suffix` when lent.
-    pub(super) fn run_keyed(
+    /// Runs a keyed command: locks its key's partition, runs it through the executor with
+    /// `reply` writing its answer, lets go of the lock, frees the extents the store let go
+    /// of, and keeps a value sent in place in its order among the replies. A found value is
+    /// lent rather than copied from `lend_from` bytes (none once one output cap of bytes is
+    /// held).
+    pub(super) fn run<R: Reply>(
         &mut self,
         ctx: &Rc<ShardCtx>,
-        key: &[u8],
+        command: &Command<'_>,
+        (now, fd): (u32, i32),
         lend_from: Option<usize>,
-        lent_suffix: &[u8],
-        run: impl FnOnce(&mut Store, usize, &mut Vec<u8>, Option<usize>) -> Option<Deferred>,
+        reply: &mut R,
     ) {
         let lend_from = lend_from.filter(|_| self.held_bytes <= OUTPUT_CAP_BYTES);
-        let (partition, mut store) = ctx.shared.partitions.lock_key(key);
-        let part = run(&mut store, partition, &mut self.out, lend_from);
+        let (owner, mut store) = ctx.shared.partitions.lock_key(command.key());
+        let how = Run {
+            owner,
+            now,
+            lend_from,
+            watchers: &ctx.shared.watchers,
+            fd,
+        };
+        let part = execute::run(&mut store, command, how, &mut self.out, reply);
         // (A lookup that finds a large item expired frees its extents, too.)
         let frees = store.take_pending_frees();
         drop(store);
         ctx.free_extents(frees);
-        self.hold(ctx, part, lent_suffix);
+        self.hold(ctx, part, R::VALUE_END);
     }
 }

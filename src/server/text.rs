@@ -1,8 +1,8 @@
 //! The text and meta protocols on a connection: each decoded command ([`crate::proto::text`])
-//! runs on the spot against its key's partition, through the same [`Store`] calls the binary
-//! protocol makes, and only its reply is composed here, as memcached 1.6 writes it. How a found
-//! value leaves (copied after its `VALUE`/`VA` line, lent from the arena, or streamed from its
-//! segment between that line and its `\r\n`) is [`super::execute`]'s, shared with binary.
+//! runs on the spot. A keyed one becomes its [`Command`] (a `get` one per key) and runs
+//! through the executor every protocol uses, answered by a [`TextReply`] as memcached 1.6
+//! writes it; the commands that name no key (stats, flush_all, watch, lru_crawler, ...) are
+//! served here.
 //!
 //! A GET of many keys locks each key's partition in turn (never two at once), so a multiget
 //! is not a snapshot: as in memcached, a write between two of its keys may be seen by one and
@@ -11,449 +11,19 @@
 use std::rc::Rc;
 use std::sync::atomic::Ordering;
 
-use crate::proto::meta::{self, MetaCode, MetaValues};
-use crate::proto::text::{
-    self, errors, CrawlClasses, Crawler, TextCommand, TextDecoded, TextStore,
-};
-use crate::proto::{MaFlags, MdFlags, MgFlags, StoreMode, ARITH_NO_CREATE};
-use crate::store::{
-    ArithOutcome, DeleteOutcome, Lookup, MetaGet, Store, StoreOutcome, CAS_NEVER_ISSUED,
-};
+use crate::command::Command;
+use crate::proto::meta;
+use crate::proto::text::{self, errors, CrawlClasses, Crawler, TextCommand, TextDecoded};
 
 use super::conn::{log_peer_error, After, Conn};
-use super::execute::{deliver_large, lend, lends, watched_store, Deferred, WatchedStore};
 use super::large::LargeSet;
 use super::latency::CommandKind;
 use super::replies::OUTPUT_CAP_BYTES;
 use super::shard::ShardCtx;
 use super::stats::group_pairs;
-use super::text_reply::{compare_cas, store_exptime, StoreReply};
+use super::text_reply::{store_exptime, TextReply};
 use super::unix_now;
-use super::watch::{self, Fetched, Watchers};
-
-/// Runs a storage command whose whole value is buffered.
-fn run_store(store: &mut Store, cmd: &TextStore, value: &[u8], now: u32) -> StoreOutcome {
-    let exptime = store_exptime(cmd.exptime);
-    let invalidate = cmd.meta.as_ref().is_some_and(|ms| ms.invalidate);
-    if let (true, Some(cas)) = (invalidate, cmd.cas) {
-        // `ms ... C<cas> I`: a CAS older than the item's still stores, keeping the item's TTL,
-        // and marks it stale so the next reader wins the token to refill it.
-        if let Some(old) = store.meta_of(&cmd.key, now) {
-            if cas < old.cas && matches!(cmd.mode, StoreMode::Set | StoreMode::Replace) {
-                // (An expiry is a Unix time, past the relative range: it is kept as it is.) A
-                // recache token already handed out stays handed out.
-                let token_sent = store.token_sent(&cmd.key, now);
-                let outcome = store.store(
-                    StoreMode::Set,
-                    &cmd.key,
-                    value,
-                    cmd.flags,
-                    old.expiry,
-                    0,
-                    now,
-                );
-                if matches!(outcome, StoreOutcome::Stored { .. }) {
-                    store.meta_mark(&cmd.key, now, None, true, token_sent);
-                }
-                return outcome;
-            }
-        }
-    }
-    store.store(
-        cmd.mode,
-        &cmd.key,
-        value,
-        cmd.flags,
-        exptime,
-        compare_cas(cmd),
-        now,
-    )
-}
-
-/// A GET-family hit or miss for one key of a `get`/`gets`/`gat`/`gats`: the `VALUE` line and
-/// value, or nothing on a miss; and what was found, for `watch fetchers`.
-#[allow(clippy::too_many_arguments)]
-fn get_one(
-    store: &mut Store,
-    owner: usize,
-    key: &[u8],
-    with_cas: bool,
-    touch: Option<u32>,
-    now: u32,
-    out: &mut Vec<u8>,
-    lend_from: Option<usize>,
-) -> (Option<Deferred>, Fetched) {
-    match store.lookup(key, touch, now, true) {
-        Lookup::Miss => (None, Fetched::NotFound),
-        Lookup::Small(hit) => {
-            let cas = with_cas.then_some(hit.cas);
-            let bytes = hit.value.len() as u64;
-            let found = Fetched::Found { class: 1, bytes };
-            text::value_header(out, key, hit.flags, hit.value.len(), cas);
-            if lends(hit.value.len(), lend_from) {
-                let (at, len) = (hit.at, hit.value.len());
-                return (Some(lend(store, owner, at, len)), found);
-            }
-            hit.value.append_to(out);
-            out.extend_from_slice(b"\r\n");
-            (None, found)
-        }
-        Lookup::Large(hit) => {
-            let mut prefix = Vec::with_capacity(48 + key.len());
-            let cas = with_cas.then_some(hit.cas);
-            let found = Fetched::Found {
-                class: 3,
-                bytes: hit.value_len,
-            };
-            text::value_header(&mut prefix, key, hit.flags, hit.value_len as usize, cas);
-            let part = deliver_large(store, owner, hit, prefix, b"\r\n", lend_from);
-            (Some(part), found)
-        }
-    }
-}
-
-/// `mg`: the item's state and value as the flags ask.
-#[allow(clippy::too_many_arguments)]
-fn meta_get(
-    store: &mut Store,
-    owner: usize,
-    key: &crate::proto::Key,
-    flags: &MgFlags,
-    now: u32,
-    out: &mut Vec<u8>,
-    lend_from: Option<usize>,
-    (watchers, fd): (&Watchers, i32),
-) -> Option<Deferred> {
-    let opts = MetaGet {
-        touch: flags.ttl.map(store_exptime),
-        vivify: flags.vivify.map(store_exptime),
-        recache: flags.recache.map(store_exptime),
-        bump: !flags.no_bump,
-        lease: flags.value,
-    };
-    let key_value = Some((&key[..], key.is_binary()));
-    let (state, found) = store.meta_get(key, now, &opts);
-    // memcached logs every item fetch, `mg` with or without a value.
-    let fetched = match &found {
-        Lookup::Miss => Fetched::NotFound,
-        Lookup::Small(hit) => Fetched::Found {
-            class: 1,
-            bytes: hit.value.len() as u64,
-        },
-        Lookup::Large(hit) => Fetched::Found {
-            class: 3,
-            bytes: hit.value_len,
-        },
-    };
-    watchers.fetched(key, fetched, fd);
-    let (flags_value, cas, size) = match &found {
-        Lookup::Miss => {
-            if !flags.quiet {
-                let values = MetaValues {
-                    key: key_value,
-                    opaque: flags.opaque,
-                    ..MetaValues::default()
-                };
-                meta::meta_line(out, MetaCode::En, &flags.returns, &values);
-            }
-            return None;
-        }
-        Lookup::Small(hit) => (hit.flags, hit.cas, hit.value.len()),
-        Lookup::Large(hit) => (hit.flags, hit.cas, hit.value_len as usize),
-    };
-    let values = MetaValues {
-        cas: Some(cas),
-        flags: Some(flags_value),
-        hit: Some(state.fetched),
-        key: key_value,
-        last_access: Some(u64::from(now.saturating_sub(state.accessed))),
-        opaque: flags.opaque,
-        size: Some(size),
-        ttl: Some(match state.expiry {
-            0 => -1,
-            at => i64::from(at) - i64::from(now),
-        }),
-        already_won: state.token_sent,
-        stale: state.stale,
-        won: state.won,
-    };
-    let code = if flags.value {
-        MetaCode::Va(size)
-    } else {
-        MetaCode::Hd
-    };
-    match found {
-        Lookup::Small(hit) if flags.value => {
-            meta::meta_line(out, code, &flags.returns, &values);
-            if lends(hit.value.len(), lend_from) {
-                let (at, len) = (hit.at, hit.value.len());
-                return Some(lend(store, owner, at, len));
-            }
-            hit.value.append_to(out);
-            out.extend_from_slice(b"\r\n");
-            None
-        }
-        Lookup::Large(hit) if flags.value => {
-            let mut prefix = Vec::with_capacity(64);
-            meta::meta_line(&mut prefix, code, &flags.returns, &values);
-            Some(deliver_large(store, owner, hit, prefix, b"\r\n", lend_from))
-        }
-        Lookup::Large(hit) => {
-            // The lease was not taken (no `v`); nothing to release.
-            debug_assert!(hit.lease.is_none());
-            meta::meta_line(out, code, &flags.returns, &values);
-            None
-        }
-        _ => {
-            meta::meta_line(out, code, &flags.returns, &values);
-            None
-        }
-    }
-}
-
-/// `md`.
-fn meta_delete(
-    store: &mut Store,
-    key: &crate::proto::Key,
-    flags: &MdFlags,
-    now: u32,
-    out: &mut Vec<u8>,
-) {
-    let outcome = store.meta_delete(
-        key,
-        // `C0` still compares (and fails), as memcached's md does.
-        match flags.cas {
-            Some(0) => CAS_NEVER_ISSUED,
-            cas => cas.unwrap_or(0),
-        },
-        flags.invalidate,
-        flags.ttl.map(store_exptime),
-        now,
-    );
-    let code = match outcome {
-        DeleteOutcome::Deleted if flags.quiet => return,
-        DeleteOutcome::Deleted => MetaCode::Hd,
-        DeleteOutcome::NotFound => MetaCode::Nf,
-        DeleteOutcome::Exists => MetaCode::Ex,
-    };
-    let values = MetaValues {
-        key: Some((&key[..], key.is_binary())),
-        opaque: flags.opaque,
-        ..MetaValues::default()
-    };
-    meta::meta_line(out, code, &flags.returns, &values);
-}
-
-/// `ma`: increment or decrement, creating the counter on a miss with `N`.
-fn meta_arith(
-    store: &mut Store,
-    key: &crate::proto::Key,
-    flags: &MaFlags,
-    now: u32,
-    out: &mut Vec<u8>,
-) {
-    // (store_exptime never gives ARITH_NO_CREATE: an i32 stays below it.)
-    let create = flags.vivify.map_or(ARITH_NO_CREATE, store_exptime);
-    // memcached's `q` silences the reply to an existing counter only, not to one `N` creates.
-    let existed = flags.quiet && flags.vivify.is_some() && store.meta_of(key, now).is_some();
-    let outcome = store.arith(
-        flags.incr,
-        key,
-        flags.delta,
-        flags.initial,
-        create,
-        flags.cas.unwrap_or(0),
-        now,
-    );
-    let mut values = MetaValues {
-        key: Some((&key[..], key.is_binary())),
-        opaque: flags.opaque,
-        ..MetaValues::default()
-    };
-    let (value, cas) = match outcome {
-        ArithOutcome::Value { value, cas } => (value, cas),
-        ArithOutcome::NotFound => {
-            meta::meta_line(out, MetaCode::Nf, &flags.returns, &values);
-            return;
-        }
-        ArithOutcome::Exists => {
-            meta::meta_line(out, MetaCode::Ex, &flags.returns, &values);
-            return;
-        }
-        ArithOutcome::NonNumeric => {
-            out.extend_from_slice(errors::NON_NUMERIC);
-            return;
-        }
-        ArithOutcome::OutOfMemory => {
-            out.extend_from_slice(b"SERVER_ERROR out of memory\r\n");
-            return;
-        }
-    };
-    if let Some(ttl) = flags.ttl {
-        store.set_ttl(key, store_exptime(ttl), now);
-    }
-    // memcached's `q` holds back the whole success reply, a `VA` included.
-    if flags.quiet && (flags.vivify.is_none() || existed) {
-        return;
-    }
-    let expiry = store.meta_of(key, now).map_or(0, |m| m.expiry);
-    values.cas = Some(cas);
-    values.ttl = Some(match expiry {
-        0 => -1,
-        at => i64::from(at) - i64::from(now),
-    });
-    let mut digits = Vec::with_capacity(20);
-    text::counter(&mut digits, value);
-    let number = &digits[..digits.len() - 2];
-    if flags.value {
-        meta::meta_line(out, MetaCode::Va(number.len()), &flags.returns, &values);
-        out.extend_from_slice(&digits);
-    } else {
-        meta::meta_line(out, MetaCode::Hd, &flags.returns, &values);
-    }
-}
-
-/// `me`: what memcached's debug line shows of an item (`cls` is 0: Headroom has no slab
-/// classes; `size` is the value's bytes).
-fn meta_debug(store: &mut Store, key: &crate::proto::Key, now: u32, out: &mut Vec<u8>) {
-    let opts = MetaGet {
-        bump: false,
-        ..MetaGet::default()
-    };
-    let (state, found) = store.meta_get(key, now, &opts);
-    let size = match found {
-        Lookup::Miss => {
-            out.extend_from_slice(meta::EN);
-            return;
-        }
-        Lookup::Small(hit) => hit.value.len() as u64,
-        Lookup::Large(hit) => hit.value_len,
-    };
-    let exp = match state.expiry {
-        0 => -1,
-        at => i64::from(at) - i64::from(now),
-    };
-    let cas = store.meta_of(key, now).map_or(0, |m| m.cas);
-    meta::meta_debug(
-        out,
-        key,
-        key.is_binary(),
-        exp,
-        u64::from(now.saturating_sub(state.accessed)),
-        cas,
-        state.fetched,
-        0,
-        size,
-    );
-}
-
-/// Runs a command that names one key against its partition (held by the caller) and appends
-/// its reply; a value sent in place comes back as a [`Deferred`].
-#[allow(clippy::too_many_arguments)]
-fn execute_keyed(
-    store: &mut Store,
-    owner: usize,
-    command: &TextCommand,
-    now: u32,
-    out: &mut Vec<u8>,
-    lend_from: Option<usize>,
-    watchers: &Watchers,
-    fd: i32,
-) -> Option<Deferred> {
-    match command {
-        TextCommand::Store { store: cmd, value } => {
-            let what = WatchedStore {
-                key: cmd.key.as_bytes(),
-                mode: cmd.mode,
-                with_cas: cmd.cas.is_some(),
-                exptime: store_exptime(cmd.exptime),
-                bytes: value.len() as u64,
-                now,
-            };
-            let outcome = watched_store(store, (watchers, fd), what, |s| {
-                run_store(s, cmd, value, now)
-            });
-            StoreReply::of(cmd).write(out, Some(outcome));
-        }
-        TextCommand::Arith {
-            incr,
-            key,
-            delta,
-            noreply,
-        } => {
-            let reply = store.arith(*incr, key, *delta, 0, ARITH_NO_CREATE, 0, now);
-            if !noreply {
-                match reply {
-                    ArithOutcome::Value { value, .. } => text::counter(out, value),
-                    ArithOutcome::NotFound => out.extend_from_slice(text::NOT_FOUND),
-                    ArithOutcome::NonNumeric => out.extend_from_slice(errors::NON_NUMERIC),
-                    ArithOutcome::Exists => out.extend_from_slice(text::EXISTS),
-                    ArithOutcome::OutOfMemory => {
-                        out.extend_from_slice(b"SERVER_ERROR out of memory\r\n")
-                    }
-                }
-            }
-        }
-        TextCommand::Delete { key, noreply } => {
-            let outcome = store.delete(key, 0, now);
-            if !noreply {
-                out.extend_from_slice(match outcome {
-                    DeleteOutcome::Deleted => text::DELETED,
-                    DeleteOutcome::NotFound | DeleteOutcome::Exists => text::NOT_FOUND,
-                });
-            }
-        }
-        TextCommand::Touch {
-            key,
-            exptime,
-            noreply,
-        } => {
-            let found = !matches!(
-                store.lookup(key, Some(store_exptime(*exptime)), now, false),
-                Lookup::Miss
-            );
-            if !noreply {
-                out.extend_from_slice(if found {
-                    text::TOUCHED
-                } else {
-                    text::NOT_FOUND
-                });
-            }
-        }
-        TextCommand::MetaGet { key, flags } => {
-            return meta_get(
-                store,
-                owner,
-                key,
-                flags,
-                now,
-                out,
-                lend_from,
-                (watchers, fd),
-            );
-        }
-        TextCommand::MetaDelete { key, flags } => meta_delete(store, key, flags, now, out),
-        TextCommand::MetaArith { key, flags } => meta_arith(store, key, flags, now, out),
-        TextCommand::MetaDebug { key } => meta_debug(store, key, now, out),
-        _ => unreachable!("only keyed text commands run against a store"),
-    }
-    None
-}
-
-/// The key a keyed command runs under.
-fn key_of<'c>(command: &'c TextCommand) -> Option<&'c [u8]> {
-    Some(match command {
-        TextCommand::Store { store, .. } => &store.key,
-        TextCommand::Arith { key, .. }
-        | TextCommand::Delete { key, .. }
-        | TextCommand::Touch { key, .. } => key,
-        TextCommand::MetaGet { key, .. }
-        | TextCommand::MetaDelete { key, .. }
-        | TextCommand::MetaArith { key, .. }
-        | TextCommand::MetaDebug { key } => key,
-        _ => return None,
-    })
-}
+use super::watch;
 
 /// memcached's `stats` in text: `STAT name value` lines and `END`; `reset` answers `RESET`,
 /// `detail on|off` `OK`, `detail dump` the dump itself; an unknown group `ERROR`.
@@ -818,19 +388,19 @@ impl TextSession {
                 } => {
                     ctx.counters.borrow_mut().commands += 1;
                     conn.batch.add(CommandKind::Set);
-                    let reply = if conn.authenticated {
+                    if conn.authenticated {
+                        let command = Command::Refuse {
+                            key: &key,
+                            drop_existing,
+                        };
+                        let mut reply = TextReply::Refused(reply);
                         conn.replies
-                            .run_keyed(ctx, &key, None, b"", |store, _, _, _| {
-                                store.refuse_too_large(&key, drop_existing);
-                                None
-                            });
-                        reply
+                            .run(ctx, &command, (now, conn.fd), None, &mut reply);
                     } else if buffered.starts_with(b"set ") {
-                        AUTH_TOKEN_TOO_LONG
+                        conn.replies.out.extend_from_slice(AUTH_TOKEN_TOO_LONG);
                     } else {
-                        UNAUTHENTICATED
-                    };
-                    conn.replies.out.extend_from_slice(reply);
+                        conn.replies.out.extend_from_slice(UNAUTHENTICATED);
+                    }
                     conn.skip_stream(skip);
                     continue;
                 }
@@ -876,20 +446,16 @@ impl TextSession {
             match &command {
                 TextCommand::Get { cas, touch, keys } => {
                     let touch = touch.map(store_exptime);
-                    let (watchers, fd) = (&ctx.shared.watchers, conn.fd);
                     for key in keys.iter() {
-                        conn.replies.run_keyed(
-                            ctx,
+                        let command = Command::Get {
                             key,
-                            lend_from,
-                            b"\r\n",
-                            |store, partition, out, lend| {
-                                let (part, fetched) =
-                                    get_one(store, partition, key, *cas, touch, now, out, lend);
-                                watchers.fetched(key, fetched, fd);
-                                part
-                            },
-                        );
+                            touch,
+                            value: true,
+                        };
+                        let with_cas = *cas;
+                        let mut reply = TextReply::Value { key, with_cas };
+                        let how = (now, conn.fd);
+                        conn.replies.run(ctx, &command, how, lend_from, &mut reply);
                     }
                     conn.replies.out.extend_from_slice(text::END);
                 }
@@ -949,17 +515,10 @@ impl TextSession {
                     conn.replies.out = out;
                 }
                 keyed => {
-                    let key = key_of(keyed).expect("keyed text commands have keys");
-                    let (watchers, fd) = (&ctx.shared.watchers, conn.fd);
-                    conn.replies.run_keyed(
-                        ctx,
-                        key,
-                        lend_from,
-                        b"\r\n",
-                        |store, partition, out, lend| {
-                            execute_keyed(store, partition, keyed, now, out, lend, watchers, fd)
-                        },
-                    );
+                    let command = keyed.command().expect("keyed text commands are commands");
+                    let mut reply = TextReply::of(keyed).expect("keyed text commands reply");
+                    let how = (now, conn.fd);
+                    conn.replies.run(ctx, &command, how, lend_from, &mut reply);
                 }
             }
             conn.consume(consumed);

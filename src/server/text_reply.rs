@@ -1,17 +1,15 @@
-//! The text and meta protocols' replies to storage commands, as memcached 1.6 writes them:
-//! for a value stored on the spot (`text.rs`) and for one streamed to a segment (`large.rs`).
+//! The text and meta protocols' replies, as memcached 1.6 writes them: [`TextReply`] for a
+//! keyed command the executor runs, [`StoreReply`] for storage commands (also for a value
+//! streamed to a segment, `large.rs`).
 
 use crate::proto::meta::{self, MetaCode, MetaValues};
-use crate::proto::text::{self, errors, TextStore};
-use crate::proto::StoreMode;
-use crate::store::{StoreOutcome, CAS_NEVER_ISSUED, RELATIVE_EXPIRY_MAX_SECONDS};
+use crate::proto::text::{self, errors, TextCommand, TextStore};
+use crate::proto::{Key, MaFlags, MdFlags, MgFlags, StoreMode};
+use crate::store::{ArithOutcome, DeleteOutcome, StoreOutcome};
 
-/// An exptime as the store takes it. memcached's text protocol lets it be negative ("expired
-/// at once"); an absolute time just past the relative range is long gone, so the item is
-/// stored (or touched) and never seen again, as memcached does.
-pub fn store_exptime(exptime: i32) -> u32 {
-    u32::try_from(exptime).unwrap_or(RELATIVE_EXPIRY_MAX_SECONDS + 1)
-}
+use super::execute::{Counted, Found, Reply};
+
+pub use crate::command::store_exptime;
 
 /// What memcached's classic storage commands answer for an outcome: an ADD of a live key and
 /// a REPLACE of a missing one are `NOT_STORED` (binary says "exists" and "not found"); only a
@@ -157,14 +155,234 @@ impl OwnedStoreReply {
     }
 }
 
-/// The CAS a storage command compares with, as the store takes it (0: none).
-pub(super) fn compare_cas(store: &TextStore) -> u64 {
-    match (store.mode, store.cas) {
-        // memcached's add ignores a CAS (only `ms` can give one: "add-with-cas works the same
-        // as add").
-        (StoreMode::Add, _) => 0,
-        // A `cas` (or `ms C0`) with unique 0 still compares, and fails.
-        (StoreMode::Set | StoreMode::Replace, Some(0)) => CAS_NEVER_ISSUED,
-        (_, cas) => cas.unwrap_or(0),
+/// How a keyed text or meta command is answered.
+pub(super) enum TextReply<'a> {
+    /// One key of `get`/`gets`/`gat`/`gats`: its `VALUE` line (with the CAS for `gets`), and
+    /// nothing on a miss.
+    Value {
+        key: &'a [u8],
+        with_cas: bool,
+    },
+    Touch {
+        noreply: bool,
+    },
+    Store(StoreReply<'a>),
+    Delete {
+        noreply: bool,
+    },
+    Arith {
+        noreply: bool,
+    },
+    MetaGet {
+        key: &'a Key<'a>,
+        flags: &'a MgFlags<'a>,
+    },
+    MetaDelete {
+        key: &'a Key<'a>,
+        flags: &'a MdFlags<'a>,
+    },
+    MetaArith {
+        key: &'a Key<'a>,
+        flags: &'a MaFlags<'a>,
+    },
+    MetaDebug {
+        key: &'a Key<'a>,
+    },
+    /// A store refused as too large: this line (empty: nothing).
+    Refused(&'static [u8]),
+}
+
+impl<'a> TextReply<'a> {
+    /// The reply for a keyed command (`None`: `get`, one [`TextReply::Value`] per key, or a
+    /// command that names no key).
+    pub(super) fn of(command: &'a TextCommand<'a>) -> Option<TextReply<'a>> {
+        Some(match command {
+            TextCommand::Store { store, .. } => TextReply::Store(StoreReply::of(store)),
+            TextCommand::Arith { noreply, .. } => TextReply::Arith { noreply: *noreply },
+            TextCommand::Delete { noreply, .. } => TextReply::Delete { noreply: *noreply },
+            TextCommand::Touch { noreply, .. } => TextReply::Touch { noreply: *noreply },
+            TextCommand::MetaGet { key, flags } => TextReply::MetaGet { key, flags },
+            TextCommand::MetaDelete { key, flags } => TextReply::MetaDelete { key, flags },
+            TextCommand::MetaArith { key, flags } => TextReply::MetaArith { key, flags },
+            TextCommand::MetaDebug { key } => TextReply::MetaDebug { key },
+            _ => return None,
+        })
+    }
+}
+
+/// A TTL as meta replies show it: seconds left, -1 for never.
+fn ttl_left(expiry: u32, now: u32) -> i64 {
+    match expiry {
+        0 => -1,
+        at => i64::from(at) - i64::from(now),
+    }
+}
+
+impl Reply for TextReply<'_> {
+    const VALUE_END: &'static [u8] = b"\r\n";
+
+    fn found(&mut self, out: &mut Vec<u8>, found: &Found) {
+        match self {
+            TextReply::Value { key, with_cas } => {
+                let cas = with_cas.then_some(found.cas);
+                text::value_header(out, key, found.flags, found.len, cas);
+            }
+            TextReply::Touch { noreply } => {
+                if !*noreply {
+                    out.extend_from_slice(text::TOUCHED);
+                }
+            }
+            TextReply::MetaGet { key, flags } => {
+                let state = found.state.unwrap_or_default();
+                let now = found.now;
+                let values = MetaValues {
+                    cas: Some(found.cas),
+                    flags: Some(found.flags),
+                    hit: Some(state.fetched),
+                    key: Some((&key[..], key.is_binary())),
+                    last_access: Some(u64::from(now.saturating_sub(state.accessed))),
+                    opaque: flags.opaque,
+                    size: Some(found.len),
+                    ttl: Some(ttl_left(state.expiry, now)),
+                    already_won: state.token_sent,
+                    stale: state.stale,
+                    won: state.won,
+                };
+                let code = if flags.value {
+                    MetaCode::Va(found.len)
+                } else {
+                    MetaCode::Hd
+                };
+                meta::meta_line(out, code, &flags.returns, &values);
+            }
+            TextReply::MetaDebug { key } => {
+                let state = found.state.unwrap_or_default();
+                let now = found.now;
+                meta::meta_debug(
+                    out,
+                    key,
+                    key.is_binary(),
+                    ttl_left(state.expiry, now),
+                    u64::from(now.saturating_sub(state.accessed)),
+                    found.cas,
+                    state.fetched,
+                    0,
+                    found.len as u64,
+                );
+            }
+            _ => debug_assert!(false, "a lookup answered for a command that does none"),
+        }
+    }
+
+    fn missed(&mut self, out: &mut Vec<u8>) {
+        match self {
+            TextReply::Touch { noreply: false } => out.extend_from_slice(text::NOT_FOUND),
+            TextReply::MetaGet { key, flags } if !flags.quiet => {
+                let values = MetaValues {
+                    key: Some((&key[..], key.is_binary())),
+                    opaque: flags.opaque,
+                    ..MetaValues::default()
+                };
+                meta::meta_line(out, MetaCode::En, &flags.returns, &values);
+            }
+            TextReply::MetaDebug { .. } => out.extend_from_slice(meta::EN),
+            _ => {}
+        }
+    }
+
+    fn stored(&mut self, out: &mut Vec<u8>, outcome: StoreOutcome) {
+        if let TextReply::Store(reply) = self {
+            reply.write(out, Some(outcome));
+        }
+    }
+
+    fn deleted(&mut self, out: &mut Vec<u8>, outcome: DeleteOutcome) {
+        match self {
+            TextReply::Delete { noreply: false } => out.extend_from_slice(match outcome {
+                DeleteOutcome::Deleted => text::DELETED,
+                DeleteOutcome::NotFound | DeleteOutcome::Exists => text::NOT_FOUND,
+            }),
+            TextReply::MetaDelete { key, flags } => {
+                let code = match outcome {
+                    DeleteOutcome::Deleted if flags.quiet => return,
+                    DeleteOutcome::Deleted => MetaCode::Hd,
+                    DeleteOutcome::NotFound => MetaCode::Nf,
+                    DeleteOutcome::Exists => MetaCode::Ex,
+                };
+                let values = MetaValues {
+                    key: Some((&key[..], key.is_binary())),
+                    opaque: flags.opaque,
+                    ..MetaValues::default()
+                };
+                meta::meta_line(out, code, &flags.returns, &values);
+            }
+            _ => {}
+        }
+    }
+
+    fn counted(&mut self, out: &mut Vec<u8>, outcome: ArithOutcome, counted: Counted) {
+        let (key, flags) = match self {
+            TextReply::Arith { noreply: true } => return,
+            TextReply::Arith { noreply: false } => {
+                match outcome {
+                    ArithOutcome::Value { value, .. } => text::counter(out, value),
+                    ArithOutcome::NotFound => out.extend_from_slice(text::NOT_FOUND),
+                    ArithOutcome::NonNumeric => out.extend_from_slice(errors::NON_NUMERIC),
+                    ArithOutcome::Exists => out.extend_from_slice(text::EXISTS),
+                    ArithOutcome::OutOfMemory => {
+                        out.extend_from_slice(b"SERVER_ERROR out of memory\r\n")
+                    }
+                }
+                return;
+            }
+            TextReply::MetaArith { key, flags } => (key, flags),
+            _ => return,
+        };
+        let mut values = MetaValues {
+            key: Some((&key[..], key.is_binary())),
+            opaque: flags.opaque,
+            ..MetaValues::default()
+        };
+        let (value, cas) = match outcome {
+            ArithOutcome::Value { value, cas } => (value, cas),
+            ArithOutcome::NotFound => {
+                meta::meta_line(out, MetaCode::Nf, &flags.returns, &values);
+                return;
+            }
+            ArithOutcome::Exists => {
+                meta::meta_line(out, MetaCode::Ex, &flags.returns, &values);
+                return;
+            }
+            ArithOutcome::NonNumeric => {
+                out.extend_from_slice(errors::NON_NUMERIC);
+                return;
+            }
+            ArithOutcome::OutOfMemory => {
+                out.extend_from_slice(b"SERVER_ERROR out of memory\r\n");
+                return;
+            }
+        };
+        // memcached's `q` holds back the whole success reply, a `VA` included, but not the
+        // reply to a counter `N` created.
+        if flags.quiet && (flags.vivify.is_none() || counted.existed) {
+            return;
+        }
+        values.cas = Some(cas);
+        values.ttl = Some(ttl_left(counted.expiry, counted.now));
+        let mut digits = Vec::with_capacity(20);
+        text::counter(&mut digits, value);
+        let number = &digits[..digits.len() - 2];
+        if flags.value {
+            meta::meta_line(out, MetaCode::Va(number.len()), &flags.returns, &values);
+            out.extend_from_slice(&digits);
+        } else {
+            meta::meta_line(out, MetaCode::Hd, &flags.returns, &values);
+        }
+    }
+
+    fn refused(&mut self, out: &mut Vec<u8>) {
+        if let TextReply::Refused(line) = self {
+            out.extend_from_slice(line);
+        }
     }
 }

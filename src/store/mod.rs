@@ -13,6 +13,7 @@ mod stats;
 use crate::arena::{
     AllocError, HeadClass, HeadLoc, Reserved, SendPin, ShardArena, SlotBytes, SlotWriter,
 };
+pub use crate::command::MetaGet;
 use crate::command::{StoreMode, ARITH_NO_CREATE};
 use crate::placement::TargetId;
 use crate::segment::Extent;
@@ -22,12 +23,7 @@ use keys::Keys;
 pub use keys::{IndexLayout, KeyHasher};
 pub use stats::{ClassStats, ItemClass, StoreStats};
 
-/// Relative expiry times above this are absolute Unix times (memcached's rule: 30 days).
-pub const RELATIVE_EXPIRY_MAX_SECONDS: u32 = 30 * 24 * 3600;
-
-/// A CAS no item ever has: what a text `cas` with unique 0 compares with (memcached compares
-/// a 0 unique and fails, where the store reads a 0 CAS as "no compare").
-pub const CAS_NEVER_ISSUED: u64 = u64::MAX;
+pub use crate::command::{CAS_NEVER_ISSUED, RELATIVE_EXPIRY_MAX_SECONDS};
 
 pub use crate::config::PARTITIONS_MAX;
 /// CAS bits a partition counts with.
@@ -61,21 +57,6 @@ pub enum Lookup<'a> {
     Miss,
     Small(Hit<'a>),
     Large(LargeHit),
-}
-
-/// What a meta get asks beyond a plain lookup.
-#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
-pub struct MetaGet {
-    /// `T`: a new TTL.
-    pub touch: Option<u32>,
-    /// `N`: create an empty item with this TTL on a miss (and win its token).
-    pub vivify: Option<u32>,
-    /// `R`: win the token when the item has less than this TTL left.
-    pub recache: Option<u32>,
-    /// Update recency, fetched bit and last access (no `u`).
-    pub bump: bool,
-    /// Lease a large value's extents (its value is wanted).
-    pub lease: bool,
 }
 
 /// What a meta get found of the item's state, before this request changed it.
