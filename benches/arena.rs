@@ -177,6 +177,7 @@ fn headroom_bytes_per_item(value: u32, granule: u64, count: u64) -> (f64, f64) {
     let config = headroom::store::StoreConfig {
         max_item_bytes: 1 << 20,
         partition: 0,
+        partitions: 1,
         promotion_half_life_seconds: 10,
     };
     let mut store = headroom::store::Store::new(arena.shard(0), hasher, config);

@@ -21,7 +21,7 @@ use headroom::arena::batch::{install_core_batch, with_core_batch};
 use headroom::arena::{Arena, ArenaConfig, BlockId, MemoryPlan, NumaMode, SendPin, UnlockedMapper};
 use headroom::proto::StoreMode;
 use headroom::store::partition::Partitions;
-use headroom::store::{ArithOutcome, KeyHasher, Lookup, StoreConfig, StoreOutcome};
+use headroom::store::{ArithOutcome, KeyHasher, Lookup, StoreConfig, StoreOutcome, PARTITIONS_MAX};
 use headroom::topology::Topology;
 
 const HUGE: u64 = 64 << 10;
@@ -319,6 +319,7 @@ fn run(seed: u64, steps: usize) {
     // The model: what each key holds, its CAS, and whether eviction may have taken it.
     let mut model: HashMap<Vec<u8>, (Vec<u8>, u64)> = HashMap::new();
     let mut uncertain: HashSet<Vec<u8>> = HashSet::new();
+    let mut issued: HashSet<u64> = HashSet::new();
     let mut versions = 0u64;
     let mut counter = 0u64;
     let mut counter_known = false;
@@ -444,6 +445,15 @@ fn run(seed: u64, steps: usize) {
             Outcome::Stored(outcome) => {
                 let key = set_key.unwrap();
                 let value = set_value.unwrap();
+                // CAS values are unique across partitions, and small (clients parse them
+                // into 32 bits): each partition issues every `count`-th value.
+                if let StoreOutcome::Stored { cas } = outcome {
+                    assert!(issued.insert(cas), "{context}: CAS {cas} issued twice");
+                    assert!(
+                        cas <= (step as u64 + 1) * count as u64,
+                        "{context}: CAS {cas} after {step} operations on {count} partitions"
+                    );
+                }
                 match outcome {
                     StoreOutcome::Stored { cas } if is_append => match model.get(&key) {
                         Some((old, _)) => {
@@ -599,6 +609,8 @@ fn store_config(index: usize) -> StoreConfig {
     StoreConfig {
         max_item_bytes: 1 << 20,
         partition: index,
+        // (Partitions::new sets the count it made.)
+        partitions: PARTITIONS_MAX,
         promotion_half_life_seconds: 10,
     }
 }

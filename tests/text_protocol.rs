@@ -612,7 +612,10 @@ fn cases() -> Vec<Case> {
             "ms invalidate with an older CAS",
             &[
                 "ms @a 1 c\r\nx\r\n",
-                "ms @a 1 C1 I\r\ny\r\nmg @a v c\r\nmg @a v\r\nms @a 1 C{cas+1} I\r\nz\r\nmg @a v\r\n",
+                "ms @a 1 C1 I\r\ny\r\nmg @a v c\r\n",
+                // The stale item's own CAS (a client reads it; CAS values are unique, not
+                // consecutive per key).
+                "mg @a v\r\nms @a 1 C{cas} I\r\nz\r\nmg @a v\r\n",
             ],
         ),
         case(

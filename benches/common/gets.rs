@@ -45,6 +45,7 @@ pub fn filled_partitions(
     let partitions = Partitions::new(arena, KeyHasher::with_seed(1), count, |index| StoreConfig {
         max_item_bytes: 1 << 20,
         partition: index,
+        partitions: count,
         promotion_half_life_seconds: 10,
     });
     let value = vec![7u8; value_bytes];

@@ -369,6 +369,7 @@ pub fn start(settings: Settings, topology: &Topology) -> Result<Running, ServerE
         |index| StoreConfig {
             max_item_bytes: settings.max_item_bytes,
             partition: index,
+            partitions: count,
             promotion_half_life_seconds: settings.promotion_half_life_seconds,
         },
     );

@@ -26,16 +26,17 @@ pub use stats::{ClassStats, ItemClass, StoreStats};
 pub use crate::command::{CAS_NEVER_ISSUED, RELATIVE_EXPIRY_MAX_SECONDS};
 
 pub use crate::config::PARTITIONS_MAX;
-/// CAS bits a partition counts with.
-const CAS_COUNTER_BITS: u32 = 48;
 
 /// Settings a store needs.
 #[derive(Clone, Debug)]
 pub struct StoreConfig {
     /// Values longer than this are refused as too large.
     pub max_item_bytes: u64,
-    /// Partition number, mixed into CAS values so they are unique across partitions.
+    /// Partition number and how many partitions there are: CAS values are interleaved by
+    /// them, unique across partitions ([`Partitions::new`](partition::Partitions::new) sets
+    /// the count it made).
     pub partition: usize,
+    pub partitions: usize,
     /// Fixed heads' access scores halve once per this many seconds (at least 1).
     pub promotion_half_life_seconds: u32,
 }
@@ -206,7 +207,7 @@ impl Store {
         Store {
             arena,
             keys: Keys::new(hasher),
-            next_cas: 1,
+            next_cas: 0,
             flush_at: None,
             large_refusal_logged: false,
             clock: 0,
@@ -349,11 +350,12 @@ impl Store {
     }
 
     fn new_cas(&mut self) -> u64 {
-        // Unique across partitions: the partition number in the top 16 bits, a 48-bit counter
-        // below (2.8e14 mutations of one partition before it wraps).
-        debug_assert!(self.config.partition < PARTITIONS_MAX);
-        let cas = ((self.config.partition as u64) << CAS_COUNTER_BITS)
-            | (self.next_cas & ((1 << CAS_COUNTER_BITS) - 1));
+        // Unique across partitions and small, as memcached's one counter is (clients parse
+        // CAS tokens into 32 bits): partition p of n issues p+1, p+1+n, p+1+2n, ... so with
+        // writes spread over the partitions the values grow by about one per write.
+        let (index, count) = (self.config.partition as u64, self.config.partitions as u64);
+        assert!(index < count, "partition {index} of {count}");
+        let cas = self.next_cas * count + index + 1;
         self.next_cas += 1;
         if cas == CAS_NEVER_ISSUED {
             return self.new_cas();

@@ -219,7 +219,10 @@ impl Partitions {
                 store: Mutex::new(Store::new(
                     arena.shard(index),
                     hasher.clone(),
-                    config(index),
+                    StoreConfig {
+                        partitions: count,
+                        ..config(index)
+                    },
                 )),
                 index_ctrl_addr: AtomicUsize::new(0),
                 index_bucket_mask: AtomicUsize::new(0),
