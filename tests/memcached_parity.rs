@@ -96,3 +96,16 @@ fn cas_values_start_small_and_stay_unique() {
         .unwrap();
     assert!(cas <= most && cas < 1 << 32, "{text}");
 }
+
+/// Clients read VERSION as memcached's release (the npm `memcached` package takes its last
+/// x.y.z): it names 1.6.45, and Headroom's own version has a STAT line of its own.
+#[test]
+fn version_names_the_memcached_release_spoken() {
+    let server = Server::start(&[]);
+    let mut stream = connect(&server);
+    assert_eq!(call(&mut stream, b"version\r\n"), b"VERSION 1.6.45\r\n");
+    let stats = String::from_utf8(call(&mut stream, b"stats\r\n")).unwrap();
+    assert!(stats.contains("STAT version 1.6.45\r\n"), "{stats}");
+    let own = format!("STAT headroom_version {}\r\n", env!("CARGO_PKG_VERSION"));
+    assert!(stats.contains(&own), "{stats}");
+}

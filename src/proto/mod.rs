@@ -31,6 +31,12 @@ pub const KEY_MAX_BYTES: usize = 250;
 pub const SASL_DATA_MAX_BYTES: usize = 1024;
 pub use crate::command::{StoreMode, ARITH_NO_CREATE};
 
+/// The memcached release whose protocols Headroom speaks: what VERSION and `STAT version`
+/// answer, since clients parse them as memcached's (the npm `memcached` package takes the
+/// last x.y.z; a client gates features on it). Headroom's own version is
+/// `STAT headroom_version`.
+pub const MEMCACHED_VERSION: &str = "1.6.45";
+
 /// Opcodes, as on the wire.
 pub mod opcode {
     pub const GET: u8 = 0x00;

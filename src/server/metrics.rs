@@ -209,7 +209,11 @@ const B: Unit = Unit::Bytes;
 const N: Unit = Unit::None;
 const S: Unit = Unit::Seconds;
 
-const BUILD: Metric = info("build", "The server's version, as STAT version gives it.");
+const BUILD: Metric = info(
+    "build",
+    "Headroom's version (STAT headroom_version) and the memcached release whose protocols it \
+     speaks (STAT version).",
+);
 const CPU: Metric = counter(
     "cpu",
     S,
@@ -254,7 +258,7 @@ pub const GENERAL: &[(&str, Export)] = &[
         "version",
         Export::InfoLabel {
             metric: BUILD,
-            label: "version",
+            label: "memcached_version",
         },
     ),
     ("pointer_size", skip("a build constant")),
@@ -661,6 +665,13 @@ pub const GENERAL: &[(&str, Export)] = &[
             N,
             "Large items evicted to make segment room (--segment-eviction lru).",
         )),
+    ),
+    (
+        "headroom_version",
+        Export::InfoLabel {
+            metric: BUILD,
+            label: "version",
+        },
     ),
     (
         "partitions",
@@ -2064,7 +2075,7 @@ mod tests {
     #[test]
     fn both_formats_encode_counters_gauges_infos_and_histograms() {
         let mut general = general_pairs(&GeneralFigures {
-            version: "1.6.0-headroom-0.1.0".into(),
+            version: "1.6.45".into(),
             lock_hold_ns: [1024, 32768, 1 << 20],
             ..Default::default()
         });
@@ -2092,7 +2103,7 @@ mod tests {
         for line in [
             "# TYPE headroom_command_results_total counter",
             "headroom_command_results_total{command=\"get\",result=\"hit\"} 7",
-            "headroom_build_info{version=\"1.6.0-headroom-0.1.0\"} 1",
+            "headroom_build_info{memcached_version=\"1.6.45\",version=\"0.1.0\"} 1",
             "headroom_partition_lock_hold_p99_seconds 0.000032768",
             "headroom_request_duration_seconds_bucket{command=\"get\",le=\"2e-06\"} 3",
             "headroom_request_duration_seconds_bucket{command=\"get\",le=\"+Inf\"} 4",

@@ -392,7 +392,7 @@ pub fn start(settings: Settings, topology: &Topology) -> Result<Running, ServerE
     let shared = Arc::new(Shared {
         partitions,
         restore_done: std::sync::Barrier::new(shards),
-        version: format!("1.6.0-headroom-{}", env!("CARGO_PKG_VERSION")),
+        version: crate::proto::MEMCACHED_VERSION.to_string(),
         started: Instant::now(),
         serving: AtomicBool::new(false),
         stop: AtomicBool::new(false),

@@ -308,6 +308,7 @@ pub(crate) fn general_pairs(f: &GeneralFigures) -> Vec<(String, String)> {
         ("auth_closed", conn.auth_closed.to_string()),
         ("auth_over_budget", conn.auth_over_budget.to_string()),
         ("large_evictions", store.large_evictions.to_string()),
+        ("headroom_version", env!("CARGO_PKG_VERSION").to_string()),
         ("partitions", f.partitions.to_string()),
         ("partition_locks", f.lock_acquisitions.to_string()),
         ("partition_locks_contended", f.locks_contended.to_string()),
