@@ -109,3 +109,105 @@ fn version_names_the_memcached_release_spoken() {
     let own = format!("STAT headroom_version {}\r\n", env!("CARGO_PKG_VERSION"));
     assert!(stats.contains(&own), "{stats}");
 }
+
+/// A `get` of one key: its flags and value, or `None` on a miss.
+fn get(stream: &mut TcpStream, key: &str) -> Option<(u32, Vec<u8>)> {
+    let reply = call(stream, format!("get {key}\r\n").as_bytes());
+    if reply == b"END\r\n" {
+        return None;
+    }
+    let line_end = reply.windows(2).position(|w| w == b"\r\n").unwrap();
+    let line = String::from_utf8(reply[..line_end].to_vec()).unwrap();
+    let words: Vec<&str> = line.split(' ').collect();
+    assert_eq!((words[0], words[1]), ("VALUE", key), "{line}");
+    let len: usize = words[3].parse().unwrap();
+    let value = reply[line_end + 2..line_end + 2 + len].to_vec();
+    assert_eq!(&reply[line_end + 2 + len..], b"\r\nEND\r\n");
+    Some((words[2].parse().unwrap(), value))
+}
+
+/// A text storage command and its reply.
+fn store(stream: &mut TcpStream, command: &str, key: &str, value: &[u8]) -> Vec<u8> {
+    let line = format!("{command} {key} 0 0 {}\r\n", value.len());
+    call(stream, &[line.as_bytes(), value, b"\r\n"].concat())
+}
+
+/// APPEND and PREPEND work up to the item size limit, whatever the sizes and wherever the
+/// value lives (RAM, a memory segment, an O_DIRECT file segment), keeping the item's flags;
+/// they still refuse a missing key and a sum over the limit.
+#[test]
+fn append_and_prepend_work_past_the_ram_head() {
+    let segment_dir = common::fresh_temp_path("parity-append");
+    std::fs::create_dir_all(&segment_dir).unwrap();
+    let file_segment = format!("file:{}/seg,size=256M", segment_dir.display());
+    for segment in ["mem:size=256M,numa=0", file_segment.as_str()] {
+        let server = Server::start(&["--segment", segment, "--max-item-size", "8M"]);
+        let mut stream = connect(&server);
+        let mut check = |name: &str, first: usize, then: usize, prepend: bool| {
+            let key = format!("{name}-{}", if prepend { "pre" } else { "app" });
+            let old = common::pattern(first as u64, first);
+            let add = common::pattern(then as u64 + 7, then);
+            // The item's flags, which an APPEND or PREPEND keeps.
+            let set = format!("set {key} 42 0 {first}\r\n");
+            let stored = call(&mut stream, &[set.as_bytes(), &old, b"\r\n"].concat());
+            assert_eq!(stored, b"STORED\r\n", "{segment}: set {key}");
+            let command = if prepend { "prepend" } else { "append" };
+            let reply = store(&mut stream, command, &key, &add);
+            assert_eq!(
+                reply, b"STORED\r\n",
+                "{segment}: {command} {then} B onto {first} B"
+            );
+            let want = if prepend {
+                [&add[..], &old[..]].concat()
+            } else {
+                [&old[..], &add[..]].concat()
+            };
+            let (flags, value) = get(&mut stream, &key).expect("the item is there");
+            assert_eq!(flags, 42, "{segment}: {command} kept the flags");
+            assert!(
+                value == want,
+                "{segment}: {command} {then} B onto {first} B: other bytes"
+            );
+        };
+        for prepend in [false, true] {
+            check("edge", 262_140, 5, prepend);
+            check("halves", 200_000, 100_000, prepend);
+            check("small-onto-large", 300_000, 10, prepend);
+            check("large-onto-small", 10, 300_000, prepend);
+            check("large-onto-large", 3 << 20, 1 << 20, prepend);
+            check("small", 100, 100, prepend);
+        }
+        // Refused: a missing key, and a sum over --max-item-size (the value stays).
+        assert_eq!(
+            store(&mut stream, "append", "absent", &[1u8; 300_000]),
+            b"NOT_STORED\r\n"
+        );
+        assert_eq!(get(&mut stream, "absent"), None);
+        let big = common::pattern(1, 5 << 20);
+        assert_eq!(store(&mut stream, "set", "full", &big), b"STORED\r\n");
+        assert_eq!(
+            store(&mut stream, "append", "full", &[2u8; 4 << 20]),
+            b"NOT_STORED\r\n"
+        );
+        assert!(get(&mut stream, "full").unwrap().1 == big);
+        // `ms` in append mode, with the item's CAS: a stale CAS is refused.
+        let reply = String::from_utf8(call(&mut stream, b"mg full c\r\n")).unwrap();
+        let cas: u64 = reply
+            .trim_end()
+            .rsplit('c')
+            .next()
+            .unwrap()
+            .parse()
+            .unwrap();
+        let ms = |cas: u64| {
+            let line = format!("ms full 300000 MA C{cas}\r\n");
+            [line.as_bytes(), &[3u8; 300_000], b"\r\n"].concat()
+        };
+        assert_eq!(call(&mut stream, &ms(cas + 1000)), b"EX\r\n");
+        assert_eq!(call(&mut stream, &ms(cas)), b"HD\r\n");
+        assert_eq!(
+            get(&mut stream, "full").unwrap().1.len(),
+            (5 << 20) + 300_000
+        );
+    }
+}

@@ -358,13 +358,48 @@ fn conformance(threads: &str) {
         71,
     );
     assert_eq!(c.get(b"head").value, bigger);
-    // Appending past ram_head is refused: a segment value is not rewritten by APPEND.
-    expect_error(
+    // APPEND and PREPEND onto a value in a segment build the sum in a segment, keeping the
+    // item's flags; past the item limit they are refused and the value stays.
+    expect(
         &c.call(&frame(APPEND, &[], b"head", b"x", 0, 73)),
         APPEND,
-        NOT_STORED,
+        OK,
         73,
     );
+    expect(
+        &c.call(&frame(PREPEND, &[], b"head", b"<", 0, 74)),
+        PREPEND,
+        OK,
+        74,
+    );
+    let got = c.get(b"head");
+    assert_eq!(got.value, [&b"<"[..], &bigger, b"x"].concat());
+    assert_eq!(got.flags(), 1);
+    // A RAM value that an APPEND grows past ram_head moves to a segment whole.
+    c.set(b"grow", &head, 3, 0);
+    expect(
+        &c.call(&frame(APPEND, &[], b"grow", &[9u8; 100], 0, 75)),
+        APPEND,
+        OK,
+        75,
+    );
+    let got = c.get(b"grow");
+    assert_eq!(got.value, [&head[..], &[9u8; 100]].concat());
+    assert_eq!(got.flags(), 3);
+    expect_error(
+        &c.call(&frame(APPEND, &[], b"grow", &vec![5u8; 60 * 1024], 0, 76)),
+        APPEND,
+        NOT_STORED,
+        76,
+    );
+    assert_eq!(c.get(b"grow").value.len(), 8292);
+    expect_error(
+        &c.call(&frame(APPEND, &[], b"nothere", &vec![5u8; 9000], 0, 77)),
+        APPEND,
+        NOT_STORED,
+        77,
+    );
+    expect_error(&c.get(b"nothere"), GET, NOT_FOUND, 0);
     c.set(b"keep", b"v", 0, 0);
     c.send(&frame(
         SETQ,

@@ -84,8 +84,8 @@ pub enum Request<'a> {
         key: &'a [u8],
         drop_existing: bool,
     },
-    /// A SET, ADD or REPLACE whose value the caller streams (it follows the consumed bytes):
-    /// `value_len` bytes, stored whole in a segment.
+    /// A SET, ADD, REPLACE, APPEND or PREPEND whose value the caller streams (it follows the
+    /// consumed bytes): `value_len` bytes, stored whole in a segment.
     LargeStore {
         mode: StoreMode,
         key: &'a [u8],
@@ -416,26 +416,34 @@ pub fn decode_streaming(
         op::APPEND | op::APPENDQ | op::PREPEND | op::PREPENDQ
     );
     if carries_value && value_len > stream_from_bytes && value_len <= max_value_bytes {
-        if concat {
-            return reject(Status::TooLarge, frame_len, false, FrameError::TooLarge);
-        }
         let head = HEADER_BYTES + extras_len + key_len;
         if buf.len() < head {
             return Decoded::Incomplete { needed: head };
         }
         let extras = &buf[HEADER_BYTES..HEADER_BYTES + extras_len];
+        // APPEND and PREPEND carry no extras: the item keeps its flags and expiry.
+        let (flags, expiry) = if concat {
+            (0, 0)
+        } else {
+            (be32(extras), be32(&extras[4..]))
+        };
         return Decoded::Request {
             request: Request::LargeStore {
                 mode: match opcode {
                     op::SET | op::SETQ | op::SETX | op::SETXQ => StoreMode::Set,
                     op::ADD | op::ADDQ => StoreMode::Add,
+                    op::APPEND | op::APPENDQ => StoreMode::Append,
+                    op::PREPEND | op::PREPENDQ => StoreMode::Prepend,
                     _ => StoreMode::Replace,
                 },
                 key: &buf[HEADER_BYTES + extras_len..head],
-                flags: be32(extras),
-                expiry: be32(&extras[4..]),
+                flags,
+                expiry,
                 cas,
-                quiet: matches!(opcode, op::SETQ | op::ADDQ | op::REPLACEQ | op::SETXQ),
+                quiet: matches!(
+                    opcode,
+                    op::SETQ | op::ADDQ | op::REPLACEQ | op::SETXQ | op::APPENDQ | op::PREPENDQ
+                ),
                 value_len: value_len as u64,
                 hints: matches!(opcode, op::SETX | op::SETXQ).then(|| parse_hints(extras)),
             },

@@ -6,12 +6,14 @@
 
 use std::rc::Rc;
 
-use crate::proto::{decode_streaming, Decoded, FrameError, Request, ResponseWriter, Status};
+use crate::proto::{
+    decode_streaming, Decoded, FrameError, Request, ResponseWriter, Status, StoreMode,
+};
 use crate::store::{ArithOutcome, DeleteOutcome, StoreOutcome};
 
 use super::conn::{log_peer_error, After, Conn};
 use super::execute::{Counted, Found, Reply};
-use super::large::{LargeReply, LargeSet};
+use super::large::{self, LargeReply, LargeSet};
 use super::latency::CommandKind;
 use super::shard::ShardCtx;
 use super::stats::write_stats;
@@ -237,6 +239,33 @@ pub(super) async fn process(conn: &mut Conn, ctx: &Rc<ShardCtx>, now: u32) -> Af
                     },
                 };
                 conn.consume(consumed);
+                return After::LargeSet(set);
+            }
+            Request::Store {
+                mode: mode @ (StoreMode::Append | StoreMode::Prepend),
+                key,
+                value,
+                cas,
+                quiet,
+                ..
+            } if large::concat_needs_segment(ctx, key, value.len(), now) => {
+                // The sum outgrows RAM (or the value is in a segment already): the new value
+                // is built in a segment, the appended bytes read from the buffer.
+                let set = LargeSet {
+                    hints: None,
+                    mode: *mode,
+                    key: key.to_vec(),
+                    flags: 0,
+                    expiry: 0,
+                    cas: *cas,
+                    value_len: value.len() as u64,
+                    reply: LargeReply::Binary {
+                        opcode,
+                        opaque,
+                        quiet: *quiet,
+                    },
+                };
+                conn.consume(consumed - value.len());
                 return After::LargeSet(set);
             }
             keyed => {

@@ -18,7 +18,7 @@ use crate::proto::{PlacementHints, ResponseWriter, Status, StoreMode, TextStore}
 use crate::ring::PoolChunk;
 use crate::segment::storage::AlignedBuf;
 use crate::segment::{Extent, TargetStorage};
-use crate::store::{LargeHit, LargeLink, StoreOutcome};
+use crate::store::{ConcatBase, ConcatValue, LargeHit, LargeLink, StoreOutcome};
 
 use super::deferred::{unpin, HeldLarge};
 use super::execute::{watched_store, WatchedStore};
@@ -147,8 +147,8 @@ impl LargeReply {
 
 /// The placement request for a large value: the server's defaults (one replica, the serving
 /// node as the hint), or what a SETX asked for.
-fn placement_request(ctx: &ShardCtx, op: &LargeSet) -> PlacementRequest {
-    let mut request = PlacementRequest::new(op.value_len);
+fn placement_request(ctx: &ShardCtx, op: &LargeSet, value_len: u64) -> PlacementRequest {
+    let mut request = PlacementRequest::new(value_len);
     let serving = ctx.shared.settings.arena.numa.serving_node();
     request.hint = LocalityHint {
         node: serving,
@@ -478,10 +478,11 @@ fn status_of(outcome: StoreOutcome) -> Status {
 async fn place(
     ctx: &Rc<ShardCtx>,
     op: &LargeSet,
+    value_len: u64,
 ) -> Result<crate::placement::Placed, PlacementError> {
     for attempt in 0..2 {
         let request = ShardRequest::Place {
-            request: placement_request(ctx, op),
+            request: placement_request(ctx, op, value_len),
             key: op.key.clone(),
         };
         match ctx.call_master(request).await {
@@ -501,14 +502,101 @@ async fn place(
         }
     }
     Err(PlacementError::NoSpace {
-        size: op.value_len,
+        size: value_len,
         free: 0,
         largest_hole: 0,
     })
 }
 
+/// Whether an APPEND or PREPEND of `add_len` bytes onto `key` is built in a segment
+/// ([`receive_set`]) rather than in RAM by the executor.
+pub fn concat_needs_segment(ctx: &ShardCtx, key: &[u8], add_len: usize, now: u32) -> bool {
+    let (_, mut store) = ctx.shared.partitions.lock_key(key);
+    store.concat_needs_segment(key, add_len as u64, now)
+}
+
+/// Ends the lease an APPEND or PREPEND took on the segment value it started from.
+fn release_base(ctx: &ShardCtx, key: &[u8], base: Option<&ConcatBase>) {
+    if let Some(ConcatBase {
+        value: ConcatValue::Segment { lease, .. },
+        ..
+    }) = base
+    {
+        ctx.shared.partitions.lock_key(key).1.release_lease(*lease);
+    }
+}
+
+/// Reads the value an APPEND or PREPEND starts from, in order, into the new value's chunks:
+/// copied from RAM, or read from the first replica of its segment and summed against the
+/// CRC32C it was stored with. A read that fails leaves zeros and marks the value damaged, so
+/// the new value is never linked.
+struct BaseReader<'b> {
+    base: Option<&'b ConcatBase>,
+    crc: u32,
+    read: u64,
+    failed: bool,
+    scratch: Vec<u8>,
+}
+
+impl<'b> BaseReader<'b> {
+    fn new(base: Option<&'b ConcatBase>) -> BaseReader<'b> {
+        BaseReader {
+            base,
+            crc: 0,
+            read: 0,
+            failed: false,
+            scratch: Vec::new(),
+        }
+    }
+
+    /// Fills `into` with the base's bytes from `at` (reads come in order).
+    async fn read(&mut self, ctx: &ShardCtx, at: u64, into: &mut [u8]) {
+        let Some(base) = self.base else {
+            return;
+        };
+        match &base.value {
+            ConcatValue::Ram(bytes) => {
+                into.copy_from_slice(&bytes[at as usize..at as usize + into.len()]);
+            }
+            ConcatValue::Segment { replicas, .. } => {
+                let (target, extent) = replicas[0];
+                let read = SegmentFiles
+                    .read(ctx, target, extent, at, into.len(), &mut self.scratch)
+                    .await;
+                match read {
+                    Ok(()) => {
+                        into.copy_from_slice(&self.scratch);
+                        self.crc = crc32c::crc32c_append(self.crc, into);
+                    }
+                    Err(err) => {
+                        tracing::warn!(%err, target = target.0, "segment value unreadable for an append");
+                        into.fill(0);
+                        self.failed = true;
+                    }
+                }
+            }
+        }
+        debug_assert_eq!(self.read, at, "the base is read in order");
+        self.read = at + into.len() as u64;
+    }
+
+    /// Whether every byte read is the value as it was stored.
+    fn intact(&self) -> bool {
+        match self.base.map(|b| &b.value) {
+            Some(ConcatValue::Segment {
+                checksum,
+                value_len,
+                ..
+            }) => !self.failed && self.read == *value_len && self.crc == *checksum,
+            _ => true,
+        }
+    }
+}
+
 /// Why a large SET stopped before linking.
 enum Interrupted {
+    /// The value an APPEND or PREPEND started from could not be read back intact.
+    BaseDamaged,
     /// The client went away, idled out, or the server is stopping: close the connection.
     Connection(io::Error),
     /// A segment write to this target failed: the body was drained; answer and keep the
@@ -575,33 +663,64 @@ pub async fn receive_set(
         let in_buffer = (buffered.len() - from_buffer).min(t as usize);
         (in_buffer, t - in_buffer as u64)
     };
-    // An ADD of a live key (say) is refused before a byte goes to a segment.
-    let refused = {
+    // An ADD of a live key (say) is refused before a byte goes to a segment. An APPEND or
+    // PREPEND starts from the live item's value (`base`), refused when it is missing or the
+    // sum is over the item size limit.
+    let concat = matches!(op.mode, StoreMode::Append | StoreMode::Prepend);
+    let (refused, base) = {
         let (_, mut store) = ctx.shared.partitions.lock_key(&op.key);
         let now = unix_now();
-        let refused = store.check_large(op.mode, &op.key, op.cas, now);
+        let (refused, base) = if concat {
+            match store.concat_base(&op.key, op.cas, now) {
+                Ok(base)
+                    if base.value.len() + op.value_len > ctx.shared.settings.max_item_bytes =>
+                {
+                    if let ConcatValue::Segment { lease, .. } = base.value {
+                        store.release_lease(lease);
+                    }
+                    (Some(StoreOutcome::NotStored), None)
+                }
+                Ok(base) => (None, Some(base)),
+                Err(refused) => (Some(refused), None),
+            }
+        } else {
+            (store.check_large(op.mode, &op.key, op.cas, now), None)
+        };
         if let Some(refused) = refused {
             let watchers = (&ctx.shared.watchers, fd);
             watched_store(&mut store, watchers, watched(now), |_| refused);
         }
-        refused
+        (refused, base)
     };
     if let Some(refused) = refused {
         discard(ctx, &mut limit, (stream, wire), rest + trailer_rest).await?;
         op.reply.write(out, Answer::Refused(refused), setx);
         return Ok(from_buffer + trailer_buffered);
     }
-    let replicas = match place(ctx, op).await {
+    // The whole value's bytes, and where the base's lie among them.
+    let base_len = base.as_ref().map_or(0, |b| b.value.len());
+    let value_len = op.value_len + base_len;
+    let base_at = match op.mode {
+        StoreMode::Prepend => op.value_len,
+        _ => 0,
+    };
+    // Where the client's bytes end among them.
+    let new_end = match op.mode {
+        StoreMode::Prepend => op.value_len,
+        _ => value_len,
+    };
+    let replicas = match place(ctx, op, value_len).await {
         Ok(placed) => placed.replicas,
         Err(err) => {
-            tracing::debug!(key_len = op.key.len(), value_len = op.value_len, %err, "large value not placed");
+            tracing::debug!(key_len = op.key.len(), value_len, %err, "large value not placed");
+            release_base(ctx, &op.key, base.as_ref());
             discard(ctx, &mut limit, (stream, wire), rest + trailer_rest).await?;
             op.reply.write(out, Answer::NotPlaced(err), setx);
             return Ok(from_buffer + trailer_buffered);
         }
     };
     let chunk_bytes = ctx.shared.settings.arena.io_chunk_bytes as usize;
-    let head_bytes = op.value_len.min(ctx.shared.settings.arena.ram_head_bytes) as usize;
+    let head_bytes = value_len.min(ctx.shared.settings.arena.ram_head_bytes) as usize;
     let mut head = Vec::with_capacity(head_bytes);
     // A SET never waits for a chunk: with the pool dry it stages on the heap (plain path).
     let mut staging = match ctx.io.ring.as_ref().and_then(|_| ctx.io.pool.try_take()) {
@@ -617,22 +736,31 @@ pub async fn receive_set(
     let mut used = 0usize;
     let mut checksum = 0u32;
     let mut segment_error: Option<(TargetId, io::Error)> = None;
+    let mut base_reader = BaseReader::new(base.as_ref());
     let outcome: Result<(), Interrupted> = async {
-        while received < op.value_len {
-            let want = ((op.value_len - received) as usize).min(chunk_bytes);
+        while received < value_len {
+            let want = ((value_len - received) as usize).min(chunk_bytes);
             let mut filled = 0;
             while filled < want {
+                let at = received + filled as u64;
                 let chunk = staging.bytes_mut();
-                if used < from_buffer {
+                if (base_at..base_at + base_len).contains(&at) {
+                    let n = ((base_at + base_len - at) as usize).min(want - filled);
+                    let into = &mut chunk[filled..filled + n];
+                    base_reader.read(ctx, at - base_at, into).await;
+                    filled += n;
+                } else if used < from_buffer {
                     let n = (from_buffer - used).min(want - filled);
                     chunk[filled..filled + n].copy_from_slice(&buffered[used..used + n]);
                     used += n;
                     filled += n;
                 } else {
+                    // Never past the new bytes: a PREPEND's base follows them.
+                    let end = filled + ((new_end - at) as usize).min(want - filled);
                     filled += body_step(
                         ctx,
                         &mut limit,
-                        wire.read_into(stream, &mut chunk[filled..want]),
+                        wire.read_into(stream, &mut chunk[filled..end]),
                     )
                     .await
                     .map_err(Interrupted::Connection)?;
@@ -682,10 +810,12 @@ pub async fn receive_set(
         match segment_error.take() {
             Some((target, err)) => Err(Interrupted::Segment(target, err)),
             None if want > 0 && trailer != *b"\r\n" => Err(Interrupted::BadChunk),
+            None if !base_reader.intact() => Err(Interrupted::BaseDamaged),
             None => Ok(()),
         }
     }
     .await;
+    release_base(ctx, &op.key, base.as_ref());
     if let Err(interrupted) = outcome {
         // An aborted SET leaves nothing behind: its extents go straight back.
         ctx.call_master(ShardRequest::Free(replicas)).await;
@@ -701,11 +831,16 @@ pub async fn receive_set(
                 op.reply.write(out, Answer::BadChunk, setx);
                 Ok(used)
             }
+            Interrupted::BaseDamaged => {
+                op.reply
+                    .write(out, Answer::Refused(StoreOutcome::NotStored), setx);
+                Ok(used)
+            }
         };
     }
     let placed_replicas = replicas.len() as u8;
     let link = LargeLink {
-        value_len: op.value_len,
+        value_len,
         checksum,
         replicas,
         head,
@@ -714,8 +849,21 @@ pub async fn receive_set(
         let (_, mut store) = ctx.shared.partitions.lock_key(&op.key);
         let now = unix_now();
         let watchers = (&ctx.shared.watchers, fd);
-        let outcome = watched_store(&mut store, watchers, watched(now), |store| {
-            store.link_large(op.mode, &op.key, op.flags, op.expiry, op.cas, now, link)
+        let outcome = watched_store(&mut store, watchers, watched(now), |store| match &base {
+            // The new value replaces the item it was built from, keeping its flags and
+            // expiry, unless that item changed meanwhile: then, as for an APPEND onto a
+            // missing key, NOT_STORED (EXISTS when the client gave the CAS).
+            Some(base) => {
+                let (flags, expiry) = (base.flags, base.expiry);
+                let set = StoreMode::Set;
+                match store.link_large(set, &op.key, flags, expiry, base.cas, now, link) {
+                    StoreOutcome::Exists | StoreOutcome::NotFound if op.cas == 0 => {
+                        StoreOutcome::NotStored
+                    }
+                    outcome => outcome,
+                }
+            }
+            None => store.link_large(op.mode, &op.key, op.flags, op.expiry, op.cas, now, link),
         });
         (outcome, store.take_pending_frees())
     };

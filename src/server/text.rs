@@ -11,12 +11,12 @@
 use std::rc::Rc;
 use std::sync::atomic::Ordering;
 
-use crate::command::Command;
+use crate::command::{Command, StoreMode};
 use crate::proto::meta;
 use crate::proto::text::{self, errors, CrawlClasses, Crawler, TextCommand, TextDecoded};
 
 use super::conn::{log_peer_error, After, Conn};
-use super::large::LargeSet;
+use super::large::{self, LargeSet};
 use super::latency::CommandKind;
 use super::replies::OUTPUT_CAP_BYTES;
 use super::shard::ShardCtx;
@@ -513,6 +513,18 @@ impl TextSession {
                     let mut out = std::mem::take(&mut conn.replies.out);
                     self.metadump = lru_crawler(ctx, crawler, pipelined, &mut out).await;
                     conn.replies.out = out;
+                }
+                TextCommand::Store { store, value }
+                    if matches!(store.mode, StoreMode::Append | StoreMode::Prepend)
+                        && large::concat_needs_segment(ctx, &store.key, value.len(), now) =>
+                {
+                    // The sum outgrows RAM (or the value is in a segment already): the new
+                    // value is built in a segment, the data block read from the buffer.
+                    // (`Conn::consume` of the line alone, field by field.)
+                    let line_len = consumed - value.len() - 2;
+                    conn.consumed += line_len;
+                    conn.line_scan.consumed(line_len);
+                    return After::LargeSet(LargeSet::from_text(store));
                 }
                 keyed => {
                     let command = keyed.command().expect("keyed text commands are commands");

@@ -52,6 +52,42 @@ pub struct LargeLink {
     pub head: Vec<u8>,
 }
 
+/// The item an APPEND or PREPEND built in a segment starts from ([`Store::concat_base`]).
+#[derive(Debug)]
+pub struct ConcatBase {
+    pub cas: u64,
+    pub flags: u32,
+    /// Absolute (0: never).
+    pub expiry: u32,
+    pub value: ConcatValue,
+}
+
+/// Its value: copied out of RAM, or in a segment with its extents leased.
+#[derive(Debug)]
+pub enum ConcatValue {
+    Ram(Vec<u8>),
+    Segment {
+        value_len: u64,
+        /// CRC32C of the whole value, as it was stored.
+        checksum: u32,
+        replicas: Vec<(TargetId, Extent)>,
+        lease: u64,
+    },
+}
+
+impl ConcatValue {
+    pub fn len(&self) -> u64 {
+        match self {
+            ConcatValue::Ram(bytes) => bytes.len() as u64,
+            ConcatValue::Segment { value_len, .. } => *value_len,
+        }
+    }
+
+    pub fn is_empty(&self) -> bool {
+        self.len() == 0
+    }
+}
+
 /// What a lookup found.
 #[derive(Debug, PartialEq, Eq)]
 pub enum Lookup<'a> {
@@ -735,6 +771,62 @@ impl Store {
             .filter(|(_, meta, _)| !is_expired(meta.expiry, now))
             .map(|(key, meta, large)| (key, meta.flags, meta.expiry, large))
             .collect()
+    }
+
+    /// Whether an APPEND or PREPEND of `add_len` bytes onto `key` is built in a segment: the
+    /// item is live and its value is in a segment already, or would grow past the RAM head.
+    /// (A missing key is refused by the plain path.)
+    pub fn concat_needs_segment(&mut self, key: &[u8], add_len: u64, now: u32) -> bool {
+        let Some(loc) = self.live(key, now) else {
+            return false;
+        };
+        let old_len = match item::value_at(self.arena.bytes(loc)) {
+            ValueAt::Large => return true,
+            ValueAt::Inline => item::inline_value(self.arena.bytes(loc)).len() as u64,
+            ValueAt::Fixed { len, .. } => u64::from(len),
+        };
+        old_len + add_len > self.arena.ram_head_bytes()
+    }
+
+    /// What an APPEND or PREPEND built in a segment starts from: the live item's CAS, flags,
+    /// expiry and value (copied from RAM, or its extents leased until
+    /// [`Store::release_lease`]). A missing key is NOT_STORED, a CAS that does not match the
+    /// item's EXISTS, as [`Store::store`] answers.
+    pub fn concat_base(
+        &mut self,
+        key: &[u8],
+        cas: u64,
+        now: u32,
+    ) -> Result<ConcatBase, StoreOutcome> {
+        let Some(loc) = self.live(key, now) else {
+            if cas != 0 {
+                self.keys.stats.cas_misses += 1;
+            }
+            return Err(StoreOutcome::NotStored);
+        };
+        let meta = item::meta(self.arena.bytes(loc));
+        if cas != 0 && meta.cas != cas {
+            self.keys.stats.cas_badval += 1;
+            return Err(StoreOutcome::Exists);
+        }
+        let value = match item::value_at(self.arena.bytes(loc)) {
+            ValueAt::Large => {
+                let large = item::large(self.arena.bytes(loc)).expect("a large record");
+                ConcatValue::Segment {
+                    value_len: large.value_len,
+                    checksum: large.checksum,
+                    lease: self.keys.lease(&large.replicas),
+                    replicas: large.replicas,
+                }
+            }
+            _ => ConcatValue::Ram(self.value_of(loc).to_vec()),
+        };
+        Ok(ConcatBase {
+            cas: meta.cas,
+            flags: meta.flags,
+            expiry: meta.expiry,
+            value,
+        })
     }
 
     /// Ends a reader's hold on a large item's extents.
