@@ -211,3 +211,74 @@ fn append_and_prepend_work_past_the_ram_head() {
         );
     }
 }
+
+/// `STAT name value` pairs of a stats group.
+fn stats(stream: &mut TcpStream, group: &str) -> Vec<(String, u64)> {
+    let reply = String::from_utf8(call(stream, format!("stats {group}\r\n").as_bytes())).unwrap();
+    reply
+        .lines()
+        .filter_map(|line| {
+            let mut words = line.split(' ');
+            let (_, name, value) = (words.next()?, words.next()?, words.next()?);
+            Some((name.to_string(), value.parse().ok()?))
+        })
+        .collect()
+}
+
+fn stat(pairs: &[(String, u64)], name: &str) -> u64 {
+    pairs
+        .iter()
+        .find(|(n, _)| n == name)
+        .unwrap_or_else(|| panic!("no STAT {name} in {pairs:?}"))
+        .1
+}
+
+/// Dashboards and memcached-tool read the per-class figures: they add up to `curr_items`,
+/// every class `stats items` shows is a slab class, and `bytes` counts the values in segments.
+#[test]
+fn stats_classes_and_bytes_count_every_item() {
+    let server = Server::start(&["--segment", "mem:size=64M,numa=0", "--threads", "2"]);
+    let mut stream = connect(&server);
+    let sizes = [10usize, 200, 100_000, 262_144, 500_000, 3 << 20];
+    for (i, len) in sizes.iter().enumerate() {
+        let value = common::pattern(i as u64, *len);
+        assert_eq!(
+            store(&mut stream, "set", &format!("k{i}"), &value),
+            b"STORED\r\n"
+        );
+    }
+    let general = stats(&mut stream, "");
+    let items = stats(&mut stream, "items");
+    let slabs = stats(&mut stream, "slabs");
+    assert_eq!(stat(&general, "curr_items"), sizes.len() as u64);
+    let mut counted = 0;
+    for class in 1..=3 {
+        let number = items
+            .iter()
+            .find(|(n, _)| *n == format!("items:{class}:number"))
+            .map_or(0, |p| p.1);
+        counted += number;
+        if number > 0 {
+            // memcached-tool `display` lists a class from `stats slabs`.
+            assert!(stat(&slabs, &format!("{class}:chunk_size")) > 0);
+            assert!(
+                stat(&slabs, &format!("{class}:used_chunks")) > 0,
+                "class {class}"
+            );
+        }
+    }
+    assert_eq!(counted, sizes.len() as u64, "items classes: {items:?}");
+    assert_eq!(
+        stat(&items, "items:3:number"),
+        2,
+        "500 KB and 3 MiB are large"
+    );
+    let values: u64 = sizes.iter().map(|&n| n as u64).sum();
+    let bytes = stat(&general, "bytes");
+    assert!(bytes >= values, "bytes {bytes} < the values' {values}");
+    assert_eq!(
+        bytes,
+        stat(&general, "ram_bytes") + stat(&general, "large_bytes")
+    );
+    assert_eq!(stat(&general, "large_bytes"), 500_000 + (3 << 20));
+}

@@ -151,7 +151,10 @@ fn items_slabs_and_sizes_describe_the_arena_classes() {
     assert_eq!(slabs["2:chunk_size"], (256 << 10).to_string());
     // The fixed value and the large value's head copy.
     assert_eq!(slabs["2:used_chunks"], "2");
-    assert_eq!(slabs["active_slabs"], "2");
+    // The large value: class 3, a chunk per value.
+    assert_eq!(slabs["3:used_chunks"], "1");
+    assert_eq!(slabs["3:mem_requested"], (1 << 20).to_string());
+    assert_eq!(slabs["active_slabs"], "3");
     assert!(slabs["total_malloced"].parse::<u64>().unwrap() >= 2 << 20);
 
     // Sizes: key + value in 32-byte buckets labelled by their upper bound.

@@ -404,7 +404,8 @@ pub const GENERAL: &[(&str, Export)] = &[
         sample(gauge(
             "current",
             B,
-            "Arena bytes items hold now (records and fixed head slots).",
+            "Bytes items hold now: in RAM (ram_bytes) and their values in segments \
+             (large_bytes).",
         )),
     ),
     (
@@ -462,6 +463,14 @@ pub const GENERAL: &[(&str, Export)] = &[
             "large_items",
             N,
             "Items larger than --ram-head: values whole in segments, heads in RAM.",
+        )),
+    ),
+    (
+        "ram_bytes",
+        sample(gauge(
+            "ram",
+            B,
+            "Arena bytes items hold now (records and fixed head slots).",
         )),
     ),
     (

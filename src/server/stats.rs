@@ -245,7 +245,9 @@ pub(crate) fn general_pairs(f: &GeneralFigures) -> Vec<(String, String)> {
         ("listen_disabled_num", "0".to_string()),
         ("time_in_listen_disabled_us", "0".to_string()),
         ("threads", f.shards.to_string()),
-        ("bytes", store.bytes.to_string()),
+        // Every stored byte, as dashboards read memcached's: RAM and segments (split below,
+        // ram_bytes and large_bytes).
+        ("bytes", (store.bytes + store.large_bytes).to_string()),
         ("curr_items", store.curr_items.to_string()),
         ("total_items", store.total_items.to_string()),
         ("evictions", store.evictions.to_string()),
@@ -253,6 +255,7 @@ pub(crate) fn general_pairs(f: &GeneralFigures) -> Vec<(String, String)> {
         ("expired_reclaimed", store.expired_reclaimed.to_string()),
         ("lrutail_reflocked", store.lrutail_reflocked.to_string()),
         ("index_bytes", store.index_bytes.to_string()),
+        ("ram_bytes", store.bytes.to_string()),
         ("large_items", store.large_items.to_string()),
         ("large_bytes", store.large_bytes.to_string()),
         ("large_heads_dropped", store.large_heads_dropped.to_string()),
@@ -533,11 +536,16 @@ fn items(store: &StoreStats) -> Vec<(String, String)> {
     out
 }
 
-/// `slabs`: the arena's two RAM classes as memcached's slab classes. Class 1 is the
+/// `slabs`: the item classes of `stats items` as memcached's slab classes. Class 1 is the
 /// byte-granular small-object arena (a chunk is one `--small-min-alloc` granule; a page one
-/// block); class 2 the fixed head slots (a chunk is one `--ram-head` slot). Large values live
-/// in segments (STAT `segments`), not in slabs.
-fn slabs(ctx: &ShardCtx, arena: &crate::arena::ArenaStats) -> Vec<(String, String)> {
+/// block); class 2 the fixed head slots (a chunk is one `--ram-head` slot); class 3 the
+/// large values, whole in segments (STAT `segments`): a chunk is one value of up to
+/// `--max-item-size`, so tools that list classes (memcached-tool `display`) show every item.
+fn slabs(
+    ctx: &ShardCtx,
+    arena: &crate::arena::ArenaStats,
+    store: &StoreStats,
+) -> Vec<(String, String)> {
     let a = &ctx.shared.settings.arena;
     let mut usage = crate::arena::ShardRegionStats::default();
     for region in &arena.regions {
@@ -554,7 +562,8 @@ fn slabs(ctx: &ShardCtx, arena: &crate::arena::ArenaStats) -> Vec<(String, Strin
     let small_dead = usage.small_dead_bytes.div_ceil(a.small_min_alloc_bytes);
     let fixed_chunks_per_page = a.block_bytes / a.ram_head_bytes;
     let fixed_total = usage.blocks_fixed * fixed_chunks_per_page;
-    let rows: [(u8, &str, u64); 14] = [
+    let large = store.class(ItemClass::Large);
+    let rows: [(u8, &str, u64); 21] = [
         (1, "chunk_size", a.small_min_alloc_bytes),
         (1, "chunks_per_page", small_chunks_per_page),
         (1, "total_pages", usage.blocks_small),
@@ -577,12 +586,21 @@ fn slabs(ctx: &ShardCtx, arena: &crate::arena::ArenaStats) -> Vec<(String, Strin
             "free_chunks",
             fixed_total.saturating_sub(usage.fixed_heads_live),
         ),
+        (3, "chunk_size", ctx.shared.settings.max_item_bytes),
+        (3, "chunks_per_page", 1),
+        (3, "total_pages", large.number),
+        (3, "total_chunks", large.number),
+        (3, "used_chunks", large.number),
+        (3, "free_chunks", 0),
+        (3, "mem_requested", store.large_bytes),
     ];
     let mut out: Vec<(String, String)> = rows
         .iter()
         .map(|(class, name, value)| (format!("{class}:{name}"), value.to_string()))
         .collect();
-    let active = u64::from(usage.blocks_small > 0) + u64::from(usage.blocks_fixed > 0);
+    let active = u64::from(usage.blocks_small > 0)
+        + u64::from(usage.blocks_fixed > 0)
+        + u64::from(large.number > 0);
     out.push(("active_slabs".into(), active.to_string()));
     out.push((
         "total_malloced".into(),
@@ -620,12 +638,10 @@ pub async fn group_pairs(ctx: &ShardCtx, group: &[u8]) -> Option<Vec<(String, St
     Some(match group {
         b"" => general(ctx, &gather(ctx).await),
         b"items" => items(&partition_figures(&ctx.shared).store),
-        b"slabs" => slabs(
-            ctx,
-            &ctx.shared
-                .arena
-                .stats(&partition_figures(&ctx.shared).arena),
-        ),
+        b"slabs" => {
+            let figures = partition_figures(&ctx.shared);
+            slabs(ctx, &ctx.shared.arena.stats(&figures.arena), &figures.store)
+        }
         b"sizes" => {
             let partitions = &ctx.shared.partitions;
             let mut sizes = BTreeMap::new();
