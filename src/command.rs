@@ -43,6 +43,8 @@ pub struct MetaGet {
     pub bump: bool,
     /// Lease a large value's extents (its value is wanted).
     pub lease: bool,
+    /// `E`: the CAS of an item `vivify` creates (0: a new one).
+    pub vivify_cas: u64,
 }
 
 /// One request that names a key, as every protocol asks it: binary, text and meta requests
@@ -77,6 +79,10 @@ pub enum Command<'a> {
         expiry: u32,
         cas: u64,
         invalidate: bool,
+        /// `E`: the CAS the stored item takes (0: a new one).
+        explicit_cas: u64,
+        /// An APPEND or PREPEND onto a missing item stores it with this expiry (`ms` `N`).
+        vivify: Option<u32>,
     },
     /// A store of a value over the size limit: counted and refused, dropping the key's item
     /// when asked (memcached's SET does).
@@ -88,16 +94,20 @@ pub enum Command<'a> {
         key: &'a [u8],
         cas: u64,
     },
-    /// `md`: with `invalidate`, the item is marked stale (given `ttl`) instead of removed.
+    /// `md`: with `invalidate`, the item is marked stale (given `ttl`) instead of removed;
+    /// with `empty` (`x`), its value is emptied and it takes those flags and expiry. A marked
+    /// or emptied item takes `new_cas` when not 0 (`E`), else keeps its CAS (`x`).
     MetaDelete {
         key: &'a [u8],
         cas: u64,
         invalidate: bool,
         ttl: Option<u32>,
+        empty: Option<(u32, u32)>,
+        new_cas: u64,
     },
     /// INCR/DECR. A miss creates the counter at `initial` with expiry `create` unless that is
     /// [`ARITH_NO_CREATE`]; `ttl` sets the expiry after a success (`ma T`); `report` asks for
-    /// whether the counter existed and its expiry (what `ma` answers).
+    /// its expiry after (what `ma` answers).
     Arith {
         incr: bool,
         key: &'a [u8],
@@ -107,6 +117,8 @@ pub enum Command<'a> {
         cas: u64,
         ttl: Option<u32>,
         report: bool,
+        /// `E`: the CAS the counter takes after a success (0: a new one).
+        new_cas: u64,
     },
 }
 

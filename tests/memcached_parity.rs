@@ -282,3 +282,72 @@ fn stats_classes_and_bytes_count_every_item() {
     );
     assert_eq!(stat(&general, "large_bytes"), 500_000 + (3 << 20));
 }
+
+/// What memcached 1.6.45 answers since 1.6.18, byte for byte (each reply taken from a live
+/// 1.6.45; tests/text_protocol.rs compares whole sessions with it where it is built).
+#[test]
+fn replies_that_changed_after_1_6_18() {
+    let server = Server::start(&[]);
+    let mut c = connect(&server);
+    let mut says = |request: &[u8], reply: &[u8]| {
+        let got = call(&mut c, request);
+        assert_eq!(
+            String::from_utf8_lossy(&got),
+            String::from_utf8_lossy(reply),
+            "{}",
+            String::from_utf8_lossy(request)
+        );
+    };
+    // `E`: the item takes the client's CAS (1.6.27).
+    says(b"ms ekey 1 E999\r\nx\r\n", b"HD\r\n");
+    says(b"mg ekey c v\r\n", b"VA 1 c999\r\nx\r\n");
+    says(b"ms ekey 1 E998 c\r\ny\r\n", b"HD c998\r\n");
+    says(b"ma ekn N0 J5 E4321 c v\r\n", b"VA 1 c4321\r\n5\r\n");
+    says(b"mg vivk c v N30 E777\r\n", b"VA 0 c777 W\r\n\r\n");
+    says(b"md ekey I E555\r\n", b"HD\r\n");
+    says(b"mg ekey c\r\n", b"HD c555 X W\r\n");
+    // An append that misses creates the item with `N` (1.6.20).
+    says(b"ms mak 1 MA N30\r\nx\r\n", b"HD\r\n");
+    says(b"mg mak v t f\r\n", b"VA 1 t30 f0\r\nx\r\n");
+    says(b"ms mak 2 MA N30\r\nyz\r\n", b"HD\r\n");
+    says(b"mg mak v\r\n", b"VA 3\r\nxyz\r\n");
+    says(b"ms nomak 1 MA\r\nx\r\n", b"NS\r\n");
+    // `md ... x` empties the value and keeps the item (1.6.27).
+    says(b"ms xk 3 F5 T100\r\nabc\r\n", b"HD\r\n");
+    says(b"md xk x\r\n", b"HD\r\n");
+    says(b"mg xk v f t\r\n", b"VA 0 f0 t-1\r\n\r\n");
+    // A malformed line is CLIENT_ERROR, not ERROR (1.6.40).
+    for bare in [
+        &b"get\r\n"[..],
+        b"gets\r\n",
+        b"gat 10\r\n",
+        b"ms\r\n",
+        b"mg\r\n",
+        b"\r\n",
+    ] {
+        says(bare, b"CLIENT_ERROR bad command line format\r\n");
+    }
+    // Tokens after delete's key are ignored; `noreply` counts as the last.
+    says(
+        b"set dk 0 0 1\r\nx\r\ndelete dk 5\r\ndelete dk 5\r\n",
+        b"STORED\r\nDELETED\r\nNOT_FOUND\r\n",
+    );
+    says(b"delete dk 0 noreply\r\n", b"");
+    // A length that is no number is refused at once, its block read as commands.
+    says(
+        b"set big 0 0 99999999999\r\n",
+        b"CLIENT_ERROR bad command line format\r\n",
+    );
+    // Bad flags swallow the block (1.6.45).
+    says(
+        b"set fk x 0 3\r\nabc\r\n",
+        b"CLIENT_ERROR bad command line format\r\n",
+    );
+    // A NUL is a key byte (1.6.40).
+    says(
+        b"set a\0b 0 0 1\r\nx\r\nget a\0b\r\nget a\r\n",
+        b"STORED\r\nVALUE a\0b 0 1\r\nx\r\nEND\r\nEND\r\n",
+    );
+    // `shutdown` without -A.
+    says(b"shutdown\r\n", b"SERVER_ERROR: shutdown not enabled\r\n");
+}

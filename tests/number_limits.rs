@@ -57,38 +57,22 @@ fn numbers_that_do_not_fit_their_field_are_refused() {
         ("set k 0 0 4294967298 noreply\r\n", BAD_FORMAT),
         (
             "set k 0 0 -1 noreply\r\nz\r\n",
-            "CLIENT_ERROR bad command line format\r\nERROR\r\n",
+            // (A line of under 4 bytes is malformed to 1.6.45.)
+            "CLIENT_ERROR bad command line format\r\nCLIENT_ERROR bad command line format\r\n",
         ),
         ("add k 0 0 2147483648\r\n", BAD_FORMAT),
         ("replace k 0 0 -4294967295\r\n", BAD_FORMAT),
         ("append k 0 0 4294967297\r\n", BAD_FORMAT),
         ("prepend k 0 0 18446744073709551617\r\n", BAD_FORMAT),
         ("cas k 0 0 4294967297 1\r\n", BAD_FORMAT),
-        (
-            "cas k 0 0 1 -18446744073709551615\r\nx\r\n",
-            "CLIENT_ERROR bad command line format\r\nERROR\r\n",
-        ),
-        (
-            "cas k 0 0 1 18446744073709551616\r\nx\r\n",
-            "CLIENT_ERROR bad command line format\r\nERROR\r\n",
-        ),
-        // Flags and exptime: 1.6.45 truncates these; refused here.
-        (
-            "set k 4294967296 0 1\r\nx\r\n",
-            "CLIENT_ERROR bad command line format\r\nERROR\r\n",
-        ),
-        (
-            "set k -18446744073709551615 0 1\r\nx\r\n",
-            "CLIENT_ERROR bad command line format\r\nERROR\r\n",
-        ),
-        (
-            "set k 0 4294967296 1\r\nx\r\n",
-            "CLIENT_ERROR bad command line format\r\nERROR\r\n",
-        ),
-        (
-            "set k 0 2147483648 1\r\nx\r\n",
-            "CLIENT_ERROR bad command line format\r\nERROR\r\n",
-        ),
+        ("cas k 0 0 1 -18446744073709551615\r\nx\r\n", BAD_FORMAT),
+        ("cas k 0 0 1 18446744073709551616\r\nx\r\n", BAD_FORMAT),
+        // Flags and exptime: 1.6.45 truncates these; refused here, the data block swallowed as
+        // 1.6.45 swallows it after any refusal once the length is read.
+        ("set k 4294967296 0 1\r\nx\r\n", BAD_FORMAT),
+        ("set k -18446744073709551615 0 1\r\nx\r\n", BAD_FORMAT),
+        ("set k 0 4294967296 1\r\nx\r\n", BAD_FORMAT),
+        ("set k 0 2147483648 1\r\nx\r\n", BAD_FORMAT),
         (
             "incr k -18446744073709551615\r\n",
             "CLIENT_ERROR invalid numeric delta argument\r\n",
@@ -111,10 +95,8 @@ fn numbers_that_do_not_fit_their_field_are_refused() {
         ("ms k 1 F4294967296\r\nx\r\n", BAD_FORMAT),
         ("ms k 1 T4294967296\r\nx\r\n", BAD_TOKEN),
         ("ms k 1 C-18446744073709551615\r\nx\r\n", BAD_TOKEN),
-        (
-            "md k C-18446744073709551615\r\n",
-            "CLIENT_ERROR invalid or duplicate flag\r\n",
-        ),
+        // (1.6.40 and later name md's flag errors.)
+        ("md k C-18446744073709551615\r\n", BAD_TOKEN),
         (
             "ma k D-18446744073709551615\r\n",
             "CLIENT_ERROR invalid or duplicate flag\r\n",

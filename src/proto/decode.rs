@@ -150,6 +150,8 @@ impl<'a> Request<'a> {
                 expiry,
                 cas,
                 invalidate: false,
+                explicit_cas: 0,
+                vivify: None,
             },
             Request::Delete { key, cas, .. } => Command::Delete { key, cas },
             Request::Arith {
@@ -169,6 +171,7 @@ impl<'a> Request<'a> {
                 cas,
                 ttl: None,
                 report: false,
+                new_cas: 0,
             },
             Request::TooLarge { key, drop_existing } => Command::Refuse { key, drop_existing },
             _ => return None,

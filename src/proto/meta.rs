@@ -57,7 +57,7 @@ use super::decode::PlacementHints;
 use super::text::TextStore;
 use super::KEY_MAX_BYTES;
 use crate::command::StoreMode;
-use crate::numbers::{safe_strtol, safe_strtoul, safe_strtoull};
+use crate::numbers::{safe_strtoul, safe_strtoull};
 
 /// Bytes a base64 key can decode to: 250 encoded bytes hold at most 62 whole quads.
 pub const KEY_DECODED_MAX_BYTES: usize = KEY_MAX_BYTES / 4 * 3;
@@ -306,6 +306,8 @@ impl fmt::Debug for ReturnFlags {
 /// `mg` flags. `returns` holds s t c f l h O k in request order.
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
 pub struct MgFlags<'a> {
+    /// `E`: the CAS of an item `N` creates.
+    pub explicit_cas: Option<u64>,
     pub returns: ReturnFlags,
     /// `O`: the token after the `O`, copied back in the reply.
     pub opaque: Option<&'a [u8]>,
@@ -327,12 +329,16 @@ pub struct MgFlags<'a> {
 /// data length, `q`).
 #[derive(Clone, Debug, Default, PartialEq, Eq)]
 pub struct MsFlags<'a> {
+    /// `E`: the CAS the stored item takes (`E0` is ignored, as memcached 1.6.45 does).
+    pub explicit_cas: Option<u64>,
     /// O k c in request order.
     pub returns: ReturnFlags,
     pub opaque: Option<&'a [u8]>,
     /// `I`: with `C` in set or replace mode, a CAS older than the item's stores and marks the
     /// item stale.
     pub invalidate: bool,
+    /// `N`: in append or prepend mode, a missing item is created with this TTL (1.6.20).
+    pub vivify: Option<i32>,
     /// Extension: placement hints (`R G H U X`); `None` when none was given.
     pub hints: Option<PlacementHints>,
 }
@@ -340,6 +346,12 @@ pub struct MsFlags<'a> {
 /// `md` flags.
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
 pub struct MdFlags<'a> {
+    /// `E`: with `I` or `x`, the CAS the item keeps.
+    pub explicit_cas: Option<u64>,
+    /// `x`: empty the value (flags `F` and TTL `T` from this line) instead of deleting the
+    /// item.
+    pub empty: bool,
+    pub client_flags: u32,
     /// O k in request order.
     pub returns: ReturnFlags,
     pub opaque: Option<&'a [u8]>,
@@ -356,6 +368,8 @@ pub struct MdFlags<'a> {
 /// `ma` flags.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub struct MaFlags<'a> {
+    /// `E`: the CAS the counter takes.
+    pub explicit_cas: Option<u64>,
     /// c t O k in request order.
     pub returns: ReturnFlags,
     pub opaque: Option<&'a [u8]>,
@@ -380,6 +394,7 @@ pub struct MaFlags<'a> {
 impl Default for MaFlags<'_> {
     fn default() -> Self {
         MaFlags {
+            explicit_cas: None,
             returns: ReturnFlags::default(),
             opaque: None,
             quiet: false,
@@ -409,6 +424,10 @@ struct Preparsed<'a> {
     recache: Option<i32>,
     client_flags: u32,
     cas: Option<u64>,
+    /// `E`: the CAS the item takes (memcached 1.6.27).
+    explicit_cas: Option<u64>,
+    /// `x`: `md` empties the value and keeps the item (1.6.27).
+    empty: bool,
     mode: Option<u8>,
     delta: u64,
     initial: u64,
@@ -439,6 +458,8 @@ fn preparse<'a>(
         recache: None,
         client_flags: 0,
         cas: None,
+        explicit_cas: None,
+        empty: false,
         mode: None,
         delta: 1,
         initial: 0,
@@ -455,7 +476,11 @@ fn preparse<'a>(
     };
     for &token in flags {
         let flag = token[0];
-        if flag >= 127 || seen[flag as usize] {
+        // memcached's tokenizer takes a flag for a letter or digit only.
+        if !flag.is_ascii_alphanumeric() {
+            return Err(errors::BAD_FORMAT);
+        }
+        if seen[flag as usize] {
             return Err(errors::DUPLICATE_FLAG);
         }
         seen[flag as usize] = true;
@@ -465,7 +490,7 @@ fn preparse<'a>(
                 Some(key) => of.key = key,
                 None => fail(&mut error, Some(errors::DECODING_KEY)),
             },
-            b'N' | b'T' => match safe_strtol(arg) {
+            b'N' | b'T' => match strict_i32(arg) {
                 Some(v) if flag == b'N' => of.vivify = Some(v),
                 Some(v) => of.ttl = Some(v),
                 None => fail(&mut error, Some(errors::BAD_TOKEN)),
@@ -474,7 +499,7 @@ fn preparse<'a>(
                 Some(n) => hints(&mut of.hints).replicas = n as u8,
                 None => fail(&mut error, Some(errors::BAD_TOKEN)),
             },
-            b'R' => match safe_strtol(arg) {
+            b'R' => match strict_i32(arg) {
                 Some(v) => of.recache = Some(v),
                 None => fail(&mut error, Some(errors::BAD_TOKEN)),
             },
@@ -496,10 +521,9 @@ fn preparse<'a>(
                 Some(v) => of.cas = Some(v),
                 None => fail(&mut error, Some(errors::BAD_TOKEN)),
             },
-            b'M' => match token {
-                [_, mode] => of.mode = Some(*mode),
-                _ => fail(&mut error, Some(errors::M_LENGTH)),
-            },
+            // memcached 1.6.40 and later read the mode's one byte and ignore the rest; `M`
+            // alone is an unknown mode.
+            b'M' => of.mode = Some(token.get(1).copied().unwrap_or(0)),
             b'J' => match safe_strtoull(arg) {
                 Some(v) => of.initial = v,
                 None => fail(&mut error, Some(errors::INVALID_INITIAL)),
@@ -509,6 +533,11 @@ fn preparse<'a>(
                 None => fail(&mut error, Some(errors::INVALID_DELTA)),
             },
             b'I' => of.invalidate = true,
+            b'E' => match safe_strtoull(arg) {
+                Some(v) => of.explicit_cas = Some(v),
+                None => fail(&mut error, Some(errors::BAD_TOKEN)),
+            },
+            b'x' => of.empty = true,
             b'G' if placement => match arg {
                 b"*" => hints(&mut of.hints).node = Some(None),
                 _ => match strict_number(arg).filter(|&n| n < 0xfffe) {
@@ -544,6 +573,16 @@ fn hints(slot: &mut Option<PlacementHints>) -> &mut PlacementHints {
 }
 
 /// Plain decimal digits (the extension's numbers: no sign, no blanks), at most `u32::MAX`.
+/// A TTL flag's number as memcached 1.6.45 reads it (`mcmc_tokto32`): an optional `-`, then
+/// digits only.
+fn strict_i32(text: &[u8]) -> Option<i32> {
+    let digits = text.strip_prefix(b"-").unwrap_or(text);
+    if digits.is_empty() || text.len() > 11 || !digits.iter().all(u8::is_ascii_digit) {
+        return None;
+    }
+    std::str::from_utf8(text).ok()?.parse().ok()
+}
+
 fn strict_number(text: &[u8]) -> Option<u32> {
     if text.is_empty() || text.len() > 10 || !text.iter().all(u8::is_ascii_digit) {
         return None;
@@ -575,7 +614,7 @@ pub(super) fn parse_mg<'a>(tokens: &[&'a [u8]]) -> Result<(Key<'a>, MgFlags<'a>)
     if tokens[1].len() > KEY_MAX_BYTES {
         return Err(errors::BAD_FORMAT);
     }
-    if ntokens > META_TOKENS_MAX {
+    if ntokens > META_TOKENS_MAX + 1 {
         return Err(errors::MG_OPTIONS_TOO_LONG);
     }
     let of = preparse(tokens[1], &tokens[2..], errors::BAD_FORMAT, false)?;
@@ -585,6 +624,7 @@ pub(super) fn parse_mg<'a>(tokens: &[&'a [u8]]) -> Result<(Key<'a>, MgFlags<'a>)
     Ok((
         of.key,
         MgFlags {
+            explicit_cas: of.explicit_cas,
             returns: of.returns.only(b"stcflhOk"),
             opaque: of.opaque,
             value: of.value,
@@ -611,20 +651,24 @@ pub(super) fn parse_ms<'a>(tokens: &[&'a [u8]]) -> Result<TextStore<'a>, MsError
         swallow: None,
     };
     let ntokens = tokens.len() + 1;
-    if tokens[1].len() > KEY_MAX_BYTES || ntokens == 3 {
+    if ntokens == 3 {
         return Err(refuse(errors::BAD_FORMAT));
     }
-    if ntokens > META_TOKENS_MAX {
-        return Err(refuse(errors::OPTIONS_TOO_LONG));
-    }
-    let value_len = match safe_strtol(tokens[2]) {
-        Some(len) if (0..=i32::MAX - 2).contains(&len) => len as usize,
-        _ => return Err(refuse(errors::BAD_FORMAT)),
+    let value_len = match super::text::value_length(tokens[2]) {
+        Some(len) => len,
+        None => return Err(refuse(errors::BAD_FORMAT)),
     };
     let swallow = |reply| MsError {
         reply,
         swallow: Some(value_len + 2),
     };
+    // (1.6.45 reads the length before it checks the flags' count and the key.)
+    if ntokens > META_TOKENS_MAX + 1 {
+        return Err(swallow(errors::MG_OPTIONS_TOO_LONG));
+    }
+    if tokens[1].len() > KEY_MAX_BYTES {
+        return Err(swallow(errors::BAD_FORMAT));
+    }
     let of = preparse(tokens[1], &tokens[3..], errors::BAD_FORMAT, true).map_err(swallow)?;
     let mode = match of.mode {
         None | Some(b'S') => StoreMode::Set,
@@ -646,6 +690,10 @@ pub(super) fn parse_ms<'a>(tokens: &[&'a [u8]]) -> Result<TextStore<'a>, MsError
         value_len,
         noreply: of.quiet,
         meta: Some(MsFlags {
+            explicit_cas: of.explicit_cas.filter(|&cas| cas != 0),
+            vivify: of
+                .vivify
+                .filter(|_| matches!(mode, StoreMode::Append | StoreMode::Prepend)),
             returns: of.returns.only(b"Okc"),
             opaque: of.opaque,
             invalidate: of.invalidate,
@@ -660,17 +708,20 @@ pub(super) fn parse_md<'a>(tokens: &[&'a [u8]]) -> Result<(Key<'a>, MdFlags<'a>)
     if tokens[1].len() > KEY_MAX_BYTES {
         return Err(errors::BAD_FORMAT);
     }
-    if ntokens > META_TOKENS_MAX {
-        return Err(errors::OPTIONS_TOO_LONG);
+    if ntokens > META_TOKENS_MAX + 1 {
+        return Err(errors::MG_OPTIONS_TOO_LONG);
     }
-    let of = preparse(tokens[1], &tokens[2..], errors::BAD_FORMAT, false)
-        .map_err(|_| errors::INVALID_OR_DUPLICATE)?;
+    // (1.6.40 and later name md's flag errors, as mg's.)
+    let of = preparse(tokens[1], &tokens[2..], errors::BAD_FORMAT, false)?;
     if of.opaque_too_long {
         return Err(errors::OPAQUE_TOO_LONG);
     }
     Ok((
         of.key,
         MdFlags {
+            explicit_cas: of.explicit_cas,
+            empty: of.empty,
+            client_flags: of.client_flags,
             returns: of.returns.only(b"Ok"),
             opaque: of.opaque,
             quiet: of.quiet,
@@ -685,10 +736,10 @@ pub(super) fn parse_md<'a>(tokens: &[&'a [u8]]) -> Result<(Key<'a>, MdFlags<'a>)
 pub(super) fn parse_ma<'a>(tokens: &[&'a [u8]]) -> Result<(Key<'a>, MaFlags<'a>), &'static [u8]> {
     let ntokens = tokens.len() + 1;
     if tokens[1].len() > KEY_MAX_BYTES {
-        return Err(errors::BAD_FORMAT);
+        return Err(errors::INVALID_OR_DUPLICATE);
     }
-    if ntokens > META_TOKENS_MAX {
-        return Err(errors::OPTIONS_TOO_LONG);
+    if ntokens > META_TOKENS_MAX + 1 {
+        return Err(errors::INVALID_OR_DUPLICATE);
     }
     let of = preparse(tokens[1], &tokens[2..], errors::BAD_FORMAT, false)
         .map_err(|_| errors::INVALID_OR_DUPLICATE)?;
@@ -703,6 +754,7 @@ pub(super) fn parse_ma<'a>(tokens: &[&'a [u8]]) -> Result<(Key<'a>, MaFlags<'a>)
     Ok((
         of.key,
         MaFlags {
+            explicit_cas: of.explicit_cas,
             returns: of.returns.only(b"ctOk"),
             opaque: of.opaque,
             quiet: of.quiet,
@@ -723,9 +775,7 @@ pub(super) fn parse_me<'a>(tokens: &[&'a [u8]]) -> Result<Key<'a>, &'static [u8]
     if ntokens < 3 || tokens[1].len() > KEY_MAX_BYTES {
         return Err(errors::BAD_FORMAT);
     }
-    if ntokens >= 4 && tokens[2] == b"b" {
-        return Key::from_base64(tokens[1]).ok_or(errors::BAD_FORMAT);
-    }
+    // (memcached 1.6.45's `me` takes the key as written, a `b` flag or not.)
     Ok(Key::text(tokens[1]))
 }
 

@@ -87,12 +87,10 @@ pub mod errors {
     pub const TOO_LARGE: &[u8] = b"SERVER_ERROR object too large for cache\r\n";
     pub const INVALID_EXPTIME: &[u8] = b"CLIENT_ERROR invalid exptime argument\r\n";
     pub const INVALID_DELTA: &[u8] = b"CLIENT_ERROR invalid numeric delta argument\r\n";
-    pub const DELETE_USAGE: &[u8] =
-        b"CLIENT_ERROR bad command line format.  Usage: delete <key> [noreply]\r\n";
     pub const STATS_DETAIL_USAGE: &[u8] = b"CLIENT_ERROR usage: stats detail on|off|dump\r\n";
     pub const BAD_COMMAND_LINE: &[u8] = b"CLIENT_ERROR bad command line\r\n";
     pub const ILLEGAL_SLAB_ID: &[u8] = b"CLIENT_ERROR Illegal slab id\r\n";
-    pub const SHUTDOWN_DISABLED: &[u8] = b"ERROR: shutdown not enabled\r\n";
+    pub const SHUTDOWN_DISABLED: &[u8] = b"SERVER_ERROR: shutdown not enabled\r\n";
     pub const WATCH_AFTER_PIPELINE: &[u8] =
         b"ERROR cannot pipeline other commands before watch\r\n";
     pub const WATCHER_TOO_MANY: &[u8] = b"WATCHER_TOO_MANY log watcher limit reached\r\n";
@@ -338,6 +336,16 @@ impl TextCommand<'_> {
                 expiry: store_exptime(store.exptime),
                 cas: store.compare_cas(),
                 invalidate: store.meta.as_ref().is_some_and(|ms| ms.invalidate),
+                explicit_cas: store
+                    .meta
+                    .as_ref()
+                    .and_then(|ms| ms.explicit_cas)
+                    .unwrap_or(0),
+                vivify: store
+                    .meta
+                    .as_ref()
+                    .and_then(|ms| ms.vivify)
+                    .map(store_exptime),
             },
             TextCommand::Arith {
                 incr, key, delta, ..
@@ -350,6 +358,7 @@ impl TextCommand<'_> {
                 cas: 0,
                 ttl: None,
                 report: false,
+                new_cas: 0,
             },
             TextCommand::Delete { key, .. } => Command::Delete { key, cas: 0 },
             TextCommand::Touch { key, exptime, .. } => Command::Get {
@@ -365,6 +374,7 @@ impl TextCommand<'_> {
                     recache: flags.recache.map(store_exptime),
                     bump: !flags.no_bump,
                     lease: flags.value,
+                    vivify_cas: flags.explicit_cas.unwrap_or(0),
                 },
             },
             TextCommand::MetaDelete { key, flags } => Command::MetaDelete {
@@ -376,6 +386,11 @@ impl TextCommand<'_> {
                 },
                 invalidate: flags.invalidate,
                 ttl: flags.ttl.map(store_exptime),
+                empty: flags.empty.then(|| {
+                    let expiry = flags.ttl.map_or(0, store_exptime);
+                    (flags.client_flags, expiry)
+                }),
+                new_cas: flags.explicit_cas.unwrap_or(0),
             },
             TextCommand::MetaArith { key, flags } => Command::Arith {
                 incr: flags.incr,
@@ -387,6 +402,7 @@ impl TextCommand<'_> {
                 cas: flags.cas.unwrap_or(0),
                 ttl: flags.ttl.map(store_exptime),
                 report: true,
+                new_cas: flags.explicit_cas.unwrap_or(0),
             },
             TextCommand::MetaDebug { key } => Command::Inspect { key },
             _ => return None,
@@ -689,9 +705,7 @@ pub fn decode_text_resuming<'a>(
     if text.len() > 1 && text.ends_with(b"\r") {
         text = &text[..text.len() - 1];
     }
-    if let Some(nul) = memchr::memchr(0, text) {
-        text = &text[..nul];
-    }
+    // (memcached 1.6.40 and later read a NUL as any other byte: it may be part of a key.)
     decode_line(buf, text, line_len, max_value_bytes, stream_from)
 }
 
@@ -709,16 +723,34 @@ fn decode_line<'a>(
             return get_keys(Words::new(rest), line_len, cas, None);
         }
     }
+    // memcached 1.6.45 refuses a line of under 4 bytes, its newline included, as malformed,
+    // and one that starts with a blank as unknown.
+    if line_len < 4 {
+        return error(errors::BAD_FORMAT, line_len);
+    }
+    if text.first() == Some(&b' ') {
+        return error(errors::ERROR, line_len);
+    }
     let tokens = Tokens::new(text);
     let nt = tokens.ntokens();
     if nt < 2 || tokens.toks[0].len() < 2 {
         return error(errors::ERROR, line_len);
     }
     let name = tokens.toks[0];
+    // An unknown command: ERROR, or a silent close for what looks like HTTP.
+    let unknown = || {
+        if tokens.last().starts_with(b"HTTP/") {
+            close(b"")
+        } else {
+            error(errors::ERROR, line_len)
+        }
+    };
+    // A storage line needs its 5 tokens (a `cas` without its unique is refused once its
+    // length is read, its data block swallowed); more are ignored (`noreply` counts only as
+    // the last).
     let storage = |mode, cas| {
-        let counts = if cas { [7, 8] } else { [6, 7] };
-        if !counts.contains(&nt) {
-            return error(errors::ERROR, line_len);
+        if nt < 6 {
+            return error(errors::BAD_FORMAT, line_len);
         }
         update(
             buf,
@@ -741,52 +773,46 @@ fn decode_line<'a>(
         b'm' if name.len() == 2 => {
             meta_command(buf, &tokens, line_len, max_value_bytes, stream_from)
         }
-        b'g' => {
-            if nt < 3 {
-                return error(errors::ERROR, line_len);
-            }
-            match name {
-                b"get" => get(text, &tokens, line_len, false, false),
-                b"gets" => get(text, &tokens, line_len, true, false),
-                b"gat" => get(text, &tokens, line_len, false, true),
-                b"gats" => get(text, &tokens, line_len, true, true),
-                _ => error(errors::ERROR, line_len),
-            }
-        }
+        b'g' => match name {
+            b"get" | b"gets" | b"gat" | b"gats" if nt < 3 => error(errors::BAD_FORMAT, line_len),
+            b"get" => get(text, &tokens, line_len, false, false),
+            b"gets" => get(text, &tokens, line_len, true, false),
+            b"gat" => get(text, &tokens, line_len, false, true),
+            b"gats" => get(text, &tokens, line_len, true, true),
+            _ => unknown(),
+        },
         b's' => match name {
             b"set" => storage(StoreMode::Set, false),
             b"stats" => stats(text, &tokens, line_len),
             b"slabs" => slabs(&tokens, line_len),
             b"shutdown" => error(errors::SHUTDOWN_DISABLED, line_len),
-            _ => error(errors::ERROR, line_len),
+            _ => unknown(),
         },
         b'a' => match name {
             b"add" => storage(StoreMode::Add, false),
             b"append" => storage(StoreMode::Append, false),
-            _ => error(errors::ERROR, line_len),
+            _ => unknown(),
         },
         b'c' => match name {
             b"cas" => storage(StoreMode::Set, true),
-            _ => error(errors::ERROR, line_len),
+            _ => unknown(),
         },
         b'i' => match name {
             b"incr" => arith(&tokens, line_len, true),
-            _ => error(errors::ERROR, line_len),
+            _ => unknown(),
         },
         b'd' => match name {
             b"delete" => delete(&tokens, line_len),
             b"decr" => arith(&tokens, line_len, false),
-            _ => error(errors::ERROR, line_len),
+            _ => unknown(),
         },
         b't' => match name {
             b"touch" => touch(&tokens, line_len),
-            _ => error(errors::ERROR, line_len),
+            _ => unknown(),
         },
         _ => match name {
             b"replace" => storage(StoreMode::Replace, false),
             b"prepend" => storage(StoreMode::Prepend, false),
-            b"bget" if nt < 3 => error(errors::ERROR, line_len),
-            b"bget" => get(text, &tokens, line_len, false, false),
             b"flush_all" => flush_all(&tokens, line_len),
             b"version" => command(TextCommand::Version, line_len),
             b"quit" => command(TextCommand::Quit, line_len),
@@ -801,8 +827,7 @@ fn decode_line<'a>(
             b"verbosity" => verbosity(&tokens, line_len),
             b"lru_crawler" => lru_crawler(&tokens, line_len),
             _ if unsupported(name) => error(errors::ERROR, line_len),
-            _ if tokens.last().starts_with(b"HTTP/") => close(b""),
-            _ => error(errors::ERROR, line_len),
+            _ => unknown(),
         },
     }
 }
@@ -838,8 +863,8 @@ fn get<'a>(
     get_keys(keys, line_len, cas, touch)
 }
 
-/// A retrieval of `keys`: ERROR with none (`get` alone; a `gat` may name none), CLIENT_ERROR
-/// with one over 250 bytes.
+/// A retrieval of `keys`: CLIENT_ERROR with none, or with one over 250 bytes (memcached
+/// 1.6.45).
 fn get_keys(keys: Words<'_>, line_len: usize, cas: bool, touch: Option<i32>) -> TextDecoded<'_> {
     let mut any = false;
     for key in keys.iter() {
@@ -848,10 +873,22 @@ fn get_keys(keys: Words<'_>, line_len: usize, cas: bool, touch: Option<i32>) -> 
         }
         any = true;
     }
-    if !any && touch.is_none() {
-        return error(errors::ERROR, line_len);
+    if !any {
+        return error(errors::BAD_FORMAT, line_len);
     }
     command(TextCommand::Get { cas, touch, keys }, line_len)
+}
+
+/// A data block's length as memcached 1.6.45 reads it (`mcmc_tokto32`): digits only, from 0
+/// to 2^31 - 3.
+pub(crate) fn value_length(token: &[u8]) -> Option<usize> {
+    if token.is_empty() || token.len() > 10 || !token.iter().all(u8::is_ascii_digit) {
+        return None;
+    }
+    let len = token
+        .iter()
+        .fold(0u64, |n, &d| n * 10 + u64::from(d - b'0'));
+    (len <= TEXT_VALUE_MAX_BYTES as u64).then_some(len as usize)
 }
 
 /// memcached's `process_update_command`.
@@ -868,20 +905,22 @@ fn update<'a>(
     let t = &tokens.toks;
     // memcached 1.6.45 reads the data length first, before it looks for `noreply`: a length
     // that is not a number from 0 to 2^31 - 3 is answered even under `noreply`.
-    let len = match safe_strtol(t[4]) {
-        Some(len) if len >= 0 && len as usize <= TEXT_VALUE_MAX_BYTES => len as usize,
-        _ => return error(errors::BAD_FORMAT, line_len),
+    let len = match value_length(t[4]) {
+        Some(len) => len,
+        None => return error(errors::BAD_FORMAT, line_len),
     };
+    // From here on a refused line takes its data block with it (1.6.45 swallows it).
+    let swallow = line_len + len + 2;
     if t[1].len() > KEY_MAX_BYTES {
-        return error_unless(noreply, errors::BAD_FORMAT, line_len);
+        return error_unless(noreply, errors::BAD_FORMAT, swallow);
     }
     let (Some(flags), Some(exptime)) = (safe_strtoul(t[2]), safe_strtol(t[3])) else {
-        return error_unless(noreply, errors::BAD_FORMAT, line_len);
+        return error_unless(noreply, errors::BAD_FORMAT, swallow);
     };
     let cas = if with_cas {
         match safe_strtoull(t[5]) {
             Some(cas) => Some(cas),
-            None => return error_unless(noreply, errors::BAD_FORMAT, line_len),
+            None => return error_unless(noreply, errors::BAD_FORMAT, swallow),
         }
     } else {
         None
@@ -938,8 +977,8 @@ fn finish_store<'a>(
 }
 
 fn arith<'a>(tokens: &Tokens<'a>, line_len: usize, incr: bool) -> TextDecoded<'a> {
-    if ![4, 5].contains(&tokens.ntokens()) {
-        return error(errors::ERROR, line_len);
+    if tokens.ntokens() < 4 {
+        return error(errors::BAD_FORMAT, line_len);
     }
     let noreply = tokens.noreply();
     let key = tokens.toks[1];
@@ -960,20 +999,14 @@ fn arith<'a>(tokens: &Tokens<'a>, line_len: usize, incr: bool) -> TextDecoded<'a
     )
 }
 
+/// `delete <key> [anything ...] [noreply]`: 1.6.45 ignores the tokens after the key (the old
+/// hold time) and reads `noreply` as the last.
 fn delete<'a>(tokens: &Tokens<'a>, line_len: usize) -> TextDecoded<'a> {
     let nt = tokens.ntokens();
-    if !(3..=5).contains(&nt) {
-        return error(errors::ERROR, line_len);
+    if nt < 3 {
+        return error(errors::BAD_FORMAT, line_len);
     }
-    let mut noreply = false;
-    if nt > 3 {
-        let hold_is_zero = tokens.toks[2] == b"0";
-        noreply = tokens.noreply();
-        let valid = (nt == 4 && (hold_is_zero || noreply)) || (nt == 5 && hold_is_zero && noreply);
-        if !valid {
-            return error_unless(noreply, errors::DELETE_USAGE, line_len);
-        }
-    }
+    let noreply = nt > 3 && tokens.noreply();
     let key = tokens.toks[1];
     if key.len() > KEY_MAX_BYTES {
         return error_unless(noreply, errors::BAD_FORMAT, line_len);
@@ -982,8 +1015,8 @@ fn delete<'a>(tokens: &Tokens<'a>, line_len: usize) -> TextDecoded<'a> {
 }
 
 fn touch<'a>(tokens: &Tokens<'a>, line_len: usize) -> TextDecoded<'a> {
-    if ![4, 5].contains(&tokens.ntokens()) {
-        return error(errors::ERROR, line_len);
+    if tokens.ntokens() < 4 {
+        return error(errors::BAD_FORMAT, line_len);
     }
     let noreply = tokens.noreply();
     let key = tokens.toks[1];
@@ -1005,9 +1038,6 @@ fn touch<'a>(tokens: &Tokens<'a>, line_len: usize) -> TextDecoded<'a> {
 
 fn flush_all<'a>(tokens: &Tokens<'a>, line_len: usize) -> TextDecoded<'a> {
     let nt = tokens.ntokens();
-    if !(2..=4).contains(&nt) {
-        return error(errors::ERROR, line_len);
-    }
     let noreply = tokens.noreply();
     let mut delay = 0;
     if nt != if noreply { 3 } else { 2 } {
@@ -1020,8 +1050,8 @@ fn flush_all<'a>(tokens: &Tokens<'a>, line_len: usize) -> TextDecoded<'a> {
 }
 
 fn verbosity<'a>(tokens: &Tokens<'a>, line_len: usize) -> TextDecoded<'a> {
-    if ![3, 4].contains(&tokens.ntokens()) {
-        return error(errors::ERROR, line_len);
+    if tokens.ntokens() < 3 {
+        return error(errors::BAD_FORMAT, line_len);
     }
     let noreply = tokens.noreply();
     match safe_strtoul(tokens.toks[1]) {
@@ -1146,7 +1176,7 @@ fn meta_command<'a>(
 ) -> TextDecoded<'a> {
     let which = tokens.toks[0][1];
     if matches!(which, b'g' | b's' | b'd' | b'a') && tokens.ntokens() < 3 {
-        return error(errors::ERROR, line_len);
+        return error(errors::BAD_FORMAT, line_len);
     }
     let t = tokens.all();
     match which {

@@ -153,8 +153,6 @@ pub struct Found {
 /// What an INCR/DECR reports beyond its outcome, when the command asked (`report`).
 #[derive(Clone, Copy, Debug, Default)]
 pub struct Counted {
-    /// The counter was live before the command.
-    pub existed: bool,
     /// Its expiry after the command (0: never).
     pub expiry: u32,
     pub now: u32,
@@ -239,6 +237,8 @@ pub fn run<R: Reply>(
             expiry,
             cas,
             invalidate,
+            explicit_cas,
+            vivify,
         } => {
             let what = WatchedStore {
                 key,
@@ -249,12 +249,23 @@ pub fn run<R: Reply>(
                 now,
             };
             let outcome = watched_store(store, (how.watchers, how.fd), what, |store| {
-                if invalidate {
-                    if let Some(outcome) = store_stale(store, command, now) {
-                        return outcome;
+                // `ms ... MA N<ttl>`: an append onto a missing item stores it.
+                let (mode, expiry) = match vivify {
+                    Some(ttl) if store.meta_of(key, now).is_none() => (StoreMode::Set, ttl),
+                    _ => (mode, expiry),
+                };
+                let outcome = match invalidate.then(|| store_stale(store, command, now)) {
+                    Some(Some(outcome)) => outcome,
+                    _ => store.store(mode, key, value, flags, expiry, cas, now),
+                };
+                match outcome {
+                    // `E`: the item takes the client's CAS.
+                    StoreOutcome::Stored { .. } if explicit_cas != 0 => {
+                        store.meta_mark(key, now, Some(explicit_cas), false, false);
+                        StoreOutcome::Stored { cas: explicit_cas }
                     }
+                    outcome => outcome,
                 }
-                store.store(mode, key, value, flags, expiry, cas, now)
             });
             reply.stored(out, outcome);
         }
@@ -267,8 +278,27 @@ pub fn run<R: Reply>(
             key,
             cas,
             invalidate,
+            ttl: _,
+            empty: Some(line),
+            new_cas,
+        } => {
+            let outcome = empty_value(store, key, cas, invalidate, line, new_cas, now);
+            reply.deleted(out, outcome)
+        }
+        Command::MetaDelete {
+            key,
+            cas,
+            invalidate,
             ttl,
-        } => reply.deleted(out, store.meta_delete(key, cas, invalidate, ttl, now)),
+            empty: None,
+            new_cas,
+        } => {
+            let outcome = store.meta_delete(key, cas, invalidate, ttl, now);
+            if invalidate && new_cas != 0 && outcome == DeleteOutcome::Deleted {
+                store.meta_mark(key, now, Some(new_cas), false, false);
+            }
+            reply.deleted(out, outcome)
+        }
         Command::Arith {
             incr,
             key,
@@ -278,14 +308,17 @@ pub fn run<R: Reply>(
             cas,
             ttl,
             report,
+            new_cas,
         } => {
-            let existed = report && store.meta_of(key, now).is_some();
-            let outcome = store.arith(incr, key, delta, initial, create, cas, now);
-            let mut counted = Counted {
-                existed,
-                expiry: 0,
-                now,
-            };
+            let mut outcome = store.arith(incr, key, delta, initial, create, cas, now);
+            if let (ArithOutcome::Value { value, .. }, true) = (outcome, new_cas != 0) {
+                store.meta_mark(key, now, Some(new_cas), false, false);
+                outcome = ArithOutcome::Value {
+                    value,
+                    cas: new_cas,
+                };
+            }
+            let mut counted = Counted { expiry: 0, now };
             if let ArithOutcome::Value { .. } = outcome {
                 if let Some(ttl) = ttl {
                     store.set_ttl(key, ttl, now);
@@ -405,6 +438,34 @@ fn deliver<R: Reply>(
                 how.lend_from,
             ))
         }
+    }
+}
+
+/// `md ... x`: the item stays, its value emptied, with the line's flags and expiry; it keeps
+/// its CAS (or takes `new_cas`, `E`), and is marked stale with `invalidate`.
+fn empty_value(
+    store: &mut Store,
+    key: &[u8],
+    cas: u64,
+    invalidate: bool,
+    (flags, expiry): (u32, u32),
+    new_cas: u64,
+    now: u32,
+) -> DeleteOutcome {
+    let Some(old) = store.meta_of(key, now) else {
+        return DeleteOutcome::NotFound;
+    };
+    if cas != 0 && old.cas != cas {
+        return DeleteOutcome::Exists;
+    }
+    match store.store(StoreMode::Set, key, b"", flags, expiry, 0, now) {
+        StoreOutcome::Stored { .. } => {
+            let keep = if new_cas != 0 { new_cas } else { old.cas };
+            store.meta_mark(key, now, Some(keep), invalidate, false);
+            DeleteOutcome::Deleted
+        }
+        // (Out of memory for an empty record: the item is gone, as a delete would leave it.)
+        _ => DeleteOutcome::Deleted,
     }
 }
 

@@ -362,9 +362,9 @@ impl Reply for TextReply<'_> {
                 return;
             }
         };
-        // memcached's `q` holds back the whole success reply, a `VA` included, but not the
-        // reply to a counter `N` created.
-        if flags.quiet && (flags.vivify.is_none() || counted.existed) {
+        // memcached's `q` holds back the whole success reply, a `VA` included (1.6.45: also
+        // for a counter `N` created).
+        if flags.quiet {
             return;
         }
         values.cas = Some(cas);

@@ -542,7 +542,10 @@ impl Store {
         if let Some(ttl) = opts.vivify {
             if self.live(key, now).is_none() {
                 let meta = Meta {
-                    cas: self.new_cas(),
+                    cas: match opts.vivify_cas {
+                        0 => self.new_cas(),
+                        cas => cas,
+                    },
                     flags: 0,
                     expiry: absolute_expiry(ttl, now),
                 };
