@@ -1,4 +1,4 @@
-//! The meta commands of memcached 1.6.18's text protocol (`mg`, `ms`, `md`, `ma`, `me`, `mn`):
+//! The meta commands of memcached 1.6.45's text protocol (`mg`, `ms`, `md`, `ma`, `me`, `mn`):
 //! keys (base64 ones decoded inline), flag parsing exactly as `proto_text.c`'s
 //! `_meta_flag_preparse` and the per-command checks around it, and the reply-line formatting.
 //!
@@ -6,37 +6,39 @@
 //! the dispatch live in [`super::text`]; this module turns a meta command's tokens into typed
 //! flags or memcached's exact error line.
 //!
-//! # Flags, as memcached 1.6.18 parses them
+//! # Flags, as memcached 1.6.45 parses them
 //!
 //! memcached runs one flag parser for every meta command, so a flag that parser knows is accepted
 //! (and ignored) by a command that has no use for it (`mg key C5` answers like `mg key`), and a
-//! flag it does not know is `CLIENT_ERROR invalid flag` (`mg key E5`: 1.6.18 has no `E`, `S` or
-//! `x` flags; later versions added them). Only a token's first byte names the flag (`vfoo` is
-//! `v`). Numeric tokens are read as C's `strtol`/`strtoul`/`strtoull` read them (leading blanks, a
-//! sign, trailing blank-separated junk), because that is what memcached answers to; a number
-//! that does not fit its field is refused, never truncated (as memcached 1.6.45 refuses it:
-//! `ms k 99999999999` is `CLIENT_ERROR bad command line format`, `T4294967296` a bad token). Per command:
+//! flag it does not know is `CLIENT_ERROR invalid flag` (`mg key S5`), and a token that does not
+//! start with a letter or digit makes the line malformed. Only a token's first byte names the
+//! flag (`vfoo` is `v`). The TTL flags' numbers (`T`, `N`, `R`) are digits with an optional `-`
+//! (1.6.45's `mcmc_tokto32`); the others are read as C's `strtoul`/`strtoull` read them. A
+//! number that does not fit its field is refused, never truncated (`ms k 99999999999` is
+//! `CLIENT_ERROR bad command line format`, `T4294967296` a bad token). Per command:
 //!
 //! | command | flags that do something | returned in the reply line, in request order |
 //! | --- | --- | --- |
-//! | `mg` | b c f h k l O q s t u v N R T | s t c f l h O k, then Z X W |
-//! | `ms` | b c C F I k O q T M(E A P R S), and the placement extension below | O k c |
-//! | `md` | b C I k O q T | O k |
-//! | `ma` | b c C D J k M(I + D -) N O q t T v | c t O k |
+//! | `mg` | b c f h k l O q s t u v E(with N) N R T | s t c f l h O k, then Z X W |
+//! | `ms` | b c C E F I k N(with MA, MP) O q T M(E A P R S), and the placement extension below | O k c |
+//! | `md` | b C E I k O q T x F | O k |
+//! | `ma` | b c C D E J k M(I + D -) N O q t T v | c t O k |
 //!
-//! Errors, in the order memcached checks them: too few tokens `ERROR`; a key token over 250
-//! bytes `CLIENT_ERROR bad command line format`; 20 or more tokens `CLIENT_ERROR options flags
-//! too long` (`mg`: `... are too long`); a repeated flag (or a flag byte >= 127) `CLIENT_ERROR
+//! Errors, in the order memcached 1.6.45 checks them: too few tokens `CLIENT_ERROR bad command
+//! line format`; a key token over 250 bytes the same (`ms` reads its length first and then
+//! swallows the data block; `ma` says `invalid or duplicate flag`); more than 20 tokens
+//! `CLIENT_ERROR options flags are too long` (`ma`: `invalid or duplicate flag`); a token that
+//! is no letter or digit `CLIENT_ERROR bad command line format`; a repeated flag `CLIENT_ERROR
 //! duplicate flag`; an unknown flag `CLIENT_ERROR invalid flag`; a bad number `CLIENT_ERROR bad
 //! token in command line format` (F: the default error, `J`/`D`: `invalid numeric
-//! initial/delta value`), `M` not two bytes `CLIENT_ERROR incorrect length for M token`, an
-//! undecodable base64 key `CLIENT_ERROR error decoding key` (the last of these wins); `md` and
-//! `ma` answer every flag error with `CLIENT_ERROR invalid or duplicate flag`; then an unknown
-//! mode (`ms`, `ma`) and an `O` token over 32 bytes `CLIENT_ERROR opaque token too long`.
+//! initial/delta value`), an undecodable base64 key `CLIENT_ERROR error decoding key` (the last
+//! of these wins); `ma` answers every flag error with `CLIENT_ERROR invalid or duplicate flag`;
+//! then an unknown mode (`M` reads one byte: `ms`, `ma`) and an `O` token over 32 bytes
+//! `CLIENT_ERROR opaque token too long`.
 //!
 //! # Extension: placement hints on `ms` (Headroom's SETX in meta form)
 //!
-//! `ms` also takes these flags, none of which memcached 1.6.18's `ms` uses (memcached would
+//! `ms` also takes these flags, none of which memcached 1.6.45's `ms` uses (memcached would
 //! accept `R` as a number and ignore it, and answer `invalid flag` to the others):
 //!
 //! - `R<n>`: replicas, 1 to 255;
@@ -69,7 +71,7 @@ pub const OPAQUE_TOKEN_MAX_BYTES: usize = 32;
 /// Most target ids an `ms` may name in `U` and `X` together (as SETX).
 pub const HINT_IDS_MAX: usize = 60;
 
-/// Meta error lines, exactly as memcached 1.6.18 writes them.
+/// Meta error lines, exactly as memcached 1.6.45 writes them.
 pub mod errors {
     pub const BAD_FORMAT: &[u8] = b"CLIENT_ERROR bad command line format\r\n";
     pub const OPTIONS_TOO_LONG: &[u8] = b"CLIENT_ERROR options flags too long\r\n";

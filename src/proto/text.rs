@@ -1,4 +1,4 @@
-//! memcached 1.6.18's text protocol (the classic commands and the meta commands) as a pure
+//! memcached 1.6.45's text protocol (the classic commands and the meta commands) as a pure
 //! decoder: bytes in, a typed [`TextCommand`] (or memcached's exact answer to bad input) out,
 //! borrowing the caller's buffer and allocating nothing on the common path. Like the binary
 //! [`super::decode`], it knows nothing of stores; [`super::meta`] parses the meta commands'
@@ -8,9 +8,9 @@
 //!
 //! - A connection whose first byte is `0x80` speaks binary ([`is_binary`]), else text.
 //! - A command line ends at `\n`; one `\r` before it is dropped (not from a line that is only
-//!   `\r`). A NUL ends the command where it stands (memcached reads the line as a C string):
-//!   `get a\0b\r\n` gets `a`. Tokens are split on spaces only (a tab belongs to its token;
-//!   keys may hold any byte but space, NUL and `\n`).
+//!   `\r`). A line of under 4 bytes, its newline included, is `CLIENT_ERROR bad command line
+//!   format`; one that starts with a blank is `ERROR`. Tokens are split on spaces only (a tab
+//!   belongs to its token; keys may hold any byte but space and `\n`, a NUL included).
 //! - A line of more than 2048 bytes before its `\n` closes the connection without a reply,
 //!   unless it starts (after at most 100 spaces) with `get ` or `gets `: those multigets may run
 //!   to [`MULTIGET_LINE_MAX_BYTES`], beyond which memcached's answer to a failed buffer growth
@@ -21,16 +21,21 @@
 //! - A storage command's data block is exactly the declared length plus two bytes, which must
 //!   be `\r\n`; otherwise `CLIENT_ERROR bad data chunk` and those bytes are gone (memcached
 //!   read them into the item), and decoding resumes right after them (`set k 0 0 1\r\nxyz\r\n`
-//!   answers `CLIENT_ERROR bad data chunk` then `ERROR` for the `\r\n` left over).
+//!   answers `CLIENT_ERROR bad data chunk`, then `CLIENT_ERROR bad command line format` for
+//!   the short line left over).
 //! - A value over the size limit is refused after its line (`SERVER_ERROR object too large for
 //!   cache`) and its data block swallowed unread, as memcached does; a `set` (and an `ms` of any
 //!   mode) also drops the key's old value ([`TextDecoded::TooLarge`]).
-//! - An unknown command is `ERROR` and the connection stays, except that one whose last token
-//!   starts with `HTTP/` closes it (memcached's answer to a stray HTTP request).
+//! - A known command with too few tokens is `CLIENT_ERROR bad command line format`; tokens after
+//!   its own are ignored. A storage line refused once its data length is read (bad flags,
+//!   exptime, CAS unique or key) swallows its data block. An unknown command is `ERROR` and the
+//!   connection stays, except that one whose last token starts with `HTTP/` closes it
+//!   (memcached's answer to a stray HTTP request).
 //!
 //! # Numbers
 //!
-//! Numeric tokens are read as memcached reads them, with C's `strtol`/`strtoul`/`strtoull`:
+//! A data length is digits only (1.6.45's `mcmc_tokto32`). Other numeric tokens are read as
+//! memcached reads them, with C's `strtol`/`strtoul`/`strtoull`:
 //! leading blanks and a sign are accepted, anything after a blank (tab, `\r`, ...) is ignored,
 //! and an exptime is signed (negative: expired at once). Nothing wraps: a number that does not
 //! fit its field is refused with that field's error, never cut to its low bits or wrapped
@@ -79,7 +84,7 @@ pub const TEXT_VALUE_MAX_BYTES: usize = i32::MAX as usize - 2;
 /// memcached's tokenizer keeps at most 23 tokens plus a terminal marker (`MAX_TOKENS` 24).
 const MAX_TOKENS: usize = 24;
 
-/// Error lines, exactly as memcached 1.6.18 writes them.
+/// Error lines, exactly as memcached 1.6.45 writes them.
 pub mod errors {
     pub const ERROR: &[u8] = b"ERROR\r\n";
     pub const BAD_FORMAT: &[u8] = b"CLIENT_ERROR bad command line format\r\n";
@@ -246,7 +251,7 @@ pub enum TextDecoded<'a> {
 #[allow(clippy::large_enum_variant)]
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub enum TextCommand<'a> {
-    /// `get`/`bget` (`cas: false`), `gets` (`cas: true`), `gat`/`gats` (with `touch`, the new
+    /// `get` (`cas: false`), `gets` (`cas: true`), `gat`/`gats` (with `touch`, the new
     /// exptime). Every key is 1 to 250 bytes; a `gat` may name none (answered `END`).
     Get {
         cas: bool,

@@ -48,7 +48,7 @@ pub const BUCKETS: usize = BOUNDS_NS.len() + 1;
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
 #[repr(u8)]
 pub enum CommandKind {
-    /// Binary GET/GETQ/GETK/GETKQ and GAT/GATQ/GATK/GATKQ; text `get`, `gets`, `bget`, `gat`,
+    /// Binary GET/GETQ/GETK/GETKQ and GAT/GATQ/GATK/GATKQ; text `get`, `gets`, `gat`,
     /// `gats`.
     Get,
     /// Binary SET/ADD/REPLACE/APPEND/PREPEND (quiet forms too) and SETX; text `set`, `add`,
