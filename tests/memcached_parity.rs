@@ -306,6 +306,9 @@ fn replies_that_changed_after_1_6_18() {
     says(b"mg vivk c v N30 E777\r\n", b"VA 0 c777 W\r\n\r\n");
     says(b"md ekey I E555\r\n", b"HD\r\n");
     says(b"mg ekey c\r\n", b"HD c555 X W\r\n");
+    // An item `N` creates is answered even with a TTL already past; the next read misses.
+    says(b"mg nvk N-99 v\r\n", b"VA 0 W\r\n\r\n");
+    says(b"mg nvk v\r\n", b"EN\r\n");
     // An append that misses creates the item with `N` (1.6.20).
     says(b"ms mak 1 MA N30\r\nx\r\n", b"HD\r\n");
     says(b"mg mak v t f\r\n", b"VA 1 t30 f0\r\nx\r\n");

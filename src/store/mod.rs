@@ -472,6 +472,19 @@ impl Store {
             }
             return Lookup::Miss;
         };
+        self.hit_at(key, loc, touch, now, lease, bump)
+    }
+
+    /// The hit on the record at `loc` (live, or just created by a meta get).
+    fn hit_at(
+        &mut self,
+        key: &[u8],
+        loc: HeadLoc,
+        touch: Option<u32>,
+        now: u32,
+        lease: bool,
+        bump: bool,
+    ) -> Lookup<'_> {
         let record = self.arena.bytes_mut(loc);
         if let Some(exptime) = touch {
             item::set_expiry(record, absolute_expiry(exptime, now));
@@ -538,7 +551,7 @@ impl Store {
     /// reader of a stale item, to the first reader whose `recache` TTL exceeds what the item has
     /// left, or to the creator of a vivified one.
     pub fn meta_get(&mut self, key: &[u8], now: u32, opts: &MetaGet) -> (MetaState, Lookup<'_>) {
-        let mut created = false;
+        let mut created = None;
         if let Some(ttl) = opts.vivify {
             if self.live(key, now).is_none() {
                 let meta = Meta {
@@ -551,11 +564,13 @@ impl Store {
                 };
                 if let Ok(loc) = self.write_item(key, meta, 0, |_| {}) {
                     self.link(key, loc);
-                    created = true;
+                    created = Some(loc);
                 }
             }
         }
-        let Some(loc) = self.live(key, now) else {
+        // An item this request created is answered even when its TTL has already passed
+        // (`N-99`: memcached 1.6.45 answers `VA 0 W`, and the next reader misses).
+        let Some(loc) = created.or_else(|| self.live(key, now)) else {
             return (
                 MetaState::default(),
                 self.lookup_inner(key, None, now, false, false),
@@ -568,14 +583,14 @@ impl Store {
             fetched: item::bit(record, item::BIT_FETCHED),
             accessed: item::accessed(record),
             stale: item::bit(record, item::BIT_STALE),
-            token_sent: item::bit(record, item::BIT_TOKEN_SENT) && !created,
-            created,
-            won: created,
+            token_sent: item::bit(record, item::BIT_TOKEN_SENT) && created.is_none(),
+            created: created.is_some(),
+            won: created.is_some(),
             expiry: opts.touch.map_or(meta.expiry, |t| absolute_expiry(t, now)),
         };
         if let Some(recache) = opts.recache {
             if !state.token_sent
-                && !created
+                && created.is_none()
                 && meta.expiry != 0
                 && meta.expiry < absolute_expiry(recache, now)
             {
@@ -588,7 +603,10 @@ impl Store {
         if state.won {
             item::set_bit(self.arena.bytes_mut(loc), item::BIT_TOKEN_SENT, true);
         }
-        let hit = self.lookup_inner(key, opts.touch, now, opts.lease, opts.bump);
+        let hit = match created {
+            Some(loc) => self.hit_at(key, loc, opts.touch, now, opts.lease, opts.bump),
+            None => self.lookup_inner(key, opts.touch, now, opts.lease, opts.bump),
+        };
         (state, hit)
     }
 
