@@ -530,7 +530,7 @@ fn nothing_but_authentication_is_served_before_it_over_text() {
     );
     assert_eq!(
         text_call(&mut t, b"shutdown\r\n"),
-        "ERROR: shutdown not enabled\r\n"
+        "SERVER_ERROR: shutdown not enabled\r\n"
     );
     assert!(text_call(&mut t, b"slabs automove 1\r\n").starts_with("SERVER_ERROR not supported"));
     assert!(text_call(&mut t, b"version\r\n").starts_with("VERSION "));

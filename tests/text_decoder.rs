@@ -182,7 +182,7 @@ fn flags_line(letters: &[u8]) -> Vec<u8> {
 fn cases() -> Vec<Case> {
     let mut c = Vec::new();
 
-    // Framing: line ends, NUL, blank lines, the 2048-byte rule, HTTP. Live: memcached 1.6.18.
+    // Framing: line ends, NUL, blank lines, the 2048-byte rule, HTTP. Live: memcached 1.6.45.
     c.push(cmd(&b"version\r\n"[..], TextCommand::Version));
     c.push(cmd(&b"version\n"[..], TextCommand::Version));
     c.push(cmd(&b"version x y\r\n"[..], TextCommand::Version));
@@ -244,7 +244,7 @@ fn cases() -> Vec<Case> {
     c.push(closes(&b"sxx HTTP/1.0\r\n"[..], b""));
     c.push(err_skip(&b"replace HTTP/1.0\r\n"[..], terr::BAD_FORMAT, 18));
 
-    // get, gets, bget, gat, gats. Live: memcached 1.6.18.
+    // get, gets, gat, gats (and bget, gone since 1.6.40). Live: memcached 1.6.45.
     c.push(cmd(&b"get a b c\r\n"[..], get(false, None, b"a b c")));
     c.push(cmd(&b"get  a   b  \r\n"[..], get(false, None, b"a b")));
     c.push(cmd(&b"gets k1\r\n"[..], get(true, None, b"k1")));
@@ -288,7 +288,7 @@ fn cases() -> Vec<Case> {
         terr::BAD_FORMAT,
     )));
 
-    // Storage commands. Live: memcached 1.6.18 (numbers as its strtol/strtoul read them).
+    // Storage commands. Live: memcached 1.6.45 (numbers as its strtol/strtoul read them).
     c.push(stored(
         &b"set k 5 10 3\r\nabc\r\n"[..],
         store(StoreMode::Set, b"k", 5, 10, 3),
@@ -519,7 +519,7 @@ fn cases() -> Vec<Case> {
         live: false,
     }));
 
-    // incr, decr, delete, touch. Live: memcached 1.6.18.
+    // incr, decr, delete, touch. Live: memcached 1.6.45.
     let arith = |incr, delta, noreply| TextCommand::Arith {
         incr,
         key: b"n",
@@ -579,7 +579,7 @@ fn cases() -> Vec<Case> {
     c.push(err(cat(&[b"touch ", &k251(), b" 1\r\n"]), terr::BAD_FORMAT));
 
     // flush_all, verbosity, version, quit, stats, and what Headroom does not serve.
-    // Live: memcached 1.6.18.
+    // Live: memcached 1.6.45.
     let flush = |delay, noreply| TextCommand::FlushAll { delay, noreply };
     c.push(cmd(&b"flush_all\r\n"[..], flush(0, false)));
     c.push(cmd(&b"flush_all noreply\r\n"[..], flush(0, true)));
@@ -687,7 +687,7 @@ fn cases() -> Vec<Case> {
     // memcached answers this "Error TLS not enabled"; Headroom does not serve it.
     c.push(not_live(err(&b"refresh_certs\r\n"[..], terr::ERROR)));
 
-    // mn, me. Live: memcached 1.6.18.
+    // mn, me. Live: memcached 1.6.45.
     c.push(cmd(&b"mn\r\n"[..], TextCommand::MetaNoop));
     c.push(cmd(&b"mn foo bar\r\n"[..], TextCommand::MetaNoop));
     c.push(err(&b"mx\r\n"[..], terr::ERROR));
@@ -715,7 +715,7 @@ fn cases() -> Vec<Case> {
     ));
     c.push(err(cat(&[b"me ", &k251(), b"\r\n"]), merr::BAD_FORMAT));
 
-    // mg. Live: memcached 1.6.18.
+    // mg. Live: memcached 1.6.45.
     c.push(err_skip(&b"mg\r\n"[..], terr::BAD_FORMAT, 4));
     c.push(cmd(&b"mg m\r\n"[..], mg(key(b"m"), MgFlags::default())));
     c.push(cmd(
@@ -883,7 +883,7 @@ fn cases() -> Vec<Case> {
     }
     c.push(err(&b"mg m bx\r\n"[..], merr::DECODING_KEY));
 
-    // ms. Live: memcached 1.6.18.
+    // ms. Live: memcached 1.6.45.
     c.push(err_skip(&b"ms\r\n"[..], terr::BAD_FORMAT, 4));
     c.push(stored(
         &b"ms m 1\r\nx\r\n"[..],
@@ -1127,7 +1127,7 @@ fn cases() -> Vec<Case> {
         8,
     )));
 
-    // md. Live: memcached 1.6.18.
+    // md. Live: memcached 1.6.45.
     c.push(err_skip(&b"md\r\n"[..], terr::BAD_FORMAT, 4));
     c.push(cmd(&b"md m\r\n"[..], md(key(b"m"), MdFlags::default())));
     c.push(cmd(
@@ -1186,7 +1186,7 @@ fn cases() -> Vec<Case> {
         merr::OPAQUE_TOO_LONG,
     ));
 
-    // ma. Live: memcached 1.6.18.
+    // ma. Live: memcached 1.6.45.
     c.push(err_skip(&b"ma\r\n"[..], terr::BAD_FORMAT, 4));
     c.push(cmd(&b"ma n\r\n"[..], ma(key(b"n"), MaFlags::default())));
     c.push(cmd(
