@@ -354,3 +354,56 @@ fn replies_that_changed_after_1_6_18() {
     // `shutdown` without -A.
     says(b"shutdown\r\n", b"SERVER_ERROR: shutdown not enabled\r\n");
 }
+
+/// `watch connevents`, as memcached's t/watcher.t reads it: a line when a client connects and
+/// one when it closes, `reason=normal` after QUIT, `reason=error` after a protocol error.
+#[test]
+fn watch_connevents_logs_connections_opened_and_closed() {
+    let server = Server::start(&[]);
+    let mut watcher = connect(&server);
+    watcher.write_all(b"watch connevents\r\n").unwrap();
+    assert_eq!(read_until(&mut watcher, b"\r\n"), b"OK");
+    // One line at a time: a read may bring several.
+    let line = |watcher: &mut TcpStream| {
+        watcher
+            .set_read_timeout(Some(Duration::from_secs(10)))
+            .unwrap();
+        let mut bytes = Vec::new();
+        let mut byte = [0u8; 1];
+        while bytes.last() != Some(&b'\n') {
+            watcher.read_exact(&mut byte).expect("a watch line");
+            bytes.push(byte[0]);
+        }
+        String::from_utf8(bytes).unwrap()
+    };
+    let mut client = connect(&server);
+    assert_eq!(call(&mut client, b"version\r\n"), b"VERSION 1.6.45\r\n");
+    client.write_all(b"quit\r\n").unwrap();
+    let opened = line(&mut watcher);
+    let port = client.local_addr().unwrap().port();
+    assert!(
+        opened.contains(" type=conn_new rip=127.0.0.1 ")
+            && opened.contains(&format!(" rport={port} transport=tcp cfd=")),
+        "{opened}"
+    );
+    let closed = line(&mut watcher);
+    assert!(
+        closed.contains(" type=conn_close ")
+            && closed.contains(" transport=tcp reason=normal cfd="),
+        "{closed}"
+    );
+    let mut bad = connect(&server);
+    bad.write_all(b"GET / HTTP/1.1\r\n").unwrap();
+    assert!(line(&mut watcher).contains(" type=conn_new "));
+    let closed = line(&mut watcher);
+    assert!(closed.contains(" reason=error "), "{closed}");
+    for text in [&opened, &closed] {
+        assert!(text.starts_with("ts="), "{text}");
+        assert!(
+            text.split(' ')
+                .nth(1)
+                .is_some_and(|gid| gid.starts_with("gid=")),
+            "{text}"
+        );
+    }
+}

@@ -171,7 +171,7 @@ pub(super) async fn process(conn: &mut Conn, ctx: &Rc<ShardCtx>, now: u32) -> Af
                     w.reply(opcode, opaque, Status::Ok, 0, &[], &[], &[]);
                 }
                 conn.consume(consumed);
-                return After::Close;
+                return After::Quit;
             }
             Request::Flush { delay, quiet } => {
                 ctx.counters.borrow_mut().cmd_flush += 1;

@@ -39,7 +39,10 @@ pub(super) enum After {
     LargeSet(LargeSet),
     /// `watch`: the connection streams log lines from now on.
     Watch(std::sync::Arc<super::watch::Watcher>),
+    /// Close after the replies: a protocol error.
     Close,
+    /// Close after the replies: the client asked (QUIT).
+    Quit,
 }
 
 pub(super) struct Conn {

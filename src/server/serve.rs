@@ -25,6 +25,7 @@ use super::replies::Replies;
 use super::shard::{ConnInfo, ShardCtx};
 use super::text::TextSession;
 use super::unix_now;
+use super::watch;
 use super::wire::Wire;
 
 /// The last replies of a pass, sent while the connection waits for its next bytes (ring path;
@@ -82,10 +83,17 @@ pub async fn serve(ctx: Rc<ShardCtx>, mut stream: TcpStream) {
         local: stream.local_addr().map_or("?".into(), |a| a.to_string()),
         state: std::cell::Cell::new("conn_waiting"),
         last_command: std::cell::Cell::new(std::time::Instant::now()),
+        close_reason: std::cell::Cell::new(watch::CloseReason::Normal),
     });
     ctx.conns.borrow_mut().insert(info.fd, Rc::clone(&info));
+    let watchers = &ctx.shared.watchers;
+    watchers.conn_new(&info.peer, info.fd);
     let ended = serve_frames(&ctx, &mut stream, &wire, &info).await;
     ctx.conns.borrow_mut().remove(&info.fd);
+    if ctx.stop.fired() {
+        info.close_reason.set(watch::CloseReason::Shutdown);
+    }
+    watchers.conn_close(&info.peer, info.fd, info.close_reason.get());
     wire.finish(ended == Ended::Cut).await;
     if ended == Ended::Quit {
         if ctx.stop.fired() {
@@ -379,8 +387,13 @@ async fn serve_frames(
                 }
                 other => other,
             };
-            if matches!(after, After::Close) {
-                return Ended::Quit;
+            match after {
+                After::Close => {
+                    info.close_reason.set(watch::CloseReason::Error);
+                    return Ended::Quit;
+                }
+                After::Quit => return Ended::Quit,
+                _ => {}
             }
             if let After::Watch(watcher) = after {
                 let ended = stream_watch(ctx, stream, wire, &watcher).await;

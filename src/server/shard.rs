@@ -198,6 +198,8 @@ pub struct ConnInfo {
     /// memcached's state names: `conn_waiting`, `conn_parse_cmd`, `conn_nread`, `conn_write`.
     pub state: Cell<&'static str>,
     pub last_command: Cell<Instant>,
+    /// Why it closed, for `watch connevents` (normal unless a protocol error closed it).
+    pub close_reason: Cell<super::watch::CloseReason>,
 }
 
 /// Everything a shard's tasks share (single-threaded; `Rc`).

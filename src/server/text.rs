@@ -480,7 +480,7 @@ impl TextSession {
                 }
                 TextCommand::Quit => {
                     conn.consume(consumed);
-                    return After::Close;
+                    return After::Quit;
                 }
                 TextCommand::Watch { kinds } => {
                     // Checked in memcached's order: replies waiting first, then the kinds.

@@ -19,6 +19,19 @@ use crate::store::StoreOutcome;
 pub const FETCHERS: u8 = 1;
 /// `watch mutations`: every store (set, add, replace, append, prepend, cas).
 pub const MUTATIONS: u8 = 2;
+/// `watch connevents`: every client connection opened and closed.
+pub const CONNEVENTS: u8 = 4;
+
+/// Why a connection closed, as memcached's `conn_close` line says it.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum CloseReason {
+    /// The client left or asked (QUIT).
+    Normal,
+    /// A protocol error closed it.
+    Error,
+    /// The server stopped.
+    Shutdown,
+}
 /// Lines a watcher holds before it drops (and counts) new ones.
 const BUFFER_CAP_BYTES: usize = 1 << 20;
 /// How often a watching connection writes out what gathered (memcached's logger thread polls
@@ -145,15 +158,54 @@ impl Watchers {
         self.publish(MUTATIONS, line.as_bytes());
     }
 
-    fn line_start(&self, kind: &str, key: &[u8]) -> String {
+    /// A `conn_new` line: a client connected from `peer` (`ip:port`) on socket `fd`.
+    pub fn conn_new(&self, peer: &str, fd: i32) {
+        if !self.wants(CONNEVENTS) {
+            return;
+        }
+        let (ip, port) = split_peer(peer);
+        let line = format!(
+            "{} rip={ip} rport={port} transport=tcp cfd={fd}\n",
+            self.stamp("conn_new")
+        );
+        self.publish(CONNEVENTS, line.as_bytes());
+    }
+
+    /// A `conn_close` line: the connection from `peer` on socket `fd` closed, for `reason`.
+    pub fn conn_close(&self, peer: &str, fd: i32, reason: CloseReason) {
+        if !self.wants(CONNEVENTS) {
+            return;
+        }
+        let (ip, port) = split_peer(peer);
+        let reason = match reason {
+            CloseReason::Normal => "normal",
+            CloseReason::Error => "error",
+            CloseReason::Shutdown => "shutdown",
+        };
+        let line = format!(
+            "{} rip={ip} rport={port} transport=tcp reason={reason} cfd={fd}\n",
+            self.stamp("conn_close")
+        );
+        self.publish(CONNEVENTS, line.as_bytes());
+    }
+
+    /// `ts=... gid=... type=<kind>`.
+    fn stamp(&self, kind: &str) -> String {
         let now = std::time::SystemTime::now()
             .duration_since(std::time::UNIX_EPOCH)
             .unwrap_or_default();
         let gid = self.next_gid.fetch_add(1, Ordering::Relaxed) + 1;
         format!(
-            "ts={}.{:06} gid={gid} type={kind} key={}",
+            "ts={}.{:06} gid={gid} type={kind}",
             now.as_secs(),
-            now.subsec_micros(),
+            now.subsec_micros()
+        )
+    }
+
+    fn line_start(&self, kind: &str, key: &[u8]) -> String {
+        format!(
+            "{} key={}",
+            self.stamp(kind),
             crate::proto::text::uri_encoded(key)
         )
     }
@@ -186,15 +238,24 @@ impl Watcher {
     }
 }
 
+/// A peer address (`ip:port`, `[v6]:port`) as `rip` and `rport`.
+fn split_peer(peer: &str) -> (&str, &str) {
+    match peer.rsplit_once(':') {
+        Some((ip, port)) => (ip.trim_start_matches('[').trim_end_matches(']'), port),
+        None => (peer, "0"),
+    }
+}
+
 /// The kinds `watch` names (`watch` alone: fetchers), or `None` for a word Headroom does not
 /// log (memcached answers ERROR for an unknown one; Headroom also for the kinds it has no
-/// lines of: evictions, connevents, sysevents, rawcmds, proxy*).
+/// lines of: evictions, deletions, sysevents, rawcmds, proxy*).
 pub fn kinds_of<'a>(words: impl Iterator<Item = &'a [u8]>) -> Option<u8> {
     let mut kinds = 0;
     for word in words {
         kinds |= match word {
             b"fetchers" => FETCHERS,
             b"mutations" => MUTATIONS,
+            b"connevents" => CONNEVENTS,
             _ => return None,
         };
     }
