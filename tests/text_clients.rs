@@ -1,7 +1,8 @@
 //! Real text-protocol clients against the real server: pymemcache used as an application uses
 //! it (values from 0 B to the item limit, every storage, counter and housekeeping command, meta
 //! commands on the same connection, text and binary sharing one store), and twemproxy
-//! (nutcracker) spreading keys over two servers with consistent hashing.
+//! (nutcracker) spreading keys over two servers with consistent hashing; meta-memcache's
+//! compare-and-swap over the meta protocol.
 
 mod common;
 
@@ -291,7 +292,12 @@ const PROXY_KEYS: usize = 404;
 /// Runs `script` under the venv's Python with `args`; its stdout, or a panic with its
 /// traceback.
 fn run_python(script: &str, args: &[&str]) -> String {
-    let python = common::python_with("pymemcache");
+    run_python_with("pymemcache", script, args)
+}
+
+/// [`run_python`] with a Python that imports `module`.
+fn run_python_with(module: &str, script: &str, args: &[&str]) -> String {
+    let python = common::python_with(module);
     let out = Command::new(&python)
         .arg("-c")
         .arg(script)
@@ -301,7 +307,7 @@ fn run_python(script: &str, args: &[&str]) -> String {
     let stdout = String::from_utf8_lossy(&out.stdout).into_owned();
     assert!(
         out.status.success(),
-        "the pymemcache script failed ({}):\n--- stdout\n{stdout}--- stderr\n{}",
+        "the {module} script failed ({}):\n--- stdout\n{stdout}--- stderr\n{}",
         out.status,
         String::from_utf8_lossy(&out.stderr)
     );
@@ -515,4 +521,59 @@ fn twemproxy_spreads_keys_over_two_servers() {
         let _ = std::fs::remove_dir_all(data_dir);
     }
     let _ = std::fs::remove_dir_all(dir);
+}
+
+/// meta-memcache (the meta protocol client) as an application uses it: its compare-and-swap
+/// reads the CAS token into 32 bits, so a stale write must be refused (it landed when Headroom's
+/// CAS values carried the partition number in their top bits), and values of several MiB.
+const META_MEMCACHE_SCRIPT: &str = r##"
+import sys
+from meta_memcache import CacheClient, ServerAddress, Key, connection_pool_factory_builder
+port = int(sys.argv[1])
+c = CacheClient.cache_client_from_servers(
+    servers=[ServerAddress(host="127.0.0.1", port=port)],
+    connection_pool_factory_fn=connection_pool_factory_builder(),
+)
+def out(what, value):
+    print(f"{what}: {value}")
+k = Key("meta-cas")
+out("set", c.set(key=k, value="v1", ttl=100))
+value, token = c.get_cas(key=k)
+out("get_cas", (value, token is not None))
+out("newer write", c.set(key=k, value="v2", ttl=100))
+out("stale write", c.set(key=k, value="stale", ttl=100, cas_token=token))
+out("value", c.get(key=k))
+value, token = c.get_cas(key=k)
+out("fresh write", c.set(key=k, value="v3", ttl=100, cas_token=token))
+out("value", c.get(key=k))
+big = bytes(range(256)) * (3 * 4096 + 7)
+out("big set", c.set(key=Key("meta-big"), value=big, ttl=100))
+out("big exact", c.get(key=Key("meta-big")) == big)
+out("delete", c.delete(key=k))
+out("gone", c.get(key=k))
+print("done")
+"##;
+
+#[test]
+fn meta_memcache_compare_and_swap_refuses_a_stale_write() {
+    let server = Server::start(&["--threads", "2"]);
+    let port = server.addr.port().to_string();
+    let got = run_python_with("meta_memcache", META_MEMCACHE_SCRIPT, &[&port]);
+    assert_transcript(
+        &got,
+        &[
+            "set: True",
+            "get_cas: ('v1', True)",
+            "newer write: True",
+            "stale write: False",
+            "value: v2",
+            "fresh write: True",
+            "value: v3",
+            "big set: True",
+            "big exact: True",
+            "delete: True",
+            "gone: None",
+            "done",
+        ],
+    );
 }
