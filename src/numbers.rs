@@ -54,6 +54,27 @@ pub fn safe_strtoul(text: &[u8]) -> Option<u32> {
     safe_strtoull(text).and_then(|v| u32::try_from(v).ok())
 }
 
+/// Plain decimal digits and nothing else (no sign, no blanks), at most `u32::MAX`: memcached
+/// 1.6.45's `mcmc_tokto32` for a data length, and Headroom's placement extension's numbers.
+pub fn digits_u32(text: &[u8]) -> Option<u32> {
+    if text.is_empty() || text.len() > 10 || !text.iter().all(u8::is_ascii_digit) {
+        return None;
+    }
+    text.iter()
+        .try_fold(0u64, |n, &d| Some(n * 10 + u64::from(d - b'0')))
+        .and_then(|n| u32::try_from(n).ok())
+}
+
+/// An optional `-`, then digits only, into an `int32_t` (memcached 1.6.45's `mcmc_tokto32` for
+/// a signed number: a meta TTL flag).
+pub fn digits_i32(text: &[u8]) -> Option<i32> {
+    let digits = text.strip_prefix(b"-").unwrap_or(text);
+    if digits.is_empty() || text.len() > 11 || !digits.iter().all(u8::is_ascii_digit) {
+        return None;
+    }
+    std::str::from_utf8(text).ok()?.parse().ok()
+}
+
 /// memcached's `safe_strtol` into an `int32_t`, refusing what does not fit (never truncated).
 pub fn safe_strtol(text: &[u8]) -> Option<i32> {
     let (magnitude, negative, end) = c_strtou(text)?;

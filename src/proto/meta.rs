@@ -59,7 +59,7 @@ use super::decode::PlacementHints;
 use super::text::TextStore;
 use super::KEY_MAX_BYTES;
 use crate::command::StoreMode;
-use crate::numbers::{safe_strtoul, safe_strtoull};
+use crate::numbers::{digits_i32, digits_u32, safe_strtoul, safe_strtoull};
 
 /// Bytes a base64 key can decode to: 250 encoded bytes hold at most 62 whole quads.
 pub const KEY_DECODED_MAX_BYTES: usize = KEY_MAX_BYTES / 4 * 3;
@@ -492,16 +492,16 @@ fn preparse<'a>(
                 Some(key) => of.key = key,
                 None => fail(&mut error, Some(errors::DECODING_KEY)),
             },
-            b'N' | b'T' => match strict_i32(arg) {
+            b'N' | b'T' => match digits_i32(arg) {
                 Some(v) if flag == b'N' => of.vivify = Some(v),
                 Some(v) => of.ttl = Some(v),
                 None => fail(&mut error, Some(errors::BAD_TOKEN)),
             },
-            b'R' if placement => match strict_number(arg).filter(|n| (1..=255).contains(n)) {
+            b'R' if placement => match digits_u32(arg).filter(|n| (1..=255).contains(n)) {
                 Some(n) => hints(&mut of.hints).replicas = n as u8,
                 None => fail(&mut error, Some(errors::BAD_TOKEN)),
             },
-            b'R' => match strict_i32(arg) {
+            b'R' => match digits_i32(arg) {
                 Some(v) => of.recache = Some(v),
                 None => fail(&mut error, Some(errors::BAD_TOKEN)),
             },
@@ -542,7 +542,7 @@ fn preparse<'a>(
             b'x' => of.empty = true,
             b'G' if placement => match arg {
                 b"*" => hints(&mut of.hints).node = Some(None),
-                _ => match strict_number(arg).filter(|&n| n < 0xfffe) {
+                _ => match digits_u32(arg).filter(|&n| n < 0xfffe) {
                     Some(n) => hints(&mut of.hints).node = Some(Some(n as u16)),
                     None => fail(&mut error, Some(errors::BAD_TOKEN)),
                 },
@@ -574,26 +574,6 @@ fn hints(slot: &mut Option<PlacementHints>) -> &mut PlacementHints {
     slot.get_or_insert_with(PlacementHints::default)
 }
 
-/// Plain decimal digits (the extension's numbers: no sign, no blanks), at most `u32::MAX`.
-/// A TTL flag's number as memcached 1.6.45 reads it (`mcmc_tokto32`): an optional `-`, then
-/// digits only.
-fn strict_i32(text: &[u8]) -> Option<i32> {
-    let digits = text.strip_prefix(b"-").unwrap_or(text);
-    if digits.is_empty() || text.len() > 11 || !digits.iter().all(u8::is_ascii_digit) {
-        return None;
-    }
-    std::str::from_utf8(text).ok()?.parse().ok()
-}
-
-fn strict_number(text: &[u8]) -> Option<u32> {
-    if text.is_empty() || text.len() > 10 || !text.iter().all(u8::is_ascii_digit) {
-        return None;
-    }
-    text.iter()
-        .try_fold(0u64, |n, &d| Some(n * 10 + u64::from(d - b'0')))
-        .and_then(|n| u32::try_from(n).ok())
-}
-
 /// `id,id,...` into `list`; false when malformed. Stops early past the id limit (the caller
 /// then reports too many).
 fn parse_ids(text: &[u8], list: &mut Vec<u32>) -> bool {
@@ -601,7 +581,7 @@ fn parse_ids(text: &[u8], list: &mut Vec<u32>) -> bool {
         return false;
     }
     for id in text.split(|&b| b == b',') {
-        match strict_number(id) {
+        match digits_u32(id) {
             Some(id) if list.len() <= HINT_IDS_MAX => list.push(id),
             Some(_) => return true,
             None => return false,

@@ -887,13 +887,9 @@ fn get_keys(keys: Words<'_>, line_len: usize, cas: bool, touch: Option<i32>) -> 
 /// A data block's length as memcached 1.6.45 reads it (`mcmc_tokto32`): digits only, from 0
 /// to 2^31 - 3.
 pub(crate) fn value_length(token: &[u8]) -> Option<usize> {
-    if token.is_empty() || token.len() > 10 || !token.iter().all(u8::is_ascii_digit) {
-        return None;
-    }
-    let len = token
-        .iter()
-        .fold(0u64, |n, &d| n * 10 + u64::from(d - b'0'));
-    (len <= TEXT_VALUE_MAX_BYTES as u64).then_some(len as usize)
+    crate::numbers::digits_u32(token)
+        .map(|len| len as usize)
+        .filter(|&len| len <= TEXT_VALUE_MAX_BYTES)
 }
 
 /// memcached's `process_update_command`.
