@@ -45,6 +45,9 @@ pub struct MetaGet {
     pub lease: bool,
     /// `E`: the CAS of an item `vivify` creates (0: a new one).
     pub vivify_cas: u64,
+    /// `C` with `v`: leave the value out when the item's CAS is this (the reader's copy is
+    /// current).
+    pub unless_cas: Option<u64>,
 }
 
 /// One request that names a key, as every protocol asks it: binary, text and meta requests

@@ -289,13 +289,18 @@ fn stats_classes_and_bytes_count_every_item() {
 fn replies_that_changed_after_1_6_18() {
     let server = Server::start(&[]);
     let mut c = connect(&server);
+    // Compared whole, shown cut to 200 bytes: large values would flood the output.
+    let shown = |bytes: &[u8]| String::from_utf8_lossy(&bytes[..bytes.len().min(200)]).into_owned();
     let mut says = |request: &[u8], reply: &[u8]| {
         let got = call(&mut c, request);
-        assert_eq!(
-            String::from_utf8_lossy(&got),
-            String::from_utf8_lossy(reply),
-            "{}",
-            String::from_utf8_lossy(request)
+        assert!(
+            got == reply,
+            "{}: got {:?} ({} bytes), want {:?} ({} bytes)",
+            shown(request),
+            shown(&got),
+            got.len(),
+            shown(reply),
+            reply.len()
         );
     };
     // `E`: the item takes the client's CAS (1.6.27).
@@ -315,6 +320,26 @@ fn replies_that_changed_after_1_6_18() {
     says(b"ms mak 2 MA N30\r\nyz\r\n", b"HD\r\n");
     says(b"mg mak v\r\n", b"VA 3\r\nxyz\r\n");
     says(b"ms nomak 1 MA\r\nx\r\n", b"NS\r\n");
+    // `mg ... v C<cas>`: the value is left out while the reader's CAS is current (1.6.40).
+    says(b"ms ck 3 E40\r\nabc\r\n", b"HD\r\n");
+    says(b"mg ck v C40\r\n", b"HD\r\n");
+    says(b"mg ck v c C40 t\r\n", b"HD c40 t-1\r\n");
+    says(b"mg ck v C41 c\r\n", b"VA 3 c40\r\nabc\r\n");
+    says(b"mg ck C40 s\r\n", b"HD s3\r\n");
+    says(b"mg nock v C40\r\n", b"EN\r\n");
+    says(b"mg ck v C40 q\r\nmn\r\n", b"HD\r\nMN\r\n");
+    // ... a large value's too: nothing of it is read.
+    let large = vec![b'L'; 300_000];
+    let mut set = b"ms lck 300000 E41\r\n".to_vec();
+    set.extend_from_slice(&large);
+    set.extend_from_slice(b"\r\n");
+    says(&set, b"HD\r\n");
+    says(b"mg lck c s\r\n", b"HD c41 s300000\r\n");
+    says(b"mg lck v C41 s\r\n", b"HD s300000\r\n");
+    let mut whole = b"VA 300000\r\n".to_vec();
+    whole.extend_from_slice(&large);
+    whole.extend_from_slice(b"\r\nMN\r\n");
+    says(b"mg lck v C1\r\nmn\r\n", &whole);
     // `md ... x` empties the value and keeps the item (1.6.27).
     says(b"ms xk 3 F5 T100\r\nabc\r\n", b"HD\r\n");
     says(b"md xk x\r\n", b"HD\r\n");

@@ -754,13 +754,21 @@ fn cases() -> Vec<Case> {
                 vivify: Some(30),
                 recache: Some(20),
                 explicit_cas: None,
+                cas: None,
             },
         ),
     ));
-    // Flags memcached's parser knows but mg has no use for are accepted and ignored.
+    // `C` is kept (with `v` it withholds a current value); the flags memcached's parser knows
+    // but mg has no use for are accepted and ignored.
     c.push(cmd(
         &b"mg m C5 D5 J5 I F5 M+\r\n"[..],
-        mg(key(b"m"), MgFlags::default()),
+        mg(
+            key(b"m"),
+            MgFlags {
+                cas: Some(5),
+                ..MgFlags::default()
+            },
+        ),
     ));
     // 1.6.18 read this TTL as 0; 1.6.45 refuses it.
     c.push(not_live(err(

@@ -325,6 +325,8 @@ pub struct MgFlags<'a> {
     pub vivify: Option<i32>,
     /// `R`: win the recache token when the remaining TTL is below this.
     pub recache: Option<i32>,
+    /// `C`: with `v`, the value is left out (`HD`) when the item's CAS is this.
+    pub cas: Option<u64>,
 }
 
 /// `ms` flags beyond what [`TextStore`] carries (key, mode, client flags `F`, TTL `T`, CAS `C`,
@@ -615,6 +617,7 @@ pub(super) fn parse_mg<'a>(tokens: &[&'a [u8]]) -> Result<(Key<'a>, MgFlags<'a>)
             ttl: of.ttl,
             vivify: of.vivify,
             recache: of.recache,
+            cas: of.cas,
         },
     ))
 }

@@ -380,6 +380,7 @@ impl TextCommand<'_> {
                     bump: !flags.no_bump,
                     lease: flags.value,
                     vivify_cas: flags.explicit_cas.unwrap_or(0),
+                    unless_cas: flags.cas.filter(|_| flags.value),
                 },
             },
             TextCommand::MetaDelete { key, flags } => Command::MetaDelete {

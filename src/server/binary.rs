@@ -231,6 +231,7 @@ pub(super) async fn process(conn: &mut Conn, ctx: &Rc<ShardCtx>, now: u32) -> Af
                     flags: *flags,
                     expiry: *expiry,
                     cas: *cas,
+                    new_cas: 0,
                     value_len: *value_len,
                     reply: LargeReply::Binary {
                         opcode,
@@ -258,6 +259,7 @@ pub(super) async fn process(conn: &mut Conn, ctx: &Rc<ShardCtx>, now: u32) -> Af
                     flags: 0,
                     expiry: 0,
                     cas: *cas,
+                    new_cas: 0,
                     value_len: value.len() as u64,
                     reply: LargeReply::Binary {
                         opcode,

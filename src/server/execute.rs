@@ -258,14 +258,7 @@ pub fn run<R: Reply>(
                     Some(Some(outcome)) => outcome,
                     _ => store.store(mode, key, value, flags, expiry, cas, now),
                 };
-                match outcome {
-                    // `E`: the item takes the client's CAS.
-                    StoreOutcome::Stored { .. } if explicit_cas != 0 => {
-                        store.meta_mark(key, now, Some(explicit_cas), false, false);
-                        StoreOutcome::Stored { cas: explicit_cas }
-                    }
-                    outcome => outcome,
-                }
+                store.with_client_cas(key, now, outcome, explicit_cas)
             });
             reply.stored(out, outcome);
         }
@@ -373,7 +366,7 @@ fn deliver<R: Reply>(
         Fetch::Plain { touch, value } => (None, store.lookup(key, touch, how.now, value), value),
         Fetch::Meta(options) => {
             let (state, found) = store.meta_get(key, how.now, &options);
-            (Some(state), found, options.lease)
+            (Some(state), found, options.lease && !state.value_withheld)
         }
     };
     // memcached logs every fetch of an item: every `mg`, and a GET but not a touch.

@@ -36,6 +36,8 @@ pub struct LargeSet {
     pub flags: u32,
     pub expiry: u32,
     pub cas: u64,
+    /// `ms ... E<cas>`: the CAS the stored item takes (0: one is drawn).
+    pub new_cas: u64,
     pub value_len: u64,
     /// From a SETX (or an `ms` with placement flags): replicas and where to put them.
     pub hints: Option<PlacementHints>,
@@ -849,21 +851,24 @@ pub async fn receive_set(
         let (_, mut store) = ctx.shared.partitions.lock_key(&op.key);
         let now = unix_now();
         let watchers = (&ctx.shared.watchers, fd);
-        let outcome = watched_store(&mut store, watchers, watched(now), |store| match &base {
-            // The new value replaces the item it was built from, keeping its flags and
-            // expiry, unless that item changed meanwhile: then, as for an APPEND onto a
-            // missing key, NOT_STORED (EXISTS when the client gave the CAS).
-            Some(base) => {
-                let (flags, expiry) = (base.flags, base.expiry);
-                let set = StoreMode::Set;
-                match store.link_large(set, &op.key, flags, expiry, base.cas, now, link) {
-                    StoreOutcome::Exists | StoreOutcome::NotFound if op.cas == 0 => {
-                        StoreOutcome::NotStored
+        let outcome = watched_store(&mut store, watchers, watched(now), |store| {
+            let outcome = match &base {
+                // The new value replaces the item it was built from, keeping its flags and
+                // expiry, unless that item changed meanwhile: then, as for an APPEND onto a
+                // missing key, NOT_STORED (EXISTS when the client gave the CAS).
+                Some(base) => {
+                    let (flags, expiry) = (base.flags, base.expiry);
+                    let set = StoreMode::Set;
+                    match store.link_large(set, &op.key, flags, expiry, base.cas, now, link) {
+                        StoreOutcome::Exists | StoreOutcome::NotFound if op.cas == 0 => {
+                            StoreOutcome::NotStored
+                        }
+                        outcome => outcome,
                     }
-                    outcome => outcome,
                 }
-            }
-            None => store.link_large(op.mode, &op.key, op.flags, op.expiry, op.cas, now, link),
+                None => store.link_large(op.mode, &op.key, op.flags, op.expiry, op.cas, now, link),
+            };
+            store.with_client_cas(&op.key, now, outcome, op.new_cas)
         });
         (outcome, store.take_pending_frees())
     };
@@ -1249,6 +1254,11 @@ impl LargeSet {
             flags: store.flags,
             expiry: store_exptime(store.exptime),
             cas: store.compare_cas(),
+            new_cas: store
+                .meta
+                .as_ref()
+                .and_then(|ms| ms.explicit_cas)
+                .unwrap_or(0),
             value_len: store.value_len as u64,
             hints: store.meta.as_ref().and_then(|ms| ms.hints.clone()),
             reply: LargeReply::Text(Box::new(OwnedStoreReply::of(store))),

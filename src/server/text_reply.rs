@@ -248,7 +248,8 @@ impl Reply for TextReply<'_> {
                     stale: state.stale,
                     won: state.won,
                 };
-                let code = if flags.value {
+                // `found.value`, not `flags.value`: `C` may have withheld the value.
+                let code = if found.value {
                     MetaCode::Va(found.len)
                 } else {
                     MetaCode::Hd

@@ -114,6 +114,9 @@ pub struct MetaState {
     pub won: bool,
     /// Absolute expiry after this request (0: never).
     pub expiry: u32,
+    /// The value was asked for but is left out: the item's CAS is the one the reader holds
+    /// (`mg ... v C<cas>`).
+    pub value_withheld: bool,
 }
 
 /// A hit on a large item: its value lives in segment extents; its head is copied here.
@@ -587,6 +590,7 @@ impl Store {
             created: created.is_some(),
             won: created.is_some(),
             expiry: opts.touch.map_or(meta.expiry, |t| absolute_expiry(t, now)),
+            value_withheld: opts.lease && opts.unless_cas == Some(meta.cas),
         };
         if let Some(recache) = opts.recache {
             if !state.token_sent
@@ -603,9 +607,10 @@ impl Store {
         if state.won {
             item::set_bit(self.arena.bytes_mut(loc), item::BIT_TOKEN_SENT, true);
         }
+        let lease = opts.lease && !state.value_withheld;
         let hit = match created {
-            Some(loc) => self.hit_at(key, loc, opts.touch, now, opts.lease, opts.bump),
-            None => self.lookup_inner(key, opts.touch, now, opts.lease, opts.bump),
+            Some(loc) => self.hit_at(key, loc, opts.touch, now, lease, opts.bump),
+            None => self.lookup_inner(key, opts.touch, now, lease, opts.bump),
         };
         (state, hit)
     }
@@ -648,6 +653,24 @@ impl Store {
     pub fn meta_of(&mut self, key: &[u8], now: u32) -> Option<Meta> {
         let loc = self.live(key, now)?;
         Some(item::meta(self.arena.bytes(loc)))
+    }
+
+    /// `E`: a store that succeeded gives the item the client's CAS `cas` instead of the one
+    /// drawn for it (0: keeps the drawn one). Other outcomes pass through.
+    pub fn with_client_cas(
+        &mut self,
+        key: &[u8],
+        now: u32,
+        outcome: StoreOutcome,
+        cas: u64,
+    ) -> StoreOutcome {
+        match outcome {
+            StoreOutcome::Stored { .. } if cas != 0 => {
+                self.meta_mark(key, now, Some(cas), false, false);
+                StoreOutcome::Stored { cas }
+            }
+            outcome => outcome,
+        }
     }
 
     /// Meta set's extras on a stored item: an explicit CAS (`E`), the stale mark (`I`, a
