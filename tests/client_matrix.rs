@@ -24,31 +24,6 @@ use common::server::Server;
 /// segment file that holds every large value the scripts keep at once.
 const SERVER_ARGS: &[&str] = &["--max-item-size", "8M", "--memory", "64M"];
 
-fn script(name: &str) -> PathBuf {
-    Path::new(env!("CARGO_MANIFEST_DIR"))
-        .join("tests/clients")
-        .join(name)
-}
-
-/// Runs a client script to its end and checks what it printed: an `ok NAME` line per check, no
-/// `FAIL` line, at least `checks_min` checks (a script cut short fails), and `done` last.
-fn run_client(mut command: Command, checks_min: usize) {
-    let what = format!("{command:?}");
-    let out = command
-        .output()
-        .unwrap_or_else(|err| panic!("{what}: {err}: run scripts/install-deps"));
-    let stdout = String::from_utf8_lossy(&out.stdout);
-    let stderr = String::from_utf8_lossy(&out.stderr);
-    let failed: Vec<&str> = stdout.lines().filter(|l| !l.starts_with("ok ")).collect();
-    let passed = stdout.lines().filter(|l| l.starts_with("ok ")).count();
-    assert!(
-        out.status.success() && failed == ["done"] && passed >= checks_min,
-        "{what}: exit {}, {passed} checks passed (at least {checks_min} expected), \
-         these lines are not `ok`: {failed:#?}\nstderr: {stderr}",
-        out.status
-    );
-}
-
 fn servers_arg(servers: &[&Server]) -> String {
     let addrs: Vec<String> = servers.iter().map(|s| s.addr.to_string()).collect();
     addrs.join(",")
@@ -61,7 +36,7 @@ fn curr_items(server: &Server) -> u64 {
 
 fn python_script(module: &str, name: &str, args: &[&str]) -> Command {
     let mut command = Command::new(common::python_with(module));
-    command.arg(script(name)).args(args);
+    command.arg(common::client_script(name)).args(args);
     command
 }
 
@@ -70,7 +45,7 @@ fn pylibmc_binary_and_text_spread_over_two_servers_by_ketama() {
     for protocol in ["binary", "text"] {
         let servers = [Server::start(SERVER_ARGS), Server::start(SERVER_ARGS)];
         let list = servers_arg(&[&servers[0], &servers[1]]);
-        run_client(
+        common::run_checks(
             python_script("pylibmc", "pylibmc_app.py", &[protocol, &list]),
             30,
         );
@@ -88,7 +63,7 @@ fn django_pymemcache_and_pylibmc_backends() {
     for backend in ["pymemcache", "pylibmc"] {
         let servers = [Server::start(SERVER_ARGS), Server::start(SERVER_ARGS)];
         let list = servers_arg(&[&servers[0], &servers[1]]);
-        run_client(
+        common::run_checks(
             python_script("django", "django_app.py", &[backend, &list]),
             25,
         );
@@ -125,9 +100,9 @@ fn memjs_authenticates_with_sasl_and_serves_as_memcached() {
     let mut command = Command::new("node");
     command
         .env("NODE_PATH", &modules)
-        .arg(script("memjs_app.js"))
+        .arg(common::client_script("memjs_app.js"))
         .args([&server.addr.to_string(), "alice", "wonderland"]);
-    run_client(command, 30);
+    common::run_checks(command, 30);
 }
 
 #[test]
@@ -135,7 +110,7 @@ fn dalli_spreads_over_two_servers() {
     let servers = [Server::start(SERVER_ARGS), Server::start(SERVER_ARGS)];
     let mut command = Command::new("ruby");
     command
-        .arg(script("dalli_app.rb"))
+        .arg(common::client_script("dalli_app.rb"))
         .arg(servers_arg(&[&servers[0], &servers[1]]));
-    run_client(command, 30);
+    common::run_checks(command, 30);
 }

@@ -214,3 +214,35 @@ pub fn closed_by_server(stream: &mut std::net::TcpStream, probe: &[u8]) -> Optio
         Err(_) => Some(true),
     }
 }
+
+/// A client script of `tests/clients/`.
+pub fn client_script(name: &str) -> std::path::PathBuf {
+    std::path::Path::new(env!("CARGO_MANIFEST_DIR"))
+        .join("tests/clients")
+        .join(name)
+}
+
+/// Runs a client script of `tests/clients/` to its end and checks what it printed: an
+/// `ok NAME` line per check, no `FAIL` line, at least `checks_min` checks (a script cut short
+/// fails), and `done` last. Lines starting `# ` are notes, printed and not judged.
+pub fn run_checks(mut command: std::process::Command, checks_min: usize) {
+    let what = format!("{command:?}");
+    let out = command
+        .output()
+        .unwrap_or_else(|err| panic!("{what}: {err}: run scripts/install-deps"));
+    let stdout = String::from_utf8_lossy(&out.stdout);
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    stdout
+        .lines()
+        .filter(|l| l.starts_with("# "))
+        .for_each(|l| println!("{l}"));
+    let judged = || stdout.lines().filter(|l| !l.starts_with("# "));
+    let failed: Vec<&str> = judged().filter(|l| !l.starts_with("ok ")).collect();
+    let passed = judged().filter(|l| l.starts_with("ok ")).count();
+    assert!(
+        out.status.success() && failed == ["done"] && passed >= checks_min,
+        "{what}: exit {}, {passed} checks passed (at least {checks_min} expected), \
+         these lines are not `ok`: {failed:#?}\nstderr: {stderr}",
+        out.status
+    );
+}

@@ -76,8 +76,12 @@ impl Server {
         if !args.contains(&"--admin-socket") {
             command.arg("--admin-socket").arg(&admin_socket);
         }
+        // Any free port, unless the test names one (a server restarted where a proxy expects it).
+        if !args.contains(&"--listen") {
+            command.args(["--listen", "127.0.0.1:0"]);
+        }
         let mut child = command
-            .args(["--listen", "127.0.0.1:0", "--log-level", "info"])
+            .args(["--log-level", "info"])
             .arg("--data-dir")
             .arg(&data_dir)
             .args(args)
