@@ -432,3 +432,50 @@ fn watch_connevents_logs_connections_opened_and_closed() {
         );
     }
 }
+
+/// `watch deletions` (1.6.20): a line per item a `delete` or `md` removed, as 1.6.45 writes it
+/// (`type=deleted key=<URI-encoded> cmd=delete|md clsid=<class> size=<value bytes>`); misses
+/// and `md ... I` (which keeps the item, stale) are not logged.
+#[test]
+fn watch_deletions_logs_each_item_removed() {
+    let server = Server::start(&[]);
+    let mut watcher = connect(&server);
+    watcher.write_all(b"watch deletions\r\n").unwrap();
+    assert_eq!(read_until(&mut watcher, b"\r\n"), b"OK");
+    let mut client = connect(&server);
+    let large = vec![b'L'; 300_000];
+    let mut set_large = b"set big 0 0 300000\r\n".to_vec();
+    set_large.extend_from_slice(&large);
+    set_large.extend_from_slice(b"\r\n");
+    assert_eq!(call(&mut client, &set_large), b"STORED\r\n");
+    assert_eq!(
+        call(
+            &mut client,
+            b"set a 0 0 1\r\nx\r\nset b%20c 0 0 2\r\nyz\r\nset st 0 0 1\r\ns\r\n\
+              delete a\r\ndelete nope\r\nmd b%20c q\r\nmd st I\r\nmd big\r\nmn\r\n"
+        ),
+        b"STORED\r\nSTORED\r\nSTORED\r\nDELETED\r\nNOT_FOUND\r\nHD\r\nHD\r\nMN\r\n"
+    );
+    let mut lines = String::new();
+    watcher
+        .set_read_timeout(Some(Duration::from_secs(10)))
+        .unwrap();
+    let mut buf = [0u8; 4096];
+    while lines.matches('\n').count() < 3 {
+        let n = watcher.read(&mut buf).expect("watch lines");
+        assert!(n > 0, "the watcher closed: {lines}");
+        lines.push_str(std::str::from_utf8(&buf[..n]).unwrap());
+    }
+    let got: Vec<&str> = lines
+        .lines()
+        .map(|line| line.split_once(" type=").expect(line).1)
+        .collect();
+    assert_eq!(
+        got,
+        [
+            "deleted key=a cmd=delete clsid=1 size=1",
+            "deleted key=b%2520c cmd=md clsid=1 size=2",
+            "deleted key=big cmd=md clsid=3 size=300000",
+        ]
+    );
+}

@@ -1195,8 +1195,9 @@ fn lru_crawler_dumps_every_item_and_crawls_expired_ones() {
         let reply = call(s, format!("lru_crawler metadump {classes}\r\n").as_bytes());
         let text = String::from_utf8(reply).unwrap();
         let body = text
-            .strip_suffix("END\r\n")
-            .unwrap_or_else(|| panic!("no END: {text:?}"));
+            .strip_prefix("OK\r\n")
+            .and_then(|text| text.strip_suffix("END\r\n"))
+            .unwrap_or_else(|| panic!("no OK or END: {text:?}"));
         let mut lines: Vec<String> = body.lines().map(str::to_string).collect();
         lines.sort_unstable();
         lines
@@ -1226,9 +1227,15 @@ fn lru_crawler_dumps_every_item_and_crawls_expired_ones() {
     assert_eq!(field(a, "fetch"), "yes");
     assert_eq!(field(a, "cls"), "1");
     assert_eq!(field(a, "size"), "7");
+    assert_eq!(field(a, "flags"), "0");
+    assert!(
+        a.ends_with(' '),
+        "1.6.45 ends each line with a blank: {a:?}"
+    );
     let la: u64 = field(a, "la").parse().unwrap();
     assert!((started..now).contains(&la), "{a}");
     assert_eq!(field(&all[0], "exp"), "2000000000");
+    assert_eq!(field(&all[0], "flags"), "7");
     assert_eq!(field(&all[0], "fetch"), "no");
     assert_eq!(field(&all[2], "cls"), "2");
     assert_eq!(field(&all[2], "size"), (8 + (256 << 10)).to_string());
@@ -1239,6 +1246,31 @@ fn lru_crawler_dumps_every_item_and_crawls_expired_ones() {
     assert_eq!(dump(&mut s, "1,3").len(), 3);
     assert!(dump(&mut s, "9").is_empty());
     assert_eq!(dump(&mut s, "hash"), all);
+    // `mgdump` (1.6.19): an `mg` line per key, ready to be sent back with flags added; a key
+    // that is not printable ASCII in base64 with `b`.
+    let reply = String::from_utf8(call(&mut s, b"lru_crawler mgdump all\r\n")).unwrap();
+    let body = reply
+        .strip_prefix("OK\r\n")
+        .and_then(|r| r.strip_suffix("EN\r\n"))
+        .unwrap_or_else(|| panic!("no OK or EN: {reply:?}"));
+    let mut mg: Vec<&str> = body.lines().collect();
+    mg.sort_unstable();
+    assert_eq!(
+        mg,
+        ["mg bWQlw6k= b", "mg md-a", "mg md-fixed", "mg md-large"]
+    );
+    assert_eq!(
+        call(&mut s, b"lru_crawler mgdump 2\r\n"),
+        b"OK\r\nmg md-fixed\r\nEN\r\n"
+    );
+    assert_eq!(
+        call(&mut s, b"lru_crawler mgdump 99\r\n"),
+        b"BADCLASS invalid class id\r\n"
+    );
+    assert_eq!(
+        call(&mut s, b"mg nothing v\r\nlru_crawler mgdump all\r\n"),
+        b"EN\r\nERROR cannot pipeline other commands before mgdump\r\n"
+    );
 
     // Far more than one output buffer: every key once, and the command after it answered
     // after its END.
@@ -1253,6 +1285,7 @@ fn lru_crawler_dumps_every_item_and_crawls_expired_ones() {
     let reply = call(&mut s, b"lru_crawler metadump all\r\nversion\r\n");
     let text = String::from_utf8(reply).unwrap();
     let (dumped, after) = text.split_once("END\r\n").unwrap();
+    let dumped = dumped.strip_prefix("OK\r\n").unwrap();
     assert!(after.starts_with("VERSION "), "{after:?}");
     let mut seen = std::collections::HashSet::new();
     for line in dumped.lines() {

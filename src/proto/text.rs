@@ -106,6 +106,8 @@ pub mod errors {
     pub const BADCLASS: &[u8] = b"BADCLASS invalid class id\r\n";
     pub const CRAWLER_DISABLED: &[u8] = b"CLIENT_ERROR lru crawler disabled\r\n";
     pub const CRAWLER_RUNNING: &[u8] = b"ERROR failed to start lru crawler thread\r\n";
+    pub const MGDUMP_AFTER_PIPELINE: &[u8] =
+        b"ERROR cannot pipeline other commands before mgdump\r\n";
     pub const METADUMP_AFTER_PIPELINE: &[u8] =
         b"ERROR cannot pipeline other commands before metadump\r\n";
     pub const CRAWLER_PACE: &[u8] =
@@ -421,8 +423,10 @@ impl TextCommand<'_> {
 pub enum Crawler {
     /// `crawl <classes>`: reclaim the expired items of those classes now.
     Crawl(CrawlClasses),
-    /// `metadump <classes>`: one line per live item, then `END`.
+    /// `metadump <classes>`: `OK`, one line per live item, then `END`.
     Metadump(CrawlClasses),
+    /// `mgdump <classes>`: `OK`, an `mg <key>` line per live item, then `EN`.
+    Mgdump(CrawlClasses),
     Enable,
     Disable,
 }
@@ -1099,12 +1103,12 @@ fn slabs<'a>(tokens: &Tokens<'a>, line_len: usize) -> TextDecoded<'a> {
 fn lru_crawler<'a>(tokens: &Tokens<'a>, line_len: usize) -> TextDecoded<'a> {
     let t = tokens.all();
     match (tokens.ntokens(), t.get(1).copied().unwrap_or_default()) {
-        (4, b"crawl" | b"metadump") => {
+        (4, b"crawl" | b"metadump" | b"mgdump") => {
             let classes = crawl_classes(t[2]);
-            let crawler = if t[1] == b"crawl" {
-                Crawler::Crawl(classes)
-            } else {
-                Crawler::Metadump(classes)
+            let crawler = match t[1] {
+                b"crawl" => Crawler::Crawl(classes),
+                b"metadump" => Crawler::Metadump(classes),
+                _ => Crawler::Mgdump(classes),
             };
             command(TextCommand::LruCrawler(crawler), line_len)
         }

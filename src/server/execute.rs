@@ -135,6 +135,25 @@ pub fn watched_store(
     outcome
 }
 
+/// Runs `run` (a delete named `cmd`) and logs what it removed to `watch deletions` as
+/// memcached does; a miss is not logged. With no watcher this is one atomic load.
+fn watched_delete(
+    store: &mut Store,
+    watchers: &Watchers,
+    (key, cmd, now): (&[u8], &str, u32),
+    run: impl FnOnce(&mut Store) -> DeleteOutcome,
+) -> DeleteOutcome {
+    let removed = watchers
+        .wants(watch::DELETIONS)
+        .then(|| store.value_size(key, now))
+        .flatten();
+    let outcome = run(store);
+    if let (DeleteOutcome::Deleted, Some((class, bytes))) = (outcome, removed) {
+        watchers.deleted(key, cmd, class, bytes);
+    }
+    outcome
+}
+
 /// What a lookup found, for a reply's header (or whole reply, when no value follows).
 #[derive(Clone, Copy, Debug)]
 pub struct Found {
@@ -266,7 +285,11 @@ pub fn run<R: Reply>(
             store.refuse_too_large(key, drop_existing);
             reply.refused(out);
         }
-        Command::Delete { key, cas } => reply.deleted(out, store.delete(key, cas, now)),
+        Command::Delete { key, cas } => {
+            let what = (key, "delete", now);
+            let outcome = watched_delete(store, how.watchers, what, |s| s.delete(key, cas, now));
+            reply.deleted(out, outcome)
+        }
         Command::MetaDelete {
             key,
             cas,
@@ -275,7 +298,14 @@ pub fn run<R: Reply>(
             empty: Some(line),
             new_cas,
         } => {
-            let outcome = empty_value(store, key, cas, invalidate, line, new_cas, now);
+            // `md ... x` empties the value, and memcached logs it as a deletion unless `I`
+            // keeps it (stale) instead.
+            let outcome = match invalidate {
+                true => empty_value(store, key, cas, invalidate, line, new_cas, now),
+                false => watched_delete(store, how.watchers, (key, "md", now), |s| {
+                    empty_value(s, key, cas, invalidate, line, new_cas, now)
+                }),
+            };
             reply.deleted(out, outcome)
         }
         Command::MetaDelete {
@@ -286,7 +316,12 @@ pub fn run<R: Reply>(
             empty: None,
             new_cas,
         } => {
-            let outcome = store.meta_delete(key, cas, invalidate, ttl, now);
+            let outcome = match invalidate {
+                true => store.meta_delete(key, cas, invalidate, ttl, now),
+                false => watched_delete(store, how.watchers, (key, "md", now), |s| {
+                    s.meta_delete(key, cas, invalidate, ttl, now)
+                }),
+            };
             if invalidate && new_cas != 0 && outcome == DeleteOutcome::Deleted {
                 store.meta_mark(key, now, Some(new_cas), false, false);
             }

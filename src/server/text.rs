@@ -126,7 +126,9 @@ async fn lru_crawler(
             enabled.store(false, Ordering::Relaxed);
             out.extend_from_slice(text::OK);
         }
-        Crawler::Crawl(_) | Crawler::Metadump(_) if !enabled.load(Ordering::Relaxed) => {
+        Crawler::Crawl(_) | Crawler::Metadump(_) | Crawler::Mgdump(_)
+            if !enabled.load(Ordering::Relaxed) =>
+        {
             out.extend_from_slice(errors::CRAWLER_DISABLED);
         }
         Crawler::Crawl(CrawlClasses::Invalid) => out.extend_from_slice(errors::BADCLASS),
@@ -137,10 +139,15 @@ async fn lru_crawler(
         Crawler::Metadump(_) if pipelined => {
             out.extend_from_slice(errors::METADUMP_AFTER_PIPELINE);
         }
-        Crawler::Metadump(CrawlClasses::Invalid) => out.extend_from_slice(errors::BADCLASS),
-        Crawler::Metadump(classes) => {
+        Crawler::Mgdump(_) if pipelined => out.extend_from_slice(errors::MGDUMP_AFTER_PIPELINE),
+        Crawler::Metadump(CrawlClasses::Invalid) | Crawler::Mgdump(CrawlClasses::Invalid) => {
+            out.extend_from_slice(errors::BADCLASS)
+        }
+        Crawler::Metadump(classes) | Crawler::Mgdump(classes) => {
+            out.extend_from_slice(text::OK);
             return Some(Metadump {
                 classes,
+                mg_lines: matches!(crawler, Crawler::Mgdump(_)),
                 partition: 0,
                 bucket: 0,
             });
@@ -198,19 +205,22 @@ async fn crawl(ctx: &Rc<ShardCtx>, classes: CrawlClasses) {
     }
 }
 
-/// Where an `lru_crawler metadump` is: the partition and index bucket it goes on from, and
-/// the classes it lists.
+/// Where an `lru_crawler metadump` (or `mgdump`) is: the partition and index bucket it goes on
+/// from, and the classes it lists.
 struct Metadump {
     classes: CrawlClasses,
+    /// `mgdump`: `mg <key>` lines.
+    mg_lines: bool,
     partition: usize,
     bucket: usize,
 }
 
 /// Appends `dump`'s next lines to `out` until `out` passes the output cap (then returns the
-/// dump to go on with) or every partition is walked (then appends `END`). One line per live
-/// item, as memcached's crawler writes it: `key=<URI-encoded key> exp=<Unix time, -1 never>
-/// la=<Unix time of the last store or fetch> cas=<CAS> fetch=<yes|no> cls=<item class>
-/// size=<key plus value bytes>`.
+/// dump to go on with) or every partition is walked (then appends `END`, `EN` for mgdump).
+/// One line per live item, as memcached 1.6.45's crawler writes it: `key=<URI-encoded key>
+/// exp=<Unix time, -1 never> la=<Unix time of the last store or fetch> cas=<CAS>
+/// fetch=<yes|no> cls=<item class> size=<key plus value bytes> flags=<client flags> `, or for
+/// mgdump `mg <key>` (a key that is not printable ASCII in base64, followed by ` b`).
 async fn continue_metadump(
     ctx: &ShardCtx,
     mut dump: Metadump,
@@ -233,15 +243,27 @@ async fn continue_metadump(
                 0 => -1,
                 at => i64::from(at),
             };
+            if dump.mg_lines {
+                out.extend_from_slice(b"mg ");
+                if key.iter().all(u8::is_ascii_graphic) {
+                    out.extend_from_slice(key);
+                } else {
+                    crate::proto::meta::base64_encode(out, key);
+                    out.extend_from_slice(b" b");
+                }
+                out.extend_from_slice(b"\r\n");
+                return;
+            }
             let _ = writeln!(
                 out,
-                "key={} exp={exp} la={} cas={} fetch={} cls={} size={}",
+                "key={} exp={exp} la={} cas={} fetch={} cls={} size={} flags={} ",
                 text::uri_encoded(key),
                 item.accessed,
                 item.cas,
                 if item.fetched { "yes" } else { "no" },
                 item.class as u8,
                 item.bytes,
+                item.flags,
             );
         });
         drop(store);
@@ -254,7 +276,7 @@ async fn continue_metadump(
         }
         pacer.between_slices().await;
     }
-    out.extend_from_slice(text::END);
+    out.extend_from_slice(if dump.mg_lines { b"EN\r\n" } else { text::END });
     None
 }
 

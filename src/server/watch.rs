@@ -21,6 +21,8 @@ pub const FETCHERS: u8 = 1;
 pub const MUTATIONS: u8 = 2;
 /// `watch connevents`: every client connection opened and closed.
 pub const CONNEVENTS: u8 = 4;
+/// `watch deletions`: every item a `delete` or `md` removed.
+pub const DELETIONS: u8 = 8;
 
 /// Why a connection closed, as memcached's `conn_close` line says it.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -158,6 +160,17 @@ impl Watchers {
         self.publish(MUTATIONS, line.as_bytes());
     }
 
+    /// A `deleted` line: `cmd` (`delete`, `md`) removed `key`, an item of `class` with `bytes`
+    /// value bytes.
+    pub fn deleted(&self, key: &[u8], cmd: &str, class: u8, bytes: u64) {
+        if !self.wants(DELETIONS) {
+            return;
+        }
+        let mut line = self.line_start("deleted", key);
+        line.push_str(&format!(" cmd={cmd} clsid={class} size={bytes}\n"));
+        self.publish(DELETIONS, line.as_bytes());
+    }
+
     /// A `conn_new` line: a client connected from `peer` (`ip:port`) on socket `fd`.
     pub fn conn_new(&self, peer: &str, fd: i32) {
         if !self.wants(CONNEVENTS) {
@@ -248,7 +261,7 @@ fn split_peer(peer: &str) -> (&str, &str) {
 
 /// The kinds `watch` names (`watch` alone: fetchers), or `None` for a word Headroom does not
 /// log (memcached answers ERROR for an unknown one; Headroom also for the kinds it has no
-/// lines of: evictions, deletions, sysevents, rawcmds, proxy*).
+/// lines of: evictions, sysevents, rawcmds, proxy*).
 pub fn kinds_of<'a>(words: impl Iterator<Item = &'a [u8]>) -> Option<u8> {
     let mut kinds = 0;
     for word in words {
@@ -256,6 +269,7 @@ pub fn kinds_of<'a>(words: impl Iterator<Item = &'a [u8]>) -> Option<u8> {
             b"fetchers" => FETCHERS,
             b"mutations" => MUTATIONS,
             b"connevents" => CONNEVENTS,
+            b"deletions" => DELETIONS,
             _ => return None,
         };
     }

@@ -148,6 +148,8 @@ pub struct DumpedItem {
     /// Unix seconds of the last store or fetch.
     pub accessed: u32,
     pub cas: u64,
+    /// The client's flags.
+    pub flags: u32,
     pub fetched: bool,
     pub class: ItemClass,
     /// Key plus value bytes (`stats items`' `mem_requested` counts the same).
@@ -326,6 +328,7 @@ impl Store {
                     expiry: meta.expiry,
                     accessed: item::accessed(record),
                     cas: meta.cas,
+                    flags: meta.flags,
                     fetched: item::bit(record, item::BIT_FETCHED),
                     class,
                     bytes: key.len() as u64 + value_bytes,
@@ -1428,6 +1431,18 @@ impl Store {
     pub fn check_invariants(&self) {
         self.arena.check_invariants();
         self.keys.check(&self.arena);
+    }
+
+    /// A live item's class (1 small, 2 fixed head, 3 large) and value bytes, changing nothing
+    /// (`watch deletions` says what a delete removed).
+    pub fn value_size(&self, key: &[u8], now: u32) -> Option<(u8, u64)> {
+        let loc = self.keys.find(&self.arena, key)?;
+        let record = self.arena.bytes(loc);
+        if is_expired(item::meta(record).expiry, now) {
+            return None;
+        }
+        let (class, bytes) = keys::class_of(record);
+        Some((class as u8, bytes))
     }
 
     /// The class a live key's value uses (tests and stats).
