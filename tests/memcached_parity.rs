@@ -327,7 +327,7 @@ fn replies_that_changed_after_1_6_18() {
     says(b"mg ck v C41 c\r\n", b"VA 3 c40\r\nabc\r\n");
     says(b"mg ck C40 s\r\n", b"HD s3\r\n");
     says(b"mg nock v C40\r\n", b"EN\r\n");
-    says(b"mg ck v C40 q\r\nmn\r\n", b"HD\r\nMN\r\n");
+    says(b"mg ck v C40 q\r\n", b"HD\r\n");
     // ... a large value's too: nothing of it is read.
     let large = vec![b'L'; 300_000];
     let mut set = b"ms lck 300000 E41\r\n".to_vec();
@@ -340,6 +340,20 @@ fn replies_that_changed_after_1_6_18() {
     whole.extend_from_slice(&large);
     whole.extend_from_slice(b"\r\nMN\r\n");
     says(b"mg lck v C1\r\nmn\r\n", &whole);
+    // `ms ... s`: the item's size after the store, or the request's when nothing was stored
+    // (1.6.20).
+    says(b"ms sz 3 s\r\nabc\r\n", b"HD s3\r\n");
+    says(b"ms sz 2 MA s\r\nde\r\n", b"HD s5\r\n");
+    says(b"ms sz 2 s q\r\nde\r\n", b"");
+    says(b"ms sz2 2 ME s\r\nde\r\n", b"HD s2\r\n");
+    says(b"ms sz2 2 ME s\r\nde\r\n", b"NS s2\r\n");
+    says(b"ms nosz 2 MR s\r\nde\r\n", b"NS s2\r\n");
+    says(b"ms eHl6 1 s k O5 b\r\nx\r\n", b"HD s1 keHl6 b O5\r\n");
+    let mut set = b"ms lsz 300000 s\r\n".to_vec();
+    set.extend_from_slice(&large);
+    set.extend_from_slice(b"\r\n");
+    says(&set, b"HD s300000\r\n");
+    says(b"ms lsz 4 MA s\r\ntail\r\n", b"HD s300004\r\n");
     // `md ... x` empties the value and keeps the item (1.6.27).
     says(b"ms xk 3 F5 T100\r\nabc\r\n", b"HD\r\n");
     says(b"md xk x\r\n", b"HD\r\n");

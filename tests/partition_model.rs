@@ -447,7 +447,7 @@ fn run(seed: u64, steps: usize) {
                 let value = set_value.unwrap();
                 // CAS values are unique across partitions, and small (clients parse them
                 // into 32 bits): each partition issues every `count`-th value.
-                if let StoreOutcome::Stored { cas } = outcome {
+                if let StoreOutcome::Stored { cas, .. } = outcome {
                     assert!(issued.insert(cas), "{context}: CAS {cas} issued twice");
                     assert!(
                         cas <= (step as u64 + 1) * count as u64,
@@ -455,9 +455,10 @@ fn run(seed: u64, steps: usize) {
                     );
                 }
                 match outcome {
-                    StoreOutcome::Stored { cas } if is_append => match model.get(&key) {
+                    StoreOutcome::Stored { cas, len } if is_append => match model.get(&key) {
                         Some((old, _)) => {
                             let new = [old.clone(), value].concat();
+                            assert_eq!(len, new.len() as u64, "{context}: APPEND's length");
                             model.insert(key, (new, cas));
                         }
                         None => {
@@ -467,7 +468,8 @@ fn run(seed: u64, steps: usize) {
                             );
                         }
                     },
-                    StoreOutcome::Stored { cas } => {
+                    StoreOutcome::Stored { cas, len } => {
+                        assert_eq!(len, value.len() as u64, "{context}: the stored length");
                         uncertain.remove(&key);
                         model.insert(key, (value, cas));
                     }

@@ -941,7 +941,15 @@ fn cases() -> Vec<Case> {
             TextStore {
                 mode: store_mode,
                 cas: Some(999),
-                ..ms(key(b"m"), 1, MsFlags::default())
+                // Of the return flags only `s` applies to `ms` (1.6.20: the stored size).
+                ..ms(
+                    key(b"m"),
+                    1,
+                    MsFlags {
+                        returns: rf(b"s"),
+                        ..MsFlags::default()
+                    },
+                )
             },
             b"x",
         ));

@@ -679,7 +679,7 @@ pub(super) fn parse_ms<'a>(tokens: &[&'a [u8]]) -> Result<TextStore<'a>, MsError
             vivify: of
                 .vivify
                 .filter(|_| matches!(mode, StoreMode::Append | StoreMode::Prepend)),
-            returns: of.returns.only(b"Okc"),
+            returns: of.returns.only(b"Okcs"),
             opaque: of.opaque,
             invalidate: of.invalidate,
             hints: of.hints,

@@ -364,7 +364,7 @@ impl Reply for BinaryReply<'_> {
 
     fn stored(&mut self, out: &mut Vec<u8>, outcome: StoreOutcome) {
         match outcome {
-            StoreOutcome::Stored { cas } => {
+            StoreOutcome::Stored { cas, .. } => {
                 // A SETX reply counts the replicas placed: none, for a value kept in RAM.
                 let extras: &[u8] = if self.opcode == crate::proto::opcode::SETX {
                     &[0]

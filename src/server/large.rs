@@ -61,6 +61,7 @@ pub enum LargeReply {
 enum Answer {
     Stored {
         cas: u64,
+        len: u64,
         replicas: u8,
     },
     Refused(StoreOutcome),
@@ -92,7 +93,7 @@ impl LargeReply {
             } => {
                 let mut w = ResponseWriter::new(out);
                 let status = match answer {
-                    Answer::Stored { cas, replicas } => {
+                    Answer::Stored { cas, replicas, .. } => {
                         if !quiet {
                             // A SETX reply says how many replicas were placed (fewer than
                             // asked: partial).
@@ -123,8 +124,8 @@ impl LargeReply {
             LargeReply::Text(reply) => {
                 let reply = reply.borrow();
                 match answer {
-                    Answer::Stored { cas, .. } => {
-                        reply.write(out, Some(StoreOutcome::Stored { cas }));
+                    Answer::Stored { cas, len, .. } => {
+                        reply.write(out, Some(StoreOutcome::Stored { cas, len }));
                     }
                     Answer::Refused(outcome) => reply.write(out, Some(outcome)),
                     Answer::NotPlaced(PlacementError::NoSpace { .. }) => {
@@ -874,8 +875,9 @@ pub async fn receive_set(
     };
     ctx.free_extents(frees);
     let answer = match outcome {
-        StoreOutcome::Stored { cas } => Answer::Stored {
+        StoreOutcome::Stored { cas, len } => Answer::Stored {
             cas,
+            len,
             replicas: placed_replicas,
         },
         refused => Answer::Refused(refused),

@@ -54,7 +54,9 @@ pub struct StoreReply<'a> {
     cas_given: bool,
     /// Classic `noreply` (nothing at all is sent) or `ms`'s `q` (only `HD` is held back).
     noreply: bool,
-    /// `ms`: its reply flags (O k c) and opaque.
+    /// The request's value bytes (`ms ... s` reports them when nothing was stored).
+    value_len: u64,
+    /// `ms`: its reply flags (O k c s) and opaque.
     meta: Option<(crate::proto::ReturnFlags, Option<&'a [u8]>)>,
 }
 
@@ -66,6 +68,7 @@ impl<'a> StoreReply<'a> {
             binary_key: store.key.is_binary(),
             cas_given: store.cas.is_some(),
             noreply: store.noreply,
+            value_len: store.value_len as u64,
             meta: store.meta.as_ref().map(|ms| (ms.returns, ms.opaque)),
         }
     }
@@ -92,12 +95,15 @@ impl<'a> StoreReply<'a> {
         if code == MetaCode::Hd && self.noreply {
             return;
         }
-        let new_cas = match outcome {
-            StoreOutcome::Stored { cas } => cas,
-            _ => 0,
+        // `s`: the item's length now (an append's sum), or, as memcached reports it, the
+        // request's value when nothing was stored.
+        let (new_cas, size) = match outcome {
+            StoreOutcome::Stored { cas, len } => (cas, len),
+            _ => (0, self.value_len),
         };
         let values = MetaValues {
             cas: Some(new_cas),
+            size: Some(size as usize),
             key: Some((self.key, self.binary_key)),
             opaque: *opaque,
             ..MetaValues::default()
@@ -122,6 +128,7 @@ pub struct OwnedStoreReply {
     binary_key: bool,
     cas_given: bool,
     noreply: bool,
+    value_len: u64,
     meta: Option<(crate::proto::ReturnFlags, Option<Vec<u8>>)>,
 }
 
@@ -134,6 +141,7 @@ impl OwnedStoreReply {
             binary_key: r.binary_key,
             cas_given: r.cas_given,
             noreply: r.noreply,
+            value_len: r.value_len,
             meta: r
                 .meta
                 .map(|(returns, opaque)| (returns, opaque.map(<[u8]>::to_vec))),
@@ -147,6 +155,7 @@ impl OwnedStoreReply {
             binary_key: self.binary_key,
             cas_given: self.cas_given,
             noreply: self.noreply,
+            value_len: self.value_len,
             meta: self
                 .meta
                 .as_ref()

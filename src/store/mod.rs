@@ -170,8 +170,10 @@ pub struct Hit<'a> {
 
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum StoreOutcome {
+    /// Stored: the item's CAS and its value's length now (an append's sum).
     Stored {
         cas: u64,
+        len: u64,
     },
     /// ADD of a live key, or a CAS mismatch.
     Exists,
@@ -668,9 +670,9 @@ impl Store {
         cas: u64,
     ) -> StoreOutcome {
         match outcome {
-            StoreOutcome::Stored { .. } if cas != 0 => {
+            StoreOutcome::Stored { len, .. } if cas != 0 => {
                 self.meta_mark(key, now, Some(cas), false, false);
-                StoreOutcome::Stored { cas }
+                StoreOutcome::Stored { cas, len }
             }
             outcome => outcome,
         }
@@ -1017,8 +1019,9 @@ impl Store {
             self.keys.free_unlinked(&mut self.arena, loc);
             return StoreOutcome::NotFound;
         }
+        let (_, len) = keys::class_of(self.arena.bytes(loc));
         self.link(key, loc);
-        StoreOutcome::Stored { cas: new_cas }
+        StoreOutcome::Stored { cas: new_cas, len }
     }
 
     fn placement(&self, key_len: usize, value_len: u64) -> Result<Placement, StoreOutcome> {
