@@ -451,6 +451,10 @@ fn conformance(threads: &str) {
         .iter()
         .any(|(n, v)| n == "item_size_max" && v == "65536"));
     assert!(c
+        .stats("settings")
+        .iter()
+        .any(|(n, v)| n == "client_flags_size" && v == "4"));
+    assert!(c
         .stats("arena")
         .iter()
         .any(|(n, _)| n == "region_0_backing"));

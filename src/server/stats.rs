@@ -339,6 +339,8 @@ fn settings(ctx: &ShardCtx) -> Vec<(String, String)> {
         ("interface", s.listen.ip().to_string()),
         ("num_threads", ctx.shards.to_string()),
         ("item_size_max", s.max_item_bytes.to_string()),
+        // memcached 1.6.40's width of client flags in bytes: 32-bit flags.
+        ("client_flags_size", std::mem::size_of::<u32>().to_string()),
         ("idle_timeout", s.idle_timeout_seconds.to_string()),
         ("body_timeout", s.body_timeout_seconds.to_string()),
         ("verify_reads", s.verify_reads.as_str().to_string()),
