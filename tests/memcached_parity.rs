@@ -354,6 +354,19 @@ fn replies_that_changed_after_1_6_18() {
     set.extend_from_slice(b"\r\n");
     says(&set, b"HD s300000\r\n");
     says(b"ms lsz 4 MA s\r\ntail\r\n", b"HD s300004\r\n");
+    // An append that misses creates the item with `N`, a streamed (large) value too.
+    let mut set = b"ms lviv 300000 MA N30 F3\r\n".to_vec();
+    set.extend_from_slice(&large);
+    set.extend_from_slice(b"\r\n");
+    says(&set, b"HD\r\n");
+    says(b"mg lviv s t f\r\n", b"HD s300000 t30 f3\r\n");
+    set[15..17].copy_from_slice(b"MP");
+    says(&set, b"HD\r\n");
+    says(b"mg lviv s\r\n", b"HD s600000\r\n");
+    let mut set = b"ms lnoviv 300000 MA\r\n".to_vec();
+    set.extend_from_slice(&large);
+    set.extend_from_slice(b"\r\n");
+    says(&set, b"NS\r\n");
     // `md ... x` empties the value and keeps the item (1.6.27).
     says(b"ms xk 3 F5 T100\r\nabc\r\n", b"HD\r\n");
     says(b"md xk x\r\n", b"HD\r\n");

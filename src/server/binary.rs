@@ -232,6 +232,7 @@ pub(super) async fn process(conn: &mut Conn, ctx: &Rc<ShardCtx>, now: u32) -> Af
                     expiry: *expiry,
                     cas: *cas,
                     new_cas: 0,
+                    vivify: None,
                     value_len: *value_len,
                     reply: LargeReply::Binary {
                         opcode,
@@ -260,6 +261,7 @@ pub(super) async fn process(conn: &mut Conn, ctx: &Rc<ShardCtx>, now: u32) -> Af
                     expiry: 0,
                     cas: *cas,
                     new_cas: 0,
+                    vivify: None,
                     value_len: value.len() as u64,
                     reply: LargeReply::Binary {
                         opcode,

@@ -38,6 +38,9 @@ pub struct LargeSet {
     pub cas: u64,
     /// `ms ... E<cas>`: the CAS the stored item takes (0: one is drawn).
     pub new_cas: u64,
+    /// `ms ... MA|MP N<ttl>`: an append onto a missing key stores the value alone, with this
+    /// expiry.
+    pub vivify: Option<u32>,
     pub value_len: u64,
     /// From a SETX (or an `ms` with placement flags): replicas and where to put them.
     pub hints: Option<PlacementHints>,
@@ -640,6 +643,12 @@ fn segment_write_failed(ctx: &ShardCtx, target: TargetId, err: &io::Error, value
 /// appended to `out`. The store is logged to `watch`ers as the connection on socket `fd`
 /// (when it is refused or linked; a value never linked for an I/O error is not). An error
 /// means the connection is to be closed.
+/// Whether `key` holds a live item now.
+fn key_is_live(ctx: &ShardCtx, key: &[u8]) -> bool {
+    let (_, mut store) = ctx.shared.partitions.lock_key(key);
+    store.meta_of(key, unix_now()).is_some()
+}
+
 pub async fn receive_set(
     ctx: &Rc<ShardCtx>,
     (stream, wire): (&mut TcpStream, &Wire),
@@ -648,6 +657,21 @@ pub async fn receive_set(
     op: &LargeSet,
     out: &mut Vec<u8>,
 ) -> io::Result<usize> {
+    // `ms ... MA N<ttl>` onto a missing key: a SET of the value with that expiry. (An item
+    // stored by another client before this one links is replaced, as by a SET after it.)
+    let vivified;
+    let op = match op.vivify {
+        Some(expiry) if !key_is_live(ctx, &op.key) => {
+            vivified = LargeSet {
+                mode: StoreMode::Set,
+                expiry,
+                vivify: None,
+                ..op.clone()
+            };
+            &vivified
+        }
+        _ => op,
+    };
     let watched = |now| WatchedStore {
         key: &op.key,
         mode: op.mode,
@@ -1261,6 +1285,11 @@ impl LargeSet {
                 .as_ref()
                 .and_then(|ms| ms.explicit_cas)
                 .unwrap_or(0),
+            vivify: store
+                .meta
+                .as_ref()
+                .and_then(|ms| ms.vivify)
+                .map(store_exptime),
             value_len: store.value_len as u64,
             hints: store.meta.as_ref().and_then(|ms| ms.hints.clone()),
             reply: LargeReply::Text(Box::new(OwnedStoreReply::of(store))),
