@@ -79,12 +79,19 @@ enum Phase {
     Stopping,
 }
 
+/// What SIGHUP reopens and reloads, once start-up has set them.
+#[derive(Default)]
+struct Reloadable {
+    log: Option<Log>,
+    tls: Option<Arc<headroom::server::tls::Tls>>,
+}
+
 /// Handles signals for the life of the process. A stop signal while serving is passed to the
-/// main thread through `stop`; the log (once installed) is what SIGHUP reopens.
+/// main thread through `stop`; SIGHUP reopens the log file and reloads the TLS files.
 fn spawn_signal_thread(
     signals: SigSet,
     phase: Arc<Mutex<Phase>>,
-    log: Arc<Mutex<Option<Log>>>,
+    reloadable: Arc<Mutex<Reloadable>>,
     stop: mpsc::Sender<Signal>,
 ) -> std::io::Result<()> {
     std::thread::Builder::new()
@@ -98,7 +105,10 @@ fn spawn_signal_thread(
                 }
             };
             if signal == Signal::SIGHUP {
-                let log = log.lock().unwrap_or_else(|e| e.into_inner()).clone();
+                let (log, tls) = {
+                    let r = reloadable.lock().unwrap_or_else(|e| e.into_inner());
+                    (r.log.clone(), r.tls.clone())
+                };
                 match log.map(|log| log.reopen()) {
                     Some(Ok(Some(path))) => tracing::info!(
                         path = %path.display(),
@@ -107,9 +117,16 @@ fn spawn_signal_thread(
                     Some(Err(err)) => {
                         tracing::error!(%err, "SIGHUP: the log file cannot be reopened; still writing to the old one")
                     }
-                    _ => tracing::info!(
-                        "SIGHUP: ignored (no --log-file to reopen; SIGTERM, SIGINT or SIGUSR1 stop the server)"
+                    _ => {}
+                }
+                match tls.map(|tls| tls.reload()) {
+                    Some(Ok(())) => tracing::info!(
+                        "SIGHUP: TLS certificate, key and CA reloaded; new connections get them"
                     ),
+                    Some(Err(err)) => tracing::error!(
+                        "SIGHUP: TLS files not reloaded, the ones in use are kept: {err}"
+                    ),
+                    None => {}
                 }
                 continue;
             }
@@ -146,12 +163,12 @@ fn main() -> ExitCode {
         }
     };
     let phase = Arc::new(Mutex::new(Phase::Starting));
-    let log_handle = Arc::new(Mutex::new(None));
+    let reloadable = Arc::new(Mutex::new(Reloadable::default()));
     let (stop_tx, stop_rx) = mpsc::channel();
     if let Err(err) = spawn_signal_thread(
         signals,
         Arc::clone(&phase),
-        Arc::clone(&log_handle),
+        Arc::clone(&reloadable),
         stop_tx,
     ) {
         eprintln!("headroom: cannot start the signal thread: {err}");
@@ -177,7 +194,7 @@ fn main() -> ExitCode {
         settings.log_file.as_deref(),
         settings.log_format,
     ) {
-        Ok(log) => *log_handle.lock().unwrap_or_else(|e| e.into_inner()) = Some(log),
+        Ok(log) => reloadable.lock().unwrap_or_else(|e| e.into_inner()).log = Some(log),
         Err(err) => {
             eprintln!("headroom: {err}");
             return ExitCode::from(CONFIG_ERROR_EXIT as u8);
@@ -205,12 +222,15 @@ fn main() -> ExitCode {
             say_fatal(&err.to_string());
             // Who may run it is configuration: restarting cannot fix it.
             let status = match err {
-                server::ServerError::User(_) => CONFIG_ERROR_EXIT as u8,
+                server::ServerError::User(_) | server::ServerError::Tls(_) => {
+                    CONFIG_ERROR_EXIT as u8
+                }
                 _ => 1,
             };
             return ExitCode::from(status);
         }
     };
+    reloadable.lock().unwrap_or_else(|e| e.into_inner()).tls = running.tls();
     *phase.lock().unwrap_or_else(|e| e.into_inner()) = Phase::Serving;
     match stop_rx.recv() {
         Ok(signal) => {

@@ -41,6 +41,21 @@ pub const DEFAULT_MAX_CONNECTIONS: usize = 1024;
 /// A stalled large SET holds its segment extents this long at most: a client that is sending
 /// brings bytes within milliseconds, and 30 s outlasts a congested link's stalls.
 pub const DEFAULT_BODY_TIMEOUT_SECONDS: u64 = 30;
+/// `--tls-handshake-timeout`'s default.
+pub const DEFAULT_TLS_HANDSHAKE_TIMEOUT_SECONDS: u64 = 10;
+/// `--unix-socket-mode`'s default: its owner only, as memcached's `-a`.
+pub const DEFAULT_UNIX_SOCKET_MODE: u32 = 0o700;
+
+/// The files TLS on `--listen` is configured from.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct TlsFiles {
+    /// The server's certificate chain (PEM), leaf first.
+    pub cert: PathBuf,
+    /// Its private key (PEM: PKCS#8, PKCS#1 or SEC1).
+    pub key: PathBuf,
+    /// With it, every client must present a certificate this CA (PEM) signed.
+    pub ca: Option<PathBuf>,
+}
 /// The longest `--idle-timeout` and `--body-timeout` (one day): far longer overflows the
 /// timer's clock (an `Instant` plus the timeout), and no link stalls for a day.
 pub const TIMEOUT_MAX_SECONDS: u64 = 86_400;
@@ -345,6 +360,34 @@ pub struct Cli {
     #[arg(long, value_name = "FILE")]
     pub sasl_password_file: Option<PathBuf>,
 
+    /// Also serve on this unix domain socket (memcached's `-s`): all three protocols, SASL and
+    /// large values as on TCP. The path is taken exclusively (a live server's socket is
+    /// refused) and removed on a clean stop.
+    #[arg(long, value_name = "PATH")]
+    pub unix_socket: Option<PathBuf>,
+
+    /// The unix socket's file mode, in octal (memcached's `-a`) [default: 0700].
+    #[arg(long, value_name = "OCTAL")]
+    pub unix_socket_mode: Option<String>,
+
+    /// Serve TLS on --listen with this certificate chain (PEM, leaf first); needs --tls-key.
+    /// A certificate outside its validity is refused at start. SIGHUP reloads it.
+    #[arg(long, value_name = "FILE")]
+    pub tls_cert: Option<PathBuf>,
+
+    /// The TLS private key (PEM) of --tls-cert.
+    #[arg(long, value_name = "FILE")]
+    pub tls_key: Option<PathBuf>,
+
+    /// Require every TLS client to present a certificate this CA (PEM) signed (mutual TLS).
+    #[arg(long, value_name = "FILE")]
+    pub tls_ca: Option<PathBuf>,
+
+    /// Drop a TLS connection whose handshake is not done within this many seconds (1 to
+    /// 86400) [default: 10].
+    #[arg(long, value_name = "SECONDS")]
+    pub tls_handshake_timeout: Option<u64>,
+
     /// Append the log to this file instead of stderr; SIGHUP reopens it (for log rotation).
     #[arg(long, value_name = "FILE")]
     pub log_file: Option<PathBuf>,
@@ -450,6 +493,12 @@ pub struct FileConfig {
     pub mount_dirs: Vec<PathBuf>,
     pub admin_socket: Option<PathBuf>,
     pub sasl_password_file: Option<PathBuf>,
+    pub unix_socket: Option<PathBuf>,
+    pub unix_socket_mode: Option<String>,
+    pub tls_cert: Option<PathBuf>,
+    pub tls_key: Option<PathBuf>,
+    pub tls_ca: Option<PathBuf>,
+    pub tls_handshake_timeout: Option<u64>,
     pub log_file: Option<PathBuf>,
     pub placement_policy: Option<String>,
     pub segment_eviction: Option<String>,
@@ -572,6 +621,14 @@ pub enum ConfigError {
         cpus: usize,
     },
     MaxConnectionsZero,
+    UnixSocketMode {
+        text: String,
+    },
+    /// A TLS flag without the ones it needs (`--tls-key` without `--tls-cert`, say).
+    TlsIncomplete {
+        given: &'static str,
+        needs: &'static str,
+    },
     TimeoutTooLong {
         flag: &'static str,
         seconds: u64,
@@ -723,6 +780,11 @@ impl fmt::Display for ConfigError {
                 "--threads {threads} exceeds the {cpus} CPUs of the serving node (one shard per CPU)"
             ),
             MaxConnectionsZero => write!(f, "--max-connections must be at least 1"),
+            UnixSocketMode { text } => write!(
+                f,
+                "--unix-socket-mode {text}: must be an octal file mode from 0 to 0777 (e.g. 0700)"
+            ),
+            TlsIncomplete { given, needs } => write!(f, "{given} needs {needs}"),
             TimeoutTooLong { flag, seconds } => write!(
                 f,
                 "{flag} {seconds} must be at most {TIMEOUT_MAX_SECONDS} seconds (one day); 0 \
@@ -793,6 +855,12 @@ pub struct Settings {
     pub admin_socket: Option<PathBuf>,
     /// SASL PLAIN credentials, when authentication is required.
     pub sasl_password_file: Option<PathBuf>,
+    /// `--unix-socket`, and its file mode.
+    pub unix_socket: Option<PathBuf>,
+    pub unix_socket_mode: u32,
+    /// TLS on `--listen`, when configured.
+    pub tls: Option<TlsFiles>,
+    pub tls_handshake_timeout_seconds: u64,
     /// The log file (stderr without it).
     pub log_file: Option<PathBuf>,
     pub placement_policy: Policy,
@@ -908,6 +976,29 @@ fn check_budget(flag: &'static str, bytes: u64, block: u64, huge: u64) -> Result
 }
 
 /// [`resolve`] with the file already read (tests use this directly).
+/// `--tls-cert`, `--tls-key` and `--tls-ca`: all or none of cert and key; a CA only with them.
+fn resolve_tls(cli: &Cli, file: &FileConfig) -> Result<Option<TlsFiles>, ConfigError> {
+    let cert = cli.tls_cert.clone().or_else(|| file.tls_cert.clone());
+    let key = cli.tls_key.clone().or_else(|| file.tls_key.clone());
+    let ca = cli.tls_ca.clone().or_else(|| file.tls_ca.clone());
+    match (cert, key) {
+        (Some(cert), Some(key)) => Ok(Some(TlsFiles { cert, key, ca })),
+        (Some(_), None) => Err(ConfigError::TlsIncomplete {
+            given: "--tls-cert",
+            needs: "--tls-key (the certificate's private key)",
+        }),
+        (None, Some(_)) => Err(ConfigError::TlsIncomplete {
+            given: "--tls-key",
+            needs: "--tls-cert (the certificate chain it belongs to)",
+        }),
+        (None, None) if ca.is_some() => Err(ConfigError::TlsIncomplete {
+            given: "--tls-ca",
+            needs: "--tls-cert and --tls-key (client certificates are asked for over TLS)",
+        }),
+        (None, None) => Ok(None),
+    }
+}
+
 pub fn resolve_with_file(
     cli: &Cli,
     file: &FileConfig,
@@ -1125,9 +1216,20 @@ pub fn resolve_with_file(
         .body_timeout
         .or(file.body_timeout)
         .unwrap_or(DEFAULT_BODY_TIMEOUT_SECONDS);
+    let tls_handshake_timeout_seconds = cli
+        .tls_handshake_timeout
+        .or(file.tls_handshake_timeout)
+        .unwrap_or(DEFAULT_TLS_HANDSHAKE_TIMEOUT_SECONDS);
+    if tls_handshake_timeout_seconds == 0 {
+        return Err(ConfigError::TlsIncomplete {
+            given: "--tls-handshake-timeout 0",
+            needs: "a timeout of at least 1 second (a handshake is never waited for forever)",
+        });
+    }
     for (flag, seconds) in [
         ("--idle-timeout", idle_timeout_seconds),
         ("--body-timeout", body_timeout_seconds),
+        ("--tls-handshake-timeout", tls_handshake_timeout_seconds),
     ] {
         if seconds > TIMEOUT_MAX_SECONDS {
             return Err(ConfigError::TimeoutTooLong { flag, seconds });
@@ -1238,6 +1340,19 @@ pub fn resolve_with_file(
             })
         }
     }
+    let unix_socket = cli.unix_socket.clone().or_else(|| file.unix_socket.clone());
+    let unix_socket_mode = match cli
+        .unix_socket_mode
+        .as_ref()
+        .or(file.unix_socket_mode.as_ref())
+    {
+        None => DEFAULT_UNIX_SOCKET_MODE,
+        Some(text) => u32::from_str_radix(text.trim_start_matches("0o"), 8)
+            .ok()
+            .filter(|&mode| mode <= 0o777)
+            .ok_or_else(|| ConfigError::UnixSocketMode { text: text.clone() })?,
+    };
+    let tls = resolve_tls(cli, file)?;
     Ok(Settings {
         arena: ArenaConfig {
             numa: mode,
@@ -1294,6 +1409,10 @@ pub fn resolve_with_file(
             .sasl_password_file
             .clone()
             .or_else(|| file.sasl_password_file.clone()),
+        unix_socket,
+        unix_socket_mode,
+        tls,
+        tls_handshake_timeout_seconds,
         log_file: cli.log_file.clone().or_else(|| file.log_file.clone()),
         data_dir,
         placement_policy,

@@ -134,6 +134,9 @@ pub struct RingStats {
     /// Lent sends that went out as plain `SEND` because the connection's notifications said
     /// the kernel copies anyway (loopback, a device without scatter-gather).
     pub lent_sends_kernel_copies: u64,
+    /// Lent sends that went out as plain `SEND` because the socket is no TCP socket (a unix
+    /// socket's client, a relayed TLS connection): only TCP takes `SEND_ZC`.
+    pub lent_sends_not_tcp: u64,
     pub in_flight: u64,
     pub in_flight_max: u64,
     /// Times a submission waited for room.
@@ -173,9 +176,19 @@ pub const ZC_PROBE_NOTIFICATIONS: u64 = 8;
 pub struct ZcReport {
     notifications: Cell<u64>,
     copied: Cell<u64>,
+    /// The socket takes no `SEND_ZC` at all (only TCP sockets do).
+    unsupported: bool,
 }
 
 impl ZcReport {
+    /// For a socket that takes no zero-copy sends.
+    pub fn unsupported() -> ZcReport {
+        ZcReport {
+            unsupported: true,
+            ..ZcReport::default()
+        }
+    }
+
     pub fn kernel_copies(&self) -> bool {
         let n = self.notifications.get();
         n >= ZC_PROBE_NOTIFICATIONS && self.copied.get() * 2 > n

@@ -93,7 +93,10 @@ impl Ring {
             .huge_page_ranges
             .iter()
             .any(|&(start, len)| (ptr as usize) >= start && (ptr as usize) < start + len);
-        if on_huge_pages {
+        if report.unsupported {
+            self.stats.borrow_mut().lent_sends_not_tcp += 1;
+            true
+        } else if on_huge_pages {
             self.stats.borrow_mut().lent_sends_huge_pages += 1;
             true
         } else if report.kernel_copies() {

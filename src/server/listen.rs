@@ -122,8 +122,15 @@ pub fn bind_all(listen: SocketAddr, count: usize) -> Result<Listeners, BindError
 
 /// Hands a bound listener to the current glommio executor (which accepts through its ring).
 pub fn into_glommio(listener: std::net::TcpListener) -> glommio::net::TcpListener {
+    stream_listener(listener.into())
+}
+
+/// Any listening stream socket (TCP, or a unix socket's) as a glommio TCP listener: its
+/// `accept` is the plain socket call (through the ring), which serves either kind; the
+/// connections it returns are served with plain socket calls too (`serve.rs`).
+pub fn stream_listener(listener: std::os::fd::OwnedFd) -> glommio::net::TcpListener {
     use std::os::fd::{FromRawFd, IntoRawFd};
-    // SAFETY: the descriptor is a bound, listening TCP socket that nothing else owns once
+    // SAFETY: the descriptor is a bound, listening stream socket that nothing else owns once
     // `into_raw_fd` gave it up; the glommio listener closes it.
     unsafe { glommio::net::TcpListener::from_raw_fd(listener.into_raw_fd()) }
 }

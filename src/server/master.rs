@@ -227,7 +227,7 @@ fn serve(master: &mut Master, request: ShardRequest) -> ShardReply {
         ShardRequest::PlacementStats => ShardReply::PlacementStats(Box::new(snapshot(master))),
         ShardRequest::Stats
         | ShardRequest::StatQuery(_)
-        | ShardRequest::Adopt(_)
+        | ShardRequest::Adopt(..)
         | ShardRequest::AddStorage(_)
         | ShardRequest::RemoveStorage(_) => {
             unreachable!("shard requests never go to the master")

@@ -292,6 +292,59 @@ pub const GENERAL: &[(&str, Export)] = &[
             "Connections closed on accept because --max-connections were open.",
         )),
     ),
+    (
+        "listen",
+        Export::InfoLabel {
+            metric: LISTENERS,
+            label: "tcp",
+        },
+    ),
+    (
+        "listen_tls",
+        Export::InfoLabel {
+            metric: LISTENERS,
+            label: "tls",
+        },
+    ),
+    (
+        "listen_unix",
+        Export::InfoLabel {
+            metric: LISTENERS,
+            label: "unix",
+        },
+    ),
+    (
+        "ssl_new_sessions",
+        sample(counter(
+            "tls_handshakes",
+            N,
+            "TLS handshakes completed on --listen (with --tls-cert).",
+        )),
+    ),
+    (
+        "ssl_handshake_errors",
+        sample(counter(
+            "tls_handshake_errors",
+            N,
+            "TLS handshakes that failed or timed out (--tls-handshake-timeout).",
+        )),
+    ),
+    (
+        "ssl_proto_errors",
+        sample(counter(
+            "tls_protocol_errors",
+            N,
+            "TLS sessions ended by a TLS error after the handshake.",
+        )),
+    ),
+    (
+        "time_since_server_cert_refresh",
+        sample(gauge(
+            "tls_certificate_age",
+            S,
+            "Seconds since the TLS certificate in use was loaded (at start or by SIGHUP).",
+        )),
+    ),
     ("cmd_get", labelled(COMMANDS, &[("command", "get")])),
     ("cmd_set", labelled(COMMANDS, &[("command", "set")])),
     ("cmd_flush", labelled(COMMANDS, &[("command", "flush")])),
@@ -782,7 +835,13 @@ const LENT_PLAIN_SENDS: Metric = counter(
     N,
     "Lent values sent with plain SEND instead of SEND_ZC, by reason: huge_pages (zero-copy \
      from huge pages stalls), kernel_copies (the connection's notifications said the kernel \
-     copies anyway).",
+     copies anyway), not_tcp (a unix socket or relayed TLS client: only TCP takes SEND_ZC).",
+);
+
+const LISTENERS: Metric = info(
+    "listeners",
+    "What the server listens on: the --listen address (tcp), whether TLS is on it (tls: user, \
+     or off) and the --unix-socket path (unix, or off).",
 );
 
 /// The `io` STAT group, per shard (`shardN_` + these names; every sample gets `shard="N"`).
@@ -890,6 +949,10 @@ pub const IO: &[(&str, Export)] = &[
     (
         "lent_sends_kernel_copies",
         labelled(LENT_PLAIN_SENDS, &[("reason", "kernel_copies")]),
+    ),
+    (
+        "lent_sends_not_tcp",
+        labelled(LENT_PLAIN_SENDS, &[("reason", "not_tcp")]),
     ),
     (
         "connections",

@@ -13,6 +13,7 @@ mod binary;
 mod conn;
 pub mod data_dir;
 mod deferred;
+mod endpoint;
 mod event;
 mod execute;
 mod large;
@@ -30,6 +31,8 @@ mod stats;
 mod tasks;
 mod text;
 mod text_reply;
+pub mod tls;
+mod unix_socket;
 pub mod user;
 mod warm;
 mod watch;
@@ -162,6 +165,10 @@ pub struct Shared {
     pub(crate) doorbells: Vec<crate::ring::Doorbell>,
     /// SASL PLAIN credentials (authentication is required when present).
     pub(crate) credentials: Option<auth::Credentials>,
+    /// TLS on `--listen` (`--tls-cert`).
+    pub(crate) tls: Option<Arc<tls::Tls>>,
+    /// The address `--listen` bound (its port chosen when it asked for port 0).
+    pub listen_addr: SocketAddr,
     pub curr_connections: AtomicUsize,
     /// Connections that asked to `watch` fetches and stores.
     pub watchers: watch::Watchers,
@@ -232,6 +239,10 @@ pub enum ServerError {
     Drop(String),
     Bind(listen::BindError),
     Admin(String),
+    /// `--unix-socket` cannot be taken.
+    UnixSocket(String),
+    /// `--tls-cert`, `--tls-key` or `--tls-ca` do not load.
+    Tls(String),
     Credentials(String),
     /// `--metrics-listen` cannot be bound.
     Metrics(String),
@@ -249,6 +260,8 @@ impl std::fmt::Display for ServerError {
             | ServerError::User(reason)
             | ServerError::Drop(reason)
             | ServerError::Admin(reason)
+            | ServerError::UnixSocket(reason)
+            | ServerError::Tls(reason)
             | ServerError::Credentials(reason)
             | ServerError::Metrics(reason) => write!(f, "{reason}"),
             ServerError::Bind(err) => write!(f, "{err}"),
@@ -272,6 +285,11 @@ pub struct Running {
 }
 
 impl Running {
+    /// TLS on `--listen`, for SIGHUP to reload.
+    pub fn tls(&self) -> Option<Arc<tls::Tls>> {
+        self.shared.tls.clone()
+    }
+
     /// Stops accepting, lets in-flight requests finish, and waits for every shard to exit.
     pub fn stop(self) {
         self.shared.stop.store(true, Ordering::Release);
@@ -314,8 +332,36 @@ pub fn start(settings: Settings, topology: &Topology) -> Result<Running, ServerE
     // may write; shard 0 serves it.
     let mut admin_listener = match &settings.admin_socket {
         Some(path) => {
-            admin::prepare_socket(path).map_err(ServerError::Admin)?;
-            Some(admin::bind_socket(path, privileges.run_as()).map_err(ServerError::Admin)?)
+            unix_socket::prepare("--admin-socket", path).map_err(ServerError::Admin)?;
+            let mode = admin::ADMIN_SOCKET_MODE;
+            let bound = unix_socket::bind("--admin-socket", path, mode, privileges.run_as());
+            Some(bound.map_err(ServerError::Admin)?)
+        }
+        None => None,
+    };
+    let mut unix_listener = match &settings.unix_socket {
+        Some(path) => {
+            let flag = "--unix-socket";
+            unix_socket::prepare(flag, path).map_err(ServerError::UnixSocket)?;
+            let mode = settings.unix_socket_mode;
+            let bound = unix_socket::bind(flag, path, mode, privileges.run_as());
+            Some(bound.map_err(ServerError::UnixSocket)?)
+        }
+        None => None,
+    };
+    // Loaded as root (before `--user`): SIGHUP reloads as the user, who must be able to read
+    // the files then.
+    let tls = match &settings.tls {
+        Some(files) => {
+            let timeout = Duration::from_secs(settings.tls_handshake_timeout_seconds);
+            let tls = tls::Tls::load(files.clone(), timeout).map_err(ServerError::Tls)?;
+            tracing::info!(
+                cert = %files.cert.display(),
+                client_certificates = files.ca.is_some(),
+                kernel_tls = tls::kernel_tls_offered(),
+                "TLS on --listen, in user space: sessions are relayed through a socket pair (ssl_kernel_tls no; docs/server.md)"
+            );
+            Some(Arc::new(tls))
         }
         None => None,
     };
@@ -398,6 +444,8 @@ pub fn start(settings: Settings, topology: &Topology) -> Result<Running, ServerE
         stop: AtomicBool::new(false),
         doorbells,
         credentials,
+        tls,
+        listen_addr: listeners.addr,
         curr_connections: AtomicUsize::new(0),
         watchers: watch::Watchers::default(),
         connections_by_shard: (0..shards).map(|_| AtomicUsize::new(0)).collect(),
@@ -451,10 +499,10 @@ pub fn start(settings: Settings, topology: &Topology) -> Result<Running, ServerE
         let shared = Arc::clone(&shared);
         let mesh = mesh.clone();
         let ready = ready_tx.clone();
-        let admin = if index == 0 {
-            admin_listener.take()
+        let (admin, unix) = if index == 0 {
+            (admin_listener.take(), unix_listener.take())
         } else {
-            None
+            (None, None)
         };
         let placement = match &node_fence {
             Some(node_cpus) => Placement::Fenced(node_cpus.clone()),
@@ -468,7 +516,14 @@ pub fn start(settings: Settings, topology: &Topology) -> Result<Running, ServerE
             builder = builder.spin_before_park(Duration::from_micros(spin));
         }
         let handle = builder
-            .spawn(move || shard_main(index, shared, mesh, listener, admin, ready))
+            .spawn(move || {
+                let listeners = ShardListeners {
+                    tcp: listener,
+                    unix,
+                    admin,
+                };
+                shard_main(index, shared, mesh, listeners, ready)
+            })
             .map_err(|err| ServerError::Executor(format!("CPU {cpu}: {err}")))?;
         handles.push(handle);
     }
@@ -523,18 +578,26 @@ pub fn start(settings: Settings, topology: &Topology) -> Result<Running, ServerE
     })
 }
 
+/// The sockets a shard accepts on: its `--listen` socket, and for shard 0 the unix and admin
+/// sockets.
+struct ShardListeners {
+    tcp: std::net::TcpListener,
+    unix: Option<std::os::unix::net::UnixListener>,
+    admin: Option<std::os::unix::net::UnixListener>,
+}
+
 async fn shard_main(
     index: usize,
     shared: Arc<Shared>,
     mesh: MeshBuilder<Message, glommio::channels::channel_mesh::Full>,
-    listener: std::net::TcpListener,
-    admin: Option<std::os::unix::net::UnixListener>,
+    listeners: ShardListeners,
     ready: std::sync::mpsc::Sender<(usize, Result<(), String>)>,
 ) {
+    let ShardListeners { tcp, unix, admin } = listeners;
     let (senders, receivers) = mesh.join().await.expect("the mesh forms");
     let peers = shared.register_shard(index, senders.peer_id());
     let id = index;
-    let listener = listen::into_glommio(listener);
+    let listener = listen::into_glommio(tcp);
     crate::arena::batch::install_core_batch();
     let io = wire::ShardIo::setup(&shared, id);
     if let Some(ring) = &io.ring {
@@ -568,12 +631,28 @@ async fn shard_main(
     };
     let admin =
         admin.map(|listener| glommio::spawn_local(admin::serve_socket(Rc::clone(&ctx), listener)));
+    // Shard 0 accepts the unix socket's clients (and hands some to the others, as any shard
+    // does); the path goes when it stops accepting.
+    let unix = unix
+        .zip(shared.settings.unix_socket.clone())
+        .map(|(listener, path)| {
+            let listener = listen::stream_listener(listener.into());
+            let listening = tasks::Listening::Unix(path.clone());
+            let accept = tasks::accept_loop(Rc::clone(&ctx), listener, listening);
+            glommio::spawn_local(async move {
+                accept.await;
+                let _ = std::fs::remove_file(&path);
+            })
+        });
     let sweeper = glommio::spawn_local(tasks::sweep_loop(Rc::clone(&ctx)));
     let promoter = glommio::spawn_local(tasks::promotion_loop(Rc::clone(&ctx)));
-    tasks::accept_loop(Rc::clone(&ctx), listener).await;
+    tasks::accept_loop(Rc::clone(&ctx), listener, tasks::Listening::Tcp).await;
     watcher.await;
     if let Some(admin) = admin {
         admin.await;
+    }
+    if let Some(unix) = unix {
+        unix.await;
     }
     sweeper.await;
     promoter.await;

@@ -17,6 +17,7 @@ use glommio::net::TcpStream;
 use super::binary;
 use super::conn::{After, Conn, READ_BUFFER_BYTES};
 use super::deferred::Held;
+use super::endpoint::Endpoint;
 use super::large;
 use super::latency::BatchCounts;
 use super::limits::{idle_closed, with_limits, Io};
@@ -72,28 +73,36 @@ impl Session {
 
 /// Serves one connection until the client leaves, a protocol error closes it, it idles out,
 /// or the server stops. The socket is closed only after every ring operation on it is done.
-pub async fn serve(ctx: Rc<ShardCtx>, mut stream: TcpStream) {
-    if let Err(err) = stream.set_nodelay(true) {
-        tracing::debug!(%err, "TCP_NODELAY refused");
+/// `stream` is any stream socket (glommio's TCP stream type does only plain socket calls):
+/// a TCP client, a unix socket client, or a relayed TLS client's socket pair end.
+pub async fn serve(ctx: Rc<ShardCtx>, mut stream: TcpStream, endpoint: Endpoint) {
+    if endpoint.is_tcp_socket() {
+        if let Err(err) = stream.set_nodelay(true) {
+            tracing::debug!(%err, "TCP_NODELAY refused");
+        }
     }
-    let wire = Wire::new(&ctx.io, ctx.shared.settings.receive_timestamps, &stream);
+    let wire = Wire::new(
+        &ctx.io,
+        ctx.shared.settings.receive_timestamps,
+        &stream,
+        &endpoint,
+    );
     let info = Rc::new(ConnInfo {
         fd: std::os::fd::AsRawFd::as_raw_fd(&stream),
-        peer: stream.peer_addr().map_or("?".into(), |a| a.to_string()),
-        local: stream.local_addr().map_or("?".into(), |a| a.to_string()),
+        endpoint,
         state: std::cell::Cell::new("conn_waiting"),
         last_command: std::cell::Cell::new(std::time::Instant::now()),
         close_reason: std::cell::Cell::new(watch::CloseReason::Normal),
     });
     ctx.conns.borrow_mut().insert(info.fd, Rc::clone(&info));
     let watchers = &ctx.shared.watchers;
-    watchers.conn_new(&info.peer, info.fd);
+    watchers.conn_new(&info.endpoint, info.fd);
     let ended = serve_frames(&ctx, &mut stream, &wire, &info).await;
     ctx.conns.borrow_mut().remove(&info.fd);
     if ctx.stop.fired() {
         info.close_reason.set(watch::CloseReason::Shutdown);
     }
-    watchers.conn_close(&info.peer, info.fd, info.close_reason.get());
+    watchers.conn_close(&info.endpoint, info.fd, info.close_reason.get());
     wire.finish(ended == Ended::Cut).await;
     if ended == Ended::Quit {
         if ctx.stop.fired() {
@@ -192,7 +201,7 @@ async fn serve_frames(
         auth_failures: 0,
         framing: None,
         batch: BatchCounts::default(),
-        peer: info.peer.clone(),
+        peer: info.endpoint.peer.clone(),
         fd: info.fd,
     };
     let mut session = Session::New;

@@ -40,8 +40,9 @@ pub enum StatAnswer {
 #[derive(Clone, Debug)]
 pub struct ConnRow {
     pub fd: i32,
-    pub peer: String,
-    pub local: String,
+    /// memcached's `addr` and `listen_addr` (`tcp:IP:PORT`, `unix:PATH`).
+    pub addr: String,
+    pub listen_addr: String,
     pub state: &'static str,
     pub idle_seconds: u64,
 }
@@ -64,7 +65,8 @@ pub enum ShardRequest {
     /// To a shard: its per-core figures (STAT).
     Stats,
     /// To a shard: serve this accepted connection (its descriptor is the receiver's now).
-    Adopt(std::os::fd::OwnedFd),
+    /// A connection to serve here, with what it came in over.
+    Adopt(std::os::fd::OwnedFd, super::endpoint::Endpoint),
     /// To a shard: a STAT group answered per core (connections).
     StatQuery(StatQuery),
     /// To the placement master: extents for a large value of `key`.
@@ -108,7 +110,7 @@ impl ShardRequest {
             | ShardRequest::Touch { .. }
             | ShardRequest::Free(_)
             | ShardRequest::Claim { .. } => &mut sent.placement,
-            ShardRequest::Adopt(_) => &mut sent.connection,
+            ShardRequest::Adopt(..) => &mut sent.connection,
             _ => &mut sent.control,
         }
     }
@@ -193,8 +195,7 @@ pub struct ShardSnapshot {
 #[derive(Debug)]
 pub struct ConnInfo {
     pub fd: i32,
-    pub peer: String,
-    pub local: String,
+    pub endpoint: super::endpoint::Endpoint,
     /// memcached's state names: `conn_waiting`, `conn_parse_cmd`, `conn_nread`, `conn_write`.
     pub state: Cell<&'static str>,
     pub last_command: Cell<Instant>,
@@ -369,7 +370,7 @@ impl ShardCtx {
                 }
                 ShardReply::Done
             }
-            ShardRequest::Adopt(_) => unreachable!("the receiver adopts connections"),
+            ShardRequest::Adopt(..) => unreachable!("the receiver adopts connections"),
             ShardRequest::Place { .. }
             | ShardRequest::Touch { .. }
             | ShardRequest::Free(_)

@@ -67,8 +67,8 @@ pub fn answer(ctx: &ShardCtx, query: StatQuery) -> StatAnswer {
                 .values()
                 .map(|c| ConnRow {
                     fd: c.fd,
-                    peer: c.peer.clone(),
-                    local: c.local.clone(),
+                    addr: c.endpoint.conns_addr(),
+                    listen_addr: c.endpoint.conns_listen_addr(),
                     state: c.state.get(),
                     idle_seconds: clock_seconds_between(started, c.last_command.get(), now),
                 })
@@ -123,6 +123,13 @@ pub(crate) struct GeneralFigures {
     pub curr_connections: usize,
     pub total_connections: u64,
     pub rejected_connections: u64,
+    /// What the server listens on: `--listen`'s address, `tls` (`user` or `off`) and the unix
+    /// socket's path (`off` without one).
+    pub listen: String,
+    pub listen_tls: &'static str,
+    pub listen_unix: String,
+    /// TLS's counters, with `--tls-cert`.
+    pub tls: Option<TlsFigures>,
     pub store: StoreStats,
     pub conn: ConnCounters,
     pub cache_bytes: u64,
@@ -138,6 +145,15 @@ pub(crate) struct GeneralFigures {
     pub mesh_control: u64,
     pub mesh_connection: u64,
     pub idle_blocks: u64,
+}
+
+/// TLS's counters, under memcached's names.
+#[derive(Clone, Debug, Default)]
+pub(crate) struct TlsFigures {
+    pub new_sessions: u64,
+    pub handshake_errors: u64,
+    pub proto_errors: u64,
+    pub seconds_since_cert_refresh: u64,
 }
 
 /// Gathers the general group's figures: the partitions' (each under its lock), `snapshots`
@@ -171,6 +187,19 @@ pub(crate) fn general_figures(
         curr_connections: shared.curr_connections.load(Ordering::Relaxed),
         total_connections: shared.total_connections.load(Ordering::Relaxed),
         rejected_connections: shared.rejected_connections.load(Ordering::Relaxed),
+        listen: shared.listen_addr.to_string(),
+        listen_tls: if shared.tls.is_some() { "user" } else { "off" },
+        listen_unix: shared
+            .settings
+            .unix_socket
+            .as_ref()
+            .map_or("off".to_string(), |p| p.display().to_string()),
+        tls: shared.tls.as_ref().map(|tls| TlsFigures {
+            new_sessions: tls.new_sessions.load(Ordering::Relaxed),
+            handshake_errors: tls.handshake_errors.load(Ordering::Relaxed),
+            proto_errors: tls.proto_errors.load(Ordering::Relaxed),
+            seconds_since_cert_refresh: tls.seconds_since_load(),
+        }),
         store: figures.store,
         conn,
         cache_bytes: shared.arena.plan().cache_bytes(),
@@ -196,7 +225,7 @@ fn general(ctx: &ShardCtx, snapshots: &[ShardSnapshot]) -> Vec<(String, String)>
 pub(crate) fn general_pairs(f: &GeneralFigures) -> Vec<(String, String)> {
     let store = &f.store;
     let conn = &f.conn;
-    let pairs: Vec<(&str, String)> = vec![
+    let mut pairs: Vec<(&str, String)> = vec![
         ("pid", std::process::id().to_string()),
         ("uptime", f.uptime_seconds.to_string()),
         ("time", super::unix_now().to_string()),
@@ -322,7 +351,27 @@ pub(crate) fn general_pairs(f: &GeneralFigures) -> Vec<(String, String)> {
         ("mesh_messages_control", f.mesh_control.to_string()),
         ("mesh_messages_connection", f.mesh_connection.to_string()),
         ("core_batch_idle_blocks", f.idle_blocks.to_string()),
+        ("listen", f.listen.clone()),
+        ("listen_tls", f.listen_tls.to_string()),
+        ("listen_unix", f.listen_unix.clone()),
     ];
+    // memcached shows these with TLS on only.
+    if let Some(tls) = &f.tls {
+        let at = pairs
+            .iter()
+            .position(|(name, _)| *name == "rejected_connections")
+            .map_or(pairs.len(), |i| i + 1);
+        let tls_pairs = [
+            ("ssl_new_sessions", tls.new_sessions.to_string()),
+            ("ssl_handshake_errors", tls.handshake_errors.to_string()),
+            ("ssl_proto_errors", tls.proto_errors.to_string()),
+            (
+                "time_since_server_cert_refresh",
+                tls.seconds_since_cert_refresh.to_string(),
+            ),
+        ];
+        pairs.splice(at..at, tls_pairs);
+    }
     pairs.into_iter().map(|(n, v)| (n.to_string(), v)).collect()
 }
 
@@ -378,13 +427,18 @@ fn settings(ctx: &ShardCtx) -> Vec<(String, String)> {
             }
             .to_string(),
         ),
-        // No UDP and no TLS listener.
+        // No UDP listener.
         ("udpport", "0".to_string()),
-        ("ssl_enabled", "no".to_string()),
         ("cas_enabled", "yes".to_string()),
         ("flush_enabled", "yes".to_string()),
-        // memcached's unix-socket data port; Headroom serves data on TCP only.
-        ("domain_socket", "NULL".to_string()),
+        (
+            "domain_socket",
+            s.unix_socket
+                .as_ref()
+                .map_or("NULL".to_string(), |p| p.display().to_string()),
+        ),
+        // memcached's `-a`, which it prints as octal digits without the leading 0.
+        ("umask", format!("{:o}", s.unix_socket_mode)),
         (
             "auth_enabled_sasl",
             if ctx.shared.credentials.is_some() {
@@ -429,7 +483,43 @@ fn settings(ctx: &ShardCtx) -> Vec<(String, String)> {
             if a.perverse { "yes" } else { "no" }.to_string(),
         ),
     ];
-    pairs.into_iter().map(|(n, v)| (n.to_string(), v)).collect()
+    let mut pairs: Vec<(String, String)> =
+        pairs.into_iter().map(|(n, v)| (n.to_string(), v)).collect();
+    pairs.extend(tls_settings(ctx));
+    pairs
+}
+
+/// memcached's TLS settings (`ssl_enabled`, its files, `ssl_verify_mode`, `ssl_kernel_tls`).
+fn tls_settings(ctx: &ShardCtx) -> Vec<(String, String)> {
+    let path =
+        |p: Option<&std::path::PathBuf>| p.map_or("NULL".into(), |p| p.display().to_string());
+    let tls = ctx.shared.tls.as_deref();
+    let files = tls.map(|tls| &tls.files);
+    [
+        (
+            "ssl_enabled",
+            if tls.is_some() { "yes" } else { "no" }.into(),
+        ),
+        ("ssl_chain_cert", path(files.map(|f| &f.cert))),
+        ("ssl_key", path(files.map(|f| &f.key))),
+        ("ssl_ca_cert", path(files.and_then(|f| f.ca.as_ref()))),
+        (
+            "ssl_verify_mode",
+            tls.map_or(0, |t| t.verify_mode()).to_string(),
+        ),
+        // Sessions stay in user space (tls.rs).
+        ("ssl_kernel_tls", "no".into()),
+        (
+            "tls_handshake_timeout",
+            ctx.shared
+                .settings
+                .tls_handshake_timeout_seconds
+                .to_string(),
+        ),
+    ]
+    .into_iter()
+    .map(|(n, v)| (n.to_string(), v))
+    .collect()
 }
 
 fn node_text(node: Option<u32>) -> String {
@@ -624,8 +714,8 @@ fn conns(answers: Vec<StatAnswer>) -> Vec<(String, String)> {
     rows.sort_by_key(|r| r.fd);
     let mut out = Vec::new();
     for r in rows {
-        out.push((format!("{}:addr", r.fd), format!("tcp:{}", r.peer)));
-        out.push((format!("{}:listen_addr", r.fd), format!("tcp:{}", r.local)));
+        out.push((format!("{}:addr", r.fd), r.addr));
+        out.push((format!("{}:listen_addr", r.fd), r.listen_addr));
         out.push((format!("{}:state", r.fd), r.state.to_string()));
         out.push((
             format!("{}:secs_since_last_cmd", r.fd),

@@ -10,6 +10,7 @@ use std::time::Duration;
 use glommio::channels::channel_mesh::Receivers;
 use glommio::net::{TcpListener, TcpStream};
 
+use super::endpoint::{Endpoint, Transport};
 use super::shard::{promote, Message, ShardCtx, ShardReply, ShardRequest};
 use super::unix_now;
 
@@ -23,9 +24,9 @@ pub fn spawn_receivers(ctx: &Rc<ShardCtx>, mut receivers: Receivers<Message>) {
                     Message::Request {
                         from,
                         token,
-                        request: ShardRequest::Adopt(fd),
+                        request: ShardRequest::Adopt(fd, endpoint),
                     } => {
-                        spawn_connection(&ctx, super::listen::adopt_stream(fd));
+                        spawn_connection(&ctx, super::listen::adopt_stream(fd), endpoint);
                         ctx.reply_to(from, token, ShardReply::Adopted)
                     }
                     Message::Request {
@@ -64,8 +65,18 @@ async fn tick_or_stop(ctx: &ShardCtx, period: Duration) -> bool {
     .await
 }
 
-/// Accepts connections until the stop event fires.
-pub async fn accept_loop(ctx: Rc<ShardCtx>, listener: TcpListener) {
+/// What a listener serves.
+#[derive(Clone, Debug)]
+pub enum Listening {
+    /// `--listen` (TLS when `--tls-cert` is given).
+    Tcp,
+    /// `--unix-socket`, at this path.
+    Unix(std::path::PathBuf),
+}
+
+/// Accepts connections until the stop event fires. `listener` is a TCP or a unix socket's
+/// listener (glommio's TCP listener type only accepts: it works on either).
+pub async fn accept_loop(ctx: Rc<ShardCtx>, listener: TcpListener, listening: Listening) {
     loop {
         let accepted = futures_lite::future::or(async { Some(listener.accept().await) }, async {
             ctx.stop.wait().await;
@@ -87,7 +98,10 @@ pub async fn accept_loop(ctx: Rc<ShardCtx>, listener: TcpListener) {
             shared.curr_connections.fetch_sub(1, Ordering::AcqRel);
             shared.rejected_connections.fetch_add(1, Ordering::Relaxed);
             if let Some(held_back) = ctx.refusal_log.allow(super::unix_now()) {
-                let peer = stream.peer_addr().map_or("?".into(), |a| a.to_string());
+                let peer = match &listening {
+                    Listening::Tcp => stream.peer_addr().map_or("?".into(), |a| a.to_string()),
+                    Listening::Unix(path) => format!("a client of {}", path.display()),
+                };
                 tracing::warn!(
                     shard = ctx.id,
                     %peer,
@@ -96,15 +110,23 @@ pub async fn accept_loop(ctx: Rc<ShardCtx>, listener: TcpListener) {
                     "connection refused: --max-connections reached (one line per second per shard at most; STAT rejected_connections counts every refusal)"
                 );
             }
-            super::listen::refuse_over_limit(stream);
+            // memcached's refusal line is plaintext: a TLS client gets the close alone.
+            match (&listening, &shared.tls) {
+                (Listening::Tcp, Some(_)) => drop(stream),
+                _ => super::listen::refuse_over_limit(stream),
+            }
             continue;
         }
         shared.total_connections.fetch_add(1, Ordering::Relaxed);
+        let endpoint = match &listening {
+            Listening::Tcp => Endpoint::tcp(&stream),
+            Listening::Unix(path) => Endpoint::unix(path),
+        };
         match fewer_connections_than_mine(&shared.connections_by_shard, ctx.id) {
-            Some(to) => hand_off(&ctx, stream, to),
+            Some(to) => hand_off(&ctx, stream, endpoint, to),
             None => {
                 shared.connections_by_shard[ctx.id].fetch_add(1, Ordering::AcqRel);
-                spawn_connection(&ctx, stream);
+                spawn_connection(&ctx, stream, endpoint);
             }
         }
     }
@@ -123,14 +145,14 @@ fn fewer_connections_than_mine(by_shard: &[AtomicUsize], mine: usize) -> Option<
 
 /// Gives an accepted connection to shard `to` over the mesh. If `to` has stopped (shutdown),
 /// the message and the descriptor in it are dropped, which closes the connection.
-fn hand_off(ctx: &Rc<ShardCtx>, stream: TcpStream, to: usize) {
+fn hand_off(ctx: &Rc<ShardCtx>, stream: TcpStream, endpoint: Endpoint, to: usize) {
     let by_shard = &ctx.shared.connections_by_shard;
     let fd = super::listen::detach_stream(stream);
     // Counted on `to` at once, so the next accept (here or on another shard) sees it.
     by_shard[to].fetch_add(1, Ordering::AcqRel);
     let ctx = Rc::clone(ctx);
     glommio::spawn_local(async move {
-        if let ShardReply::Adopted = ctx.call(to, ShardRequest::Adopt(fd)).await {
+        if let ShardReply::Adopted = ctx.call(to, ShardRequest::Adopt(fd, endpoint)).await {
             return;
         }
         let shared = &ctx.shared;
@@ -141,11 +163,17 @@ fn hand_off(ctx: &Rc<ShardCtx>, stream: TcpStream, to: usize) {
 }
 
 /// Serves an admitted connection on this shard; counted in `connections_by_shard` already.
-fn spawn_connection(ctx: &Rc<ShardCtx>, stream: TcpStream) {
+/// A TCP connection to a TLS port is served through its TLS session (`tls.rs`).
+fn spawn_connection(ctx: &Rc<ShardCtx>, stream: TcpStream, endpoint: Endpoint) {
     ctx.live_connections.set(ctx.live_connections.get() + 1);
     let conn_ctx = Rc::clone(ctx);
     glommio::spawn_local(async move {
-        super::serve::serve(Rc::clone(&conn_ctx), stream).await;
+        match (&conn_ctx.shared.tls, endpoint.transport) {
+            (Some(tls), Transport::Tcp) => {
+                super::tls::serve(Rc::clone(&conn_ctx), tls, stream, endpoint).await
+            }
+            _ => super::serve::serve(Rc::clone(&conn_ctx), stream, endpoint).await,
+        }
         conn_ctx
             .live_connections
             .set(conn_ctx.live_connections.get() - 1);

@@ -12,6 +12,7 @@ use std::sync::atomic::{AtomicU64, AtomicU8, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
+use super::endpoint::{Endpoint, Transport};
 use crate::proto::StoreMode;
 use crate::store::StoreOutcome;
 
@@ -171,33 +172,35 @@ impl Watchers {
         self.publish(DELETIONS, line.as_bytes());
     }
 
-    /// A `conn_new` line: a client connected from `peer` (`ip:port`) on socket `fd`.
-    pub fn conn_new(&self, peer: &str, fd: i32) {
+    /// A `conn_new` line: a client connected over `endpoint`, on socket `fd`.
+    pub fn conn_new(&self, endpoint: &Endpoint, fd: i32) {
         if !self.wants(CONNEVENTS) {
             return;
         }
-        let (ip, port) = split_peer(peer);
         let line = format!(
-            "{} rip={ip} rport={port} transport=tcp cfd={fd}\n",
-            self.stamp("conn_new")
+            "{} {} transport={} cfd={fd}\n",
+            self.stamp("conn_new"),
+            remote(endpoint),
+            endpoint.watch_transport()
         );
         self.publish(CONNEVENTS, line.as_bytes());
     }
 
-    /// A `conn_close` line: the connection from `peer` on socket `fd` closed, for `reason`.
-    pub fn conn_close(&self, peer: &str, fd: i32, reason: CloseReason) {
+    /// A `conn_close` line: the connection over `endpoint` on socket `fd` closed, for `reason`.
+    pub fn conn_close(&self, endpoint: &Endpoint, fd: i32, reason: CloseReason) {
         if !self.wants(CONNEVENTS) {
             return;
         }
-        let (ip, port) = split_peer(peer);
         let reason = match reason {
             CloseReason::Normal => "normal",
             CloseReason::Error => "error",
             CloseReason::Shutdown => "shutdown",
         };
         let line = format!(
-            "{} rip={ip} rport={port} transport=tcp reason={reason} cfd={fd}\n",
-            self.stamp("conn_close")
+            "{} {} transport={} reason={reason} cfd={fd}\n",
+            self.stamp("conn_close"),
+            remote(endpoint),
+            endpoint.watch_transport()
         );
         self.publish(CONNEVENTS, line.as_bytes());
     }
@@ -251,12 +254,18 @@ impl Watcher {
     }
 }
 
-/// A peer address (`ip:port`, `[v6]:port`) as `rip` and `rport`.
-fn split_peer(peer: &str) -> (&str, &str) {
-    match peer.rsplit_once(':') {
+/// memcached's `rip=... rport=...` for a TCP client (`ip:port`, `[v6]:port`); a unix socket's
+/// client has no address, and memcached writes `rip=unix rport=0`.
+fn remote(endpoint: &Endpoint) -> String {
+    if endpoint.transport == Transport::Unix {
+        return "rip=unix rport=0".to_string();
+    }
+    let peer = endpoint.peer.as_str();
+    let (ip, port) = match peer.rsplit_once(':') {
         Some((ip, port)) => (ip.trim_start_matches('[').trim_end_matches(']'), port),
         None => (peer, "0"),
-    }
+    };
+    format!("rip={ip} rport={port}")
 }
 
 /// The kinds `watch` names (`watch` alone: fetchers), or `None` for a word Headroom does not

@@ -79,6 +79,7 @@ impl IoSnapshot {
             "lent_sends_kernel_copies",
             ring.lent_sends_kernel_copies.to_string(),
         );
+        put("lent_sends_not_tcp", ring.lent_sends_not_tcp.to_string());
         put("in_flight", ring.in_flight.to_string());
         put("in_flight_max", ring.in_flight_max.to_string());
         put("ring_full_waits", ring.full_waits.to_string());
@@ -259,15 +260,21 @@ const STAMP_AGE_MAX: Duration = Duration::from_secs(10);
 
 impl Wire {
     /// The data path of a new connection on `stream`, through the shard's `io`; with
-    /// `receive_timestamps` (and a ring) the kernel's receive time starts each request's
-    /// latency.
-    pub fn new(io: &ShardIo, receive_timestamps: bool, stream: &TcpStream) -> Wire {
+    /// `receive_timestamps` (and a ring, and a TCP client) the kernel's receive time starts
+    /// each request's latency. Sends are zero-copy only where `endpoint`'s socket takes them.
+    pub fn new(
+        io: &ShardIo,
+        receive_timestamps: bool,
+        stream: &TcpStream,
+        endpoint: &super::endpoint::Endpoint,
+    ) -> Wire {
         let fd = stream.as_raw_fd();
         let ring = io.ring.clone();
         // The kernel's receive time starts a request's latency where the bytes arrived,
         // before this shard woke up to reap them (docs/server.md, "Latency").
         let stamps = ring.is_some()
             && receive_timestamps
+            && endpoint.receive_timestamps()
             && crate::sys::enable_receive_timestamps(fd)
                 .inspect_err(|err| tracing::debug!(%err, "no receive timestamps"))
                 .is_ok();
@@ -284,7 +291,10 @@ impl Wire {
             ring,
             inbox,
             fd,
-            zc: Rc::new(ZcReport::default()),
+            zc: Rc::new(match endpoint.zero_copy() {
+                true => ZcReport::default(),
+                false => ZcReport::unsupported(),
+            }),
             stamped: RefCell::new(None),
             stamps,
             arrived: Cell::new(None),

@@ -1,6 +1,7 @@
 //! Shared test helpers: a seeded generator that prints its seed; a real server and client.
 #![allow(dead_code)]
 
+pub mod certs;
 pub mod server;
 pub mod stress;
 
@@ -224,8 +225,9 @@ pub fn client_script(name: &str) -> std::path::PathBuf {
 
 /// Runs a client script of `tests/clients/` to its end and checks what it printed: an
 /// `ok NAME` line per check, no `FAIL` line, at least `checks_min` checks (a script cut short
-/// fails), and `done` last. Lines starting `# ` are notes, printed and not judged.
-pub fn run_checks(mut command: std::process::Command, checks_min: usize) {
+/// fails), and `done` last. Lines starting `# ` are notes, printed and not judged. Returns what
+/// the script printed.
+pub fn run_checks(mut command: std::process::Command, checks_min: usize) -> String {
     let what = format!("{command:?}");
     let out = command
         .output()
@@ -245,4 +247,5 @@ pub fn run_checks(mut command: std::process::Command, checks_min: usize) {
          these lines are not `ok`: {failed:#?}\nstderr: {stderr}",
         out.status
     );
+    stdout.into_owned()
 }

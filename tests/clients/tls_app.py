@@ -1,0 +1,73 @@
+"""pymemcache over TLS, as an application with a TLS context uses it.
+
+Usage: tls_app.py PHASE HOST:PORT CA [CERT KEY]
+  app:     values of 0 B to 5 MiB, multi-get, gets/cas, incr, delete over TLS;
+  refused: a TLS client (with CERT and KEY if given) must not be served: the handshake or its
+           first command fails;
+  serial:  prints `serial <hex>`, the server certificate's serial (a SIGHUP test reads it).
+Prints `ok NAME` for each check that holds and `FAIL NAME: detail` for each that does not,
+then `done`.
+"""
+import os
+import random
+import ssl
+import sys
+
+from pymemcache.client.base import Client
+
+phase, addr, ca = sys.argv[1], sys.argv[2], sys.argv[3]
+host, port = addr.rsplit(":", 1)
+context = ssl.create_default_context(cafile=ca)
+if len(sys.argv) > 5:
+    context.load_cert_chain(sys.argv[4], sys.argv[5])
+
+
+def check(name, got, want):
+    if got == want:
+        print(f"ok {name}", flush=True)
+    else:
+        print(f"FAIL {name}: got {got!r:.200} want {want!r:.200}", flush=True)
+
+
+def client():
+    return Client((host, int(port)), tls_context=context, connect_timeout=5, timeout=10,
+                  default_noreply=False)
+
+
+if phase == "app":
+    c = client()
+    rng = random.Random(29)
+    sizes = [0, 1, 100, 16383, 16384, 16385, 262144, 1 << 20, 5 * (1 << 20) + 3]
+    values = {f"size-{n}": rng.randbytes(n) for n in sizes}
+    check("set every size", [k for k, v in values.items() if not c.set(k, v)], [])
+    check("get every size", [k for k, v in values.items() if c.get(k) != v], [])
+    batch = {f"batch-{i}": os.urandom(rng.randrange(1, 3000)) for i in range(300)}
+    check("set_many", c.set_many(batch), [])
+    check("get_many", c.get_many(list(batch) + list(values)) == {**batch, **values}, True)
+    value, token = c.gets("batch-1")
+    check("cas stale", c.cas("batch-1", b"x", int(token) + 1), False)
+    check("cas current", c.cas("batch-1", b"y", token), True)
+    c.set("n", b"41")
+    check("incr", c.incr("n", 1), 42)
+    check("delete", c.delete("n"), True)
+    check("version", c.version(), b"1.6.45")
+    c.close()
+elif phase == "refused":
+    try:
+        c = client()
+        got = c.version()
+        check("refused", f"served: {got!r}", "refused")
+    except (ssl.SSLError, OSError, Exception) as err:  # the handshake, or the first read
+        print(f"# refused: {type(err).__name__}: {err}", flush=True)
+        check("refused", "refused", "refused")
+elif phase == "serial":
+    import socket
+    with socket.create_connection((host, int(port)), timeout=10) as raw:
+        with context.wrap_socket(raw, server_hostname="localhost") as tls:
+            der = tls.getpeercert(binary_form=True)
+            print(f"# peer certificate: {len(der)} bytes", flush=True)
+            print(f"# serial {tls.getpeercert()['serialNumber']}", flush=True)
+    check("handshake", True, True)
+else:
+    sys.exit(f"unknown phase {phase}")
+print("done")

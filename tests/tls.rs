@@ -1,0 +1,233 @@
+//! TLS on `--listen` through the real binary, with certificates `openssl` makes here
+//! (`common::certs`): pymemcache with a TLS context (0 B to 5 MiB, multi-get, CAS), mutual
+//! TLS with the CA's client certificate, without one and with another CA's, SIGHUP reloading
+//! the certificate for new connections (and keeping it when the new files are bad), a stalled
+//! handshake dropped, a plaintext client refused, an expired certificate refused at start, and
+//! the STAT and settings lines.
+
+mod common;
+
+use std::io::{Read, Write};
+use std::net::TcpStream;
+use std::path::Path;
+use std::process::Command;
+use std::time::{Duration, Instant};
+
+use common::certs::Certs;
+use common::server::{fresh_data_dir, run_to_exit, Server};
+
+fn path(p: &Path) -> String {
+    p.display().to_string()
+}
+
+/// tls_app.py's `phase` against `server`, with the client certificate `client` if given.
+fn app(phase: &str, server: &Server, certs: &Certs, client: Option<(&Path, &Path)>) -> Command {
+    let mut command = Command::new(common::python_with("pymemcache"));
+    command.arg(common::client_script("tls_app.py")).args([
+        phase,
+        &server.addr.to_string(),
+        &path(&certs.ca),
+    ]);
+    if let Some((cert, key)) = client {
+        command.args([path(cert), path(key)]);
+    }
+    command
+}
+
+fn tls_server(certs: &Certs, extra: &[&str]) -> Server {
+    let (cert, key) = (path(&certs.server_cert), path(&certs.server_key));
+    let mut args = vec![
+        "--tls-cert",
+        &cert,
+        "--tls-key",
+        &key,
+        "--max-item-size",
+        "8M",
+    ];
+    args.extend_from_slice(extra);
+    Server::start(&args)
+}
+
+/// `stats` and `stats settings` over TLS, read with pymemcache (the tests' binary client
+/// speaks plain TCP): a `name value` line each.
+fn text_stats(server: &Server, certs: &Certs) -> String {
+    let script = "import ssl,sys\nfrom pymemcache.client.base import Client\n\
+                  ctx=ssl.create_default_context(cafile=sys.argv[2])\n\
+                  h,p=sys.argv[1].rsplit(':',1)\n\
+                  c=Client((h,int(p)),tls_context=ctx,timeout=10)\n\
+                  for group in ('', 'settings'):\n\
+                  \x20   args=(group,) if group else ()\n\
+                  \x20   for k,v in c.stats(*args).items(): print(k.decode(), v if not isinstance(v, bytes) else v.decode())\n";
+    let out = Command::new(common::python_with("pymemcache"))
+        .args(["-c", script, &server.addr.to_string(), &path(&certs.ca)])
+        .output()
+        .unwrap();
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    String::from_utf8(out.stdout).unwrap()
+}
+
+fn stat(stats: &str, name: &str) -> String {
+    stats
+        .lines()
+        .find_map(|l| l.strip_prefix(&format!("{name} ")))
+        .unwrap_or_else(|| panic!("no STAT {name} in {stats}"))
+        .to_string()
+}
+
+#[test]
+fn pymemcache_over_tls_stores_and_reads_values_up_to_5_mib() {
+    let certs = Certs::make(&fresh_data_dir());
+    let server = tls_server(&certs, &["--threads", "2"]);
+    common::run_checks(app("app", &server, &certs, None), 9);
+    let stats = text_stats(&server, &certs);
+    assert!(stat(&stats, "ssl_new_sessions").parse::<u64>().unwrap() >= 2);
+    assert_eq!(stat(&stats, "ssl_handshake_errors"), "0");
+    assert_eq!(stat(&stats, "ssl_enabled"), "yes");
+    assert_eq!(stat(&stats, "ssl_chain_cert"), path(&certs.server_cert));
+    assert_eq!(stat(&stats, "ssl_verify_mode"), "0");
+    assert_eq!(stat(&stats, "ssl_kernel_tls"), "no");
+    assert_eq!(stat(&stats, "listen_tls"), "user");
+    assert!(server.logs("TLS on --listen, in user space"));
+}
+
+#[test]
+fn mutual_tls_serves_only_clients_the_ca_signed() {
+    let certs = Certs::make(&fresh_data_dir());
+    let ca = path(&certs.ca);
+    let server = tls_server(&certs, &["--tls-ca", &ca]);
+    let client = Some((certs.client_cert.as_path(), certs.client_key.as_path()));
+    common::run_checks(app("app", &server, &certs, client), 9);
+    common::run_checks(app("refused", &server, &certs, None), 1);
+    let rogue = Some((certs.rogue_cert.as_path(), certs.rogue_key.as_path()));
+    common::run_checks(app("refused", &server, &certs, rogue), 1);
+    // A plaintext binary client: no binary reply (magic 0x81), at most a TLS alert.
+    let mut plain = TcpStream::connect(server.addr).unwrap();
+    plain
+        .write_all(&common::server::frame(0x0b, &[], b"", &[], 0, 0))
+        .unwrap();
+    plain
+        .set_read_timeout(Some(Duration::from_secs(10)))
+        .unwrap();
+    let mut got = Vec::new();
+    let _ = plain.read_to_end(&mut got);
+    assert!(
+        got.first() != Some(&0x81),
+        "a plaintext binary client was served: {got:?}"
+    );
+    assert!(server.logs("TLS handshake failed"));
+}
+
+/// The serial of the certificate a new TLS connection is shown, via `openssl s_client`.
+fn served_serial(server: &Server, certs: &Certs) -> String {
+    let out = Command::new("sh")
+        .arg("-c")
+        .arg(format!(
+            "openssl s_client -connect {} -CAfile {} </dev/null 2>/dev/null | openssl x509 -noout -serial",
+            server.addr,
+            certs.ca.display()
+        ))
+        .output()
+        .unwrap();
+    String::from_utf8(out.stdout)
+        .unwrap()
+        .trim()
+        .trim_start_matches("serial=")
+        .to_string()
+}
+
+#[test]
+fn sighup_reloads_the_certificate_for_new_connections() {
+    let certs = Certs::make(&fresh_data_dir());
+    let server = tls_server(&certs, &[]);
+    let first = certs.server_serial();
+    assert_eq!(served_serial(&server, &certs), first);
+    let renewed = certs.renew_server();
+    assert_ne!(renewed, first);
+    // Until the signal the old certificate is served.
+    assert_eq!(served_serial(&server, &certs), first);
+    server.signal(nix::sys::signal::Signal::SIGHUP);
+    assert!(server.logs("TLS certificate, key and CA reloaded"));
+    assert_eq!(served_serial(&server, &certs), renewed);
+    // A certificate file that does not load: logged, and the pair in use kept.
+    std::fs::write(&certs.server_cert, "not a certificate\n").unwrap();
+    server.signal(nix::sys::signal::Signal::SIGHUP);
+    assert!(server.logs("TLS files not reloaded, the ones in use are kept"));
+    assert_eq!(served_serial(&server, &certs), renewed);
+    common::run_checks(app("app", &server, &certs, None), 9);
+}
+
+#[test]
+fn a_stalled_handshake_is_dropped_and_plaintext_gets_no_reply() {
+    let certs = Certs::make(&fresh_data_dir());
+    let server = tls_server(&certs, &["--tls-handshake-timeout", "1"]);
+    // Half a ClientHello, then nothing.
+    let mut stalled = TcpStream::connect(server.addr).unwrap();
+    stalled
+        .write_all(&[0x16, 0x03, 0x01, 0x02, 0x00, 0x01])
+        .unwrap();
+    stalled
+        .set_read_timeout(Some(Duration::from_secs(10)))
+        .unwrap();
+    let started = Instant::now();
+    let mut rest = Vec::new();
+    let _ = stalled.read_to_end(&mut rest);
+    let waited = started.elapsed();
+    assert!(
+        waited >= Duration::from_millis(900) && waited < Duration::from_secs(8),
+        "dropped after {waited:?}"
+    );
+    // A plaintext client gets no cache reply: at most a TLS alert record, then the close.
+    let mut plain = TcpStream::connect(server.addr).unwrap();
+    plain.write_all(b"version\r\nget k\r\n").unwrap();
+    plain
+        .set_read_timeout(Some(Duration::from_secs(10)))
+        .unwrap();
+    let mut got = Vec::new();
+    let _ = plain.read_to_end(&mut got);
+    assert!(
+        got.is_empty() || got[0] == 0x15,
+        "a plaintext client got {got:?}"
+    );
+    assert!(!String::from_utf8_lossy(&got).contains("VERSION"));
+    let stats = text_stats(&server, &certs);
+    assert!(stat(&stats, "ssl_handshake_errors").parse::<u64>().unwrap() >= 2);
+}
+
+#[test]
+fn bad_tls_files_are_refused_at_start_with_one_sentence() {
+    let certs = Certs::make(&fresh_data_dir());
+    let dir = fresh_data_dir();
+    let data_dir = path(&dir);
+    let (cert, key, expired) = (
+        path(&certs.server_cert),
+        path(&certs.server_key),
+        path(&certs.expired_cert),
+    );
+    let ca_key = certs.dir.join("ca.key").display().to_string();
+    let cases: [(&[&str], &str); 4] = [
+        (
+            &["--tls-cert", &expired, "--tls-key", &key],
+            "the certificate expired on",
+        ),
+        (
+            &["--tls-cert", &cert, "--tls-key", &ca_key],
+            "the key does not belong to the certificate",
+        ),
+        (&["--tls-cert", &cert], "--tls-cert needs --tls-key"),
+        (
+            &["--tls-ca", &cert],
+            "--tls-ca needs --tls-cert and --tls-key",
+        ),
+    ];
+    for (flags, said) in cases {
+        let mut args = vec!["--listen", "127.0.0.1:0", "--data-dir", &data_dir];
+        args.extend_from_slice(flags);
+        let (status, stderr, _) = run_to_exit(&args, Duration::from_secs(30));
+        assert_eq!(status, Some(2), "{flags:?}: {stderr}");
+        assert!(stderr.contains(said), "{flags:?}: {stderr}");
+    }
+}
