@@ -82,7 +82,7 @@ fn stat(stats: &str, name: &str) -> String {
 fn pymemcache_over_tls_stores_and_reads_values_up_to_5_mib() {
     let certs = Certs::make(&fresh_data_dir());
     let server = tls_server(&certs, &["--threads", "2"]);
-    common::run_checks(app("app", &server, &certs, None), 9);
+    common::run_checks(app("app", &server, &certs, None), 10);
     let stats = text_stats(&server, &certs);
     assert!(stat(&stats, "ssl_new_sessions").parse::<u64>().unwrap() >= 2);
     assert_eq!(stat(&stats, "ssl_handshake_errors"), "0");
@@ -100,7 +100,7 @@ fn mutual_tls_serves_only_clients_the_ca_signed() {
     let ca = path(&certs.ca);
     let server = tls_server(&certs, &["--tls-ca", &ca]);
     let client = Some((certs.client_cert.as_path(), certs.client_key.as_path()));
-    common::run_checks(app("app", &server, &certs, client), 9);
+    common::run_checks(app("app", &server, &certs, client), 10);
     common::run_checks(app("refused", &server, &certs, None), 1);
     let rogue = Some((certs.rogue_cert.as_path(), certs.rogue_key.as_path()));
     common::run_checks(app("refused", &server, &certs, rogue), 1);
@@ -157,7 +157,7 @@ fn sighup_reloads_the_certificate_for_new_connections() {
     server.signal(nix::sys::signal::Signal::SIGHUP);
     assert!(server.logs("TLS files not reloaded, the ones in use are kept"));
     assert_eq!(served_serial(&server, &certs), renewed);
-    common::run_checks(app("app", &server, &certs, None), 9);
+    common::run_checks(app("app", &server, &certs, None), 10);
 }
 
 #[test]
@@ -230,4 +230,37 @@ fn bad_tls_files_are_refused_at_start_with_one_sentence() {
         assert_eq!(status, Some(2), "{flags:?}: {stderr}");
         assert!(stderr.contains(said), "{flags:?}: {stderr}");
     }
+}
+
+/// A TLS client that asked for far more than the sockets hold and never reads does not hold
+/// the stop up: its session goes a grace after the connection behind it is cut off.
+#[test]
+fn a_tls_reader_that_never_reads_does_not_hold_up_the_stop() {
+    use std::io::BufRead;
+    let certs = Certs::make(&fresh_data_dir());
+    let server = tls_server(&certs, &[]);
+    let mut stalled = app("stall", &server, &certs, None)
+        .stdout(std::process::Stdio::piped())
+        .stderr(std::process::Stdio::piped())
+        .spawn()
+        .unwrap();
+    let mut line = String::new();
+    std::io::BufReader::new(stalled.stdout.take().unwrap())
+        .read_line(&mut line)
+        .unwrap();
+    if line != "# sent\n" {
+        let mut said = String::new();
+        let _ = stalled
+            .stderr
+            .take()
+            .map(|mut e| e.read_to_string(&mut said));
+        panic!("the stalling client did not get to send: {line:?} {said}");
+    }
+    std::thread::sleep(Duration::from_millis(500));
+    let started = Instant::now();
+    assert_eq!(server.stop().code(), Some(0));
+    let took = started.elapsed();
+    let _ = stalled.kill();
+    let _ = stalled.wait();
+    assert!(took < Duration::from_secs(8), "the stop took {took:?}");
 }

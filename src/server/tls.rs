@@ -223,18 +223,21 @@ pub async fn serve(ctx: Rc<ShardCtx>, tls: &Arc<Tls>, mut stream: TcpStream, end
         ctx.stop.wait().await;
         Err("the server stops".to_string())
     };
-    if let Err(why) = futures_lite::future::or(handshake, stopped).await {
-        tls.handshake_errors.fetch_add(1, Ordering::Relaxed);
-        if let Some(held_back) = ctx.refusal_log.allow(super::unix_now()) {
-            tracing::info!(
-                shard = ctx.id,
-                peer = %endpoint.peer,
-                held_back,
-                "TLS handshake failed: {why} (one line per second per shard at most; STAT ssl_handshake_errors counts every one)"
-            );
+    let after_handshake = match futures_lite::future::or(handshake, stopped).await {
+        Ok(bytes) => bytes,
+        Err(why) => {
+            tls.handshake_errors.fetch_add(1, Ordering::Relaxed);
+            if let Some(held_back) = ctx.refusal_log.allow(super::unix_now()) {
+                tracing::info!(
+                    shard = ctx.id,
+                    peer = %endpoint.peer,
+                    held_back,
+                    "TLS handshake failed: {why} (one line per second per shard at most; STAT ssl_handshake_errors counts every one)"
+                );
+            }
+            return;
         }
-        return;
-    }
+    };
     tls.new_sessions.fetch_add(1, Ordering::Relaxed);
     let (outer, inner) = match socket_pair() {
         Ok(pair) => pair,
@@ -248,13 +251,26 @@ pub async fn serve(ctx: Rc<ShardCtx>, tls: &Arc<Tls>, mut stream: TcpStream, end
         ..endpoint
     };
     let served = super::serve::serve(Rc::clone(&ctx), inner, inner_endpoint);
-    let relayed = relay(tls, stream, outer, session);
+    // At the stop the served connection is cut off after its grace (`shard_main`); the
+    // client's socket, which the shard does not know, goes a grace later even if the client
+    // never reads what is still being relayed to it.
+    let relayed = futures_lite::future::or(
+        relay(tls, (stream, after_handshake), outer, session),
+        async {
+            ctx.stop.wait().await;
+            glommio::timer::sleep(2 * super::STOP_WRITE_GRACE).await;
+        },
+    );
     futures_lite::future::zip(served, relayed).await;
 }
 
-/// Runs the handshake on `stream` until it completes (Ok) or fails (Err: why, after the
-/// alert rustls has for the client is sent).
-async fn handshake(stream: &mut TcpStream, session: &mut ServerConnection) -> Result<(), String> {
+/// Runs the handshake on `stream` until it completes, returning the bytes read after it (the
+/// client's first records may come in the same read), or fails (Err: why, after the alert
+/// rustls has for the client is sent).
+async fn handshake(
+    stream: &mut TcpStream,
+    session: &mut ServerConnection,
+) -> Result<Vec<u8>, String> {
     let mut buf = vec![0u8; 16 << 10];
     let mut out = Vec::new();
     loop {
@@ -263,23 +279,30 @@ async fn handshake(stream: &mut TcpStream, session: &mut ServerConnection) -> Re
             session.write_tls(&mut out).map_err(|e| e.to_string())?;
             stream.write_all(&out).await.map_err(|e| e.to_string())?;
         }
-        if !session.is_handshaking() {
-            return Ok(());
-        }
         let n = stream.read(&mut buf).await.map_err(|e| e.to_string())?;
         if n == 0 {
             return Err("the client closed the connection".into());
         }
-        session
-            .read_tls(&mut &buf[..n])
-            .map_err(|e| e.to_string())?;
-        if let Err(err) = session.process_new_packets() {
-            // The alert that says why (a certificate the CA did not sign, say).
-            out.clear();
-            if session.write_tls(&mut out).is_ok() && !out.is_empty() {
-                let _ = stream.write_all(&out).await;
+        // rustls may take a read in parts; bytes past the handshake are the session's.
+        let mut rest = &buf[..n];
+        while !rest.is_empty() && session.is_handshaking() {
+            session.read_tls(&mut rest).map_err(|e| e.to_string())?;
+            if let Err(err) = session.process_new_packets() {
+                // The alert that says why (a certificate the CA did not sign, say).
+                out.clear();
+                if session.write_tls(&mut out).is_ok() && !out.is_empty() {
+                    let _ = stream.write_all(&out).await;
+                }
+                return Err(err.to_string());
             }
-            return Err(err.to_string());
+        }
+        if !session.is_handshaking() {
+            while session.wants_write() {
+                out.clear();
+                session.write_tls(&mut out).map_err(|e| e.to_string())?;
+                stream.write_all(&out).await.map_err(|e| e.to_string())?;
+            }
+            return Ok(rest.to_vec());
         }
     }
 }
@@ -307,7 +330,12 @@ fn into_stream(fd: OwnedFd) -> TcpStream {
 /// client's records decrypted into `outer`, and what comes out of `outer` encrypted to the
 /// client. The client closing (or a TLS error) shuts `outer` for writing, so the connection
 /// sees the end of its input; the connection closing ends the session with a close_notify.
-async fn relay(tls: &Tls, tcp: TcpStream, outer: TcpStream, session: ServerConnection) {
+async fn relay(
+    tls: &Tls,
+    (tcp, after_handshake): (TcpStream, Vec<u8>),
+    outer: TcpStream,
+    session: ServerConnection,
+) {
     use std::cell::RefCell;
     let session = RefCell::new(session);
     let (mut tcp_in, mut tcp_out) = futures_lite::io::split(tcp);
@@ -319,12 +347,19 @@ async fn relay(tls: &Tls, tcp: TcpStream, outer: TcpStream, session: ServerConne
     let client_to_server = async {
         let mut buf = vec![0u8; RELAY_CHUNK_BYTES];
         let mut plain = vec![0u8; RELAY_CHUNK_BYTES];
-        // Plaintext may have come with the handshake's last read.
-        let mut open = pass_plaintext(&session, &mut plain, &mut outer_out).await;
+        // The records that came with the handshake's last read go first.
+        let mut first = Some(after_handshake);
+        let mut open = true;
         while open {
-            let n = match tcp_in.read(&mut buf).await {
-                Ok(0) | Err(_) => break,
-                Ok(n) => n,
+            let n = match first.take() {
+                Some(bytes) => {
+                    buf[..bytes.len()].copy_from_slice(&bytes);
+                    bytes.len()
+                }
+                None => match tcp_in.read(&mut buf).await {
+                    Ok(0) | Err(_) => break,
+                    Ok(n) => n,
+                },
             };
             // rustls takes records only while its plaintext buffer has room: what it left is
             // offered again once the plaintext is passed on.
@@ -332,7 +367,12 @@ async fn relay(tls: &Tls, tcp: TcpStream, outer: TcpStream, session: ServerConne
             while open && !rest.is_empty() {
                 {
                     let mut s = session.borrow_mut();
-                    if s.read_tls(&mut rest).is_err() || s.process_new_packets().is_err() {
+                    let failed = match s.read_tls(&mut rest) {
+                        Err(err) => Some(err.to_string()),
+                        Ok(_) => s.process_new_packets().err().map(|err| err.to_string()),
+                    };
+                    if let Some(why) = failed {
+                        tracing::debug!(%why, "TLS session ended by an error");
                         tls.proto_errors.fetch_add(1, Ordering::Relaxed);
                         open = false;
                         break;
