@@ -50,18 +50,21 @@ fn tls_server(certs: &Certs, extra: &[&str]) -> Server {
 
 /// `stats` and `stats settings` over TLS, read with pymemcache (the tests' binary client
 /// speaks plain TCP): a `name value` line each.
-fn text_stats(server: &Server, certs: &Certs) -> String {
+fn text_stats(server: &Server, certs: &Certs, client: Option<(&Path, &Path)>) -> String {
     let script = "import ssl,sys\nfrom pymemcache.client.base import Client\n\
                   ctx=ssl.create_default_context(cafile=sys.argv[2])\n\
+                  if len(sys.argv)>3: ctx.load_cert_chain(sys.argv[3],sys.argv[4])\n\
                   h,p=sys.argv[1].rsplit(':',1)\n\
                   c=Client((h,int(p)),tls_context=ctx,timeout=10)\n\
                   for group in ('', 'settings'):\n\
                   \x20   args=(group,) if group else ()\n\
                   \x20   for k,v in c.stats(*args).items(): print(k.decode(), v if not isinstance(v, bytes) else v.decode())\n";
-    let out = Command::new(common::python_with("pymemcache"))
-        .args(["-c", script, &server.addr.to_string(), &path(&certs.ca)])
-        .output()
-        .unwrap();
+    let mut command = Command::new(common::python_with("pymemcache"));
+    command.args(["-c", script, &server.addr.to_string(), &path(&certs.ca)]);
+    if let Some((cert, key)) = client {
+        command.args([path(cert), path(key)]);
+    }
+    let out = command.output().unwrap();
     assert!(
         out.status.success(),
         "{}",
@@ -83,12 +86,13 @@ fn pymemcache_over_tls_stores_and_reads_values_up_to_5_mib() {
     let certs = Certs::make(&fresh_data_dir());
     let server = tls_server(&certs, &["--threads", "2"]);
     common::run_checks(app("app", &server, &certs, None), 10);
-    let stats = text_stats(&server, &certs);
+    let stats = text_stats(&server, &certs, None);
     assert!(stat(&stats, "ssl_new_sessions").parse::<u64>().unwrap() >= 2);
     assert_eq!(stat(&stats, "ssl_handshake_errors"), "0");
     assert_eq!(stat(&stats, "ssl_enabled"), "yes");
     assert_eq!(stat(&stats, "ssl_chain_cert"), path(&certs.server_cert));
     assert_eq!(stat(&stats, "ssl_verify_mode"), "0");
+    assert_eq!(stat(&stats, "ssl_min_version"), "tlsv1.2");
     assert_eq!(stat(&stats, "ssl_kernel_tls"), "no");
     assert_eq!(stat(&stats, "listen_tls"), "user");
     assert!(server.logs("TLS on --listen, in user space"));
@@ -102,6 +106,10 @@ fn mutual_tls_serves_only_clients_the_ca_signed() {
     let client = Some((certs.client_cert.as_path(), certs.client_key.as_path()));
     common::run_checks(app("app", &server, &certs, client), 10);
     common::run_checks(app("refused", &server, &certs, None), 1);
+    assert_eq!(
+        stat(&text_stats(&server, &certs, client), "ssl_verify_mode"),
+        "3"
+    );
     let rogue = Some((certs.rogue_cert.as_path(), certs.rogue_key.as_path()));
     common::run_checks(app("refused", &server, &certs, rogue), 1);
     // A plaintext binary client: no binary reply (magic 0x81), at most a TLS alert.
@@ -158,6 +166,26 @@ fn sighup_reloads_the_certificate_for_new_connections() {
     assert!(server.logs("TLS files not reloaded, the ones in use are kept"));
     assert_eq!(served_serial(&server, &certs), renewed);
     common::run_checks(app("app", &server, &certs, None), 10);
+    // memcached's `refresh_certs` does what SIGHUP does, over the connection.
+    let again = certs.renew_server();
+    let script = "import ssl,sys\nfrom pymemcache.client.base import Client\n\
+                  ctx=ssl.create_default_context(cafile=sys.argv[2])\n\
+                  h,p=sys.argv[1].rsplit(':',1)\n\
+                  c=Client((h,int(p)),tls_context=ctx,timeout=10)\n\
+                  print(c.raw_command(b'refresh_certs', b'\\r\\n'))\n";
+    let out = Command::new(common::python_with("pymemcache"))
+        .args(["-c", script, &server.addr.to_string(), &path(&certs.ca)])
+        .output()
+        .unwrap();
+    assert_eq!(String::from_utf8_lossy(&out.stdout), "b'OK'\n"); // the line, its CRLF taken
+    assert_eq!(served_serial(&server, &certs), again);
+    // Without TLS it is memcached's answer.
+    let plain = Server::start(&[]);
+    let mut c = TcpStream::connect(plain.addr).unwrap();
+    c.write_all(b"refresh_certs\r\n").unwrap();
+    let mut reply = [0u8; 23];
+    c.read_exact(&mut reply).unwrap();
+    assert_eq!(&reply, b"Error TLS not enabled\r\n");
 }
 
 #[test]
@@ -193,7 +221,7 @@ fn a_stalled_handshake_is_dropped_and_plaintext_gets_no_reply() {
         "a plaintext client got {got:?}"
     );
     assert!(!String::from_utf8_lossy(&got).contains("VERSION"));
-    let stats = text_stats(&server, &certs);
+    let stats = text_stats(&server, &certs, None);
     assert!(stat(&stats, "ssl_handshake_errors").parse::<u64>().unwrap() >= 2);
 }
 

@@ -289,6 +289,8 @@ pub enum TextCommand<'a> {
         noreply: bool,
     },
     Version,
+    /// `refresh_certs`: reload the TLS certificate, key and CA (as SIGHUP does).
+    RefreshCerts,
     /// `watch [kinds...]`: the connection becomes a log stream of the kinds named.
     Watch {
         kinds: Words<'a>,
@@ -773,12 +775,7 @@ fn decode_line<'a>(
         )
     };
     // Names for which memcached does something Headroom does not serve.
-    let unsupported = |name: &[u8]| {
-        matches!(
-            name,
-            b"cache_memlimit" | b"lru" | b"extstore" | b"refresh_certs"
-        )
-    };
+    let unsupported = |name: &[u8]| matches!(name, b"cache_memlimit" | b"lru" | b"extstore");
     match name[0] {
         b'm' if name.len() == 2 => {
             meta_command(buf, &tokens, line_len, max_value_bytes, stream_from)
@@ -825,6 +822,7 @@ fn decode_line<'a>(
             b"prepend" => storage(StoreMode::Prepend, false),
             b"flush_all" => flush_all(&tokens, line_len),
             b"version" => command(TextCommand::Version, line_len),
+            b"refresh_certs" => command(TextCommand::RefreshCerts, line_len),
             b"quit" => command(TextCommand::Quit, line_len),
             // memcached reads the kinds from its (at most 23) tokens.
             b"watch" => {

@@ -145,6 +145,7 @@ impl CommandKind {
             T::MetaDelete { .. } => CommandKind::MetaDelete,
             T::MetaArith { .. } => CommandKind::MetaArith,
             T::Version
+            | T::RefreshCerts
             | T::Verbosity { .. }
             | T::Quit
             | T::Watch { .. }

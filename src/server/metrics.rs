@@ -316,9 +316,17 @@ pub const GENERAL: &[(&str, Export)] = &[
     (
         "ssl_new_sessions",
         sample(counter(
-            "tls_handshakes",
+            "tls_new_sessions",
             N,
-            "TLS handshakes completed on --listen (with --tls-cert).",
+            "TLS handshakes on --listen that made a new session (with --tls-cert).",
+        )),
+    ),
+    (
+        "tls_resumed_sessions",
+        sample(counter(
+            "tls_resumed_sessions",
+            N,
+            "TLS handshakes that resumed a session (ssl_new_sessions counts the ones made).",
         )),
     ),
     (

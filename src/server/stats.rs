@@ -151,6 +151,7 @@ pub(crate) struct GeneralFigures {
 #[derive(Clone, Debug, Default)]
 pub(crate) struct TlsFigures {
     pub new_sessions: u64,
+    pub resumed_sessions: u64,
     pub handshake_errors: u64,
     pub proto_errors: u64,
     pub seconds_since_cert_refresh: u64,
@@ -196,6 +197,7 @@ pub(crate) fn general_figures(
             .map_or("off".to_string(), |p| p.display().to_string()),
         tls: shared.tls.as_ref().map(|tls| TlsFigures {
             new_sessions: tls.new_sessions.load(Ordering::Relaxed),
+            resumed_sessions: tls.resumed_sessions.load(Ordering::Relaxed),
             handshake_errors: tls.handshake_errors.load(Ordering::Relaxed),
             proto_errors: tls.proto_errors.load(Ordering::Relaxed),
             seconds_since_cert_refresh: tls.seconds_since_load(),
@@ -363,6 +365,7 @@ pub(crate) fn general_pairs(f: &GeneralFigures) -> Vec<(String, String)> {
             .map_or(pairs.len(), |i| i + 1);
         let tls_pairs = [
             ("ssl_new_sessions", tls.new_sessions.to_string()),
+            ("tls_resumed_sessions", tls.resumed_sessions.to_string()),
             ("ssl_handshake_errors", tls.handshake_errors.to_string()),
             ("ssl_proto_errors", tls.proto_errors.to_string()),
             (
@@ -509,6 +512,15 @@ fn tls_settings(ctx: &ShardCtx) -> Vec<(String, String)> {
         ),
         // Sessions stay in user space (tls.rs).
         ("ssl_kernel_tls", "no".into()),
+        // rustls's in-memory session cache (256 sessions) resumes sessions.
+        (
+            "ssl_session_cache",
+            if tls.is_some() { "yes" } else { "no" }.into(),
+        ),
+        // PEM only (OpenSSL's SSL_FILETYPE_PEM), rustls's suites, TLS 1.2 and 1.3.
+        ("ssl_keyformat", "1".into()),
+        ("ssl_ciphers", "NULL".into()),
+        ("ssl_min_version", "tlsv1.2".into()),
         (
             "tls_handshake_timeout",
             ctx.shared

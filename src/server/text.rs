@@ -489,6 +489,19 @@ impl TextSession {
                     }
                 }
                 TextCommand::Version => text::version(&mut conn.replies.out, &ctx.shared.version),
+                // memcached's answers, word for word.
+                TextCommand::RefreshCerts => match ctx.shared.tls.as_deref().map(|t| t.reload()) {
+                    None => conn
+                        .replies
+                        .out
+                        .extend_from_slice(b"Error TLS not enabled\r\n"),
+                    Some(Ok(())) => conn.replies.out.extend_from_slice(text::OK),
+                    Some(Err(why)) => {
+                        tracing::error!("refresh_certs: TLS files not reloaded, the ones in use are kept: {why}");
+                        let line = format!("Error reloading the certificates: {why}\r\n");
+                        conn.replies.out.extend_from_slice(line.as_bytes());
+                    }
+                },
                 TextCommand::Verbosity { noreply, .. } => {
                     if !noreply {
                         conn.replies.out.extend_from_slice(text::OK);

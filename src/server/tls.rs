@@ -39,8 +39,9 @@ pub struct Tls {
     config: RwLock<Arc<ServerConfig>>,
     /// When the configuration in use was loaded (STAT `time_since_server_cert_refresh`).
     loaded: Mutex<Instant>,
-    /// Handshakes completed (memcached's `ssl_new_sessions`).
+    /// Handshakes that made a session (memcached's `ssl_new_sessions`), and that resumed one.
     pub new_sessions: AtomicU64,
+    pub resumed_sessions: AtomicU64,
     /// Handshakes that failed or timed out (memcached's `ssl_handshake_errors`).
     pub handshake_errors: AtomicU64,
     /// Sessions that ended on a TLS error after the handshake (memcached's `ssl_proto_errors`).
@@ -60,6 +61,7 @@ impl Tls {
             config: RwLock::new(Arc::new(config)),
             loaded: Mutex::new(Instant::now()),
             new_sessions: AtomicU64::new(0),
+            resumed_sessions: AtomicU64::new(0),
             handshake_errors: AtomicU64::new(0),
             proto_errors: AtomicU64::new(0),
             reload_errors: AtomicU64::new(0),
@@ -95,11 +97,11 @@ impl Tls {
             .as_secs()
     }
 
-    /// memcached's `ssl_verify_mode`: 2 (a client certificate is required) with `--tls-ca`,
-    /// else 0.
+    /// memcached's `ssl_verify_mode` as its STAT prints it (OpenSSL's flags): 3 (the peer is
+    /// verified, and must present a certificate) with `--tls-ca`, else 0.
     pub fn verify_mode(&self) -> u8 {
         if self.files.ca.is_some() {
-            2
+            3
         } else {
             0
         }
@@ -238,7 +240,12 @@ pub async fn serve(ctx: Rc<ShardCtx>, tls: &Arc<Tls>, mut stream: TcpStream, end
             return;
         }
     };
-    tls.new_sessions.fetch_add(1, Ordering::Relaxed);
+    // memcached counts sessions made, not resumed ones.
+    if session.handshake_kind() != Some(rustls::HandshakeKind::Resumed) {
+        tls.new_sessions.fetch_add(1, Ordering::Relaxed);
+    } else {
+        tls.resumed_sessions.fetch_add(1, Ordering::Relaxed);
+    }
     let (outer, inner) = match socket_pair() {
         Ok(pair) => pair,
         Err(err) => {
