@@ -86,6 +86,9 @@ fn pymemcache_over_tls_stores_and_reads_values_up_to_5_mib() {
     let certs = Certs::make(&fresh_data_dir());
     let server = tls_server(&certs, &["--threads", "2"]);
     common::run_checks(app("app", &server, &certs, None), 10);
+    for _ in 0..5 {
+        common::run_checks(app("coalesced", &server, &certs, None), 1);
+    }
     let stats = text_stats(&server, &certs, None);
     assert!(stat(&stats, "ssl_new_sessions").parse::<u64>().unwrap() >= 2);
     assert_eq!(stat(&stats, "ssl_handshake_errors"), "0");

@@ -354,9 +354,10 @@ async fn relay(
     let client_to_server = async {
         let mut buf = vec![0u8; RELAY_CHUNK_BYTES];
         let mut plain = vec![0u8; RELAY_CHUNK_BYTES];
-        // The records that came with the handshake's last read go first.
+        // What came with the handshake's last read goes first: plaintext rustls decrypted
+        // already, then the bytes it did not take.
         let mut first = Some(after_handshake);
-        let mut open = true;
+        let mut open = pass_plaintext(&session, &mut plain, &mut outer_out).await;
         while open {
             let n = match first.take() {
                 Some(bytes) => {

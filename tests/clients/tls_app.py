@@ -4,6 +4,7 @@ Usage: tls_app.py PHASE HOST:PORT CA [CERT KEY]
   app:     values of 0 B to 5 MiB, multi-get, gets/cas, incr, delete over TLS;
   refused: a TLS client (with CERT and KEY if given) must not be served: the handshake or its
            first command fails;
+  coalesced: its first requests in the same write as the end of its handshake;
   stall:   asks for 200 MiB of replies, never reads them, and waits a minute;
   serial:  prints the server certificate's serial, as a note.
 Prints `ok NAME` for each check that holds and `FAIL NAME: detail` for each that does not,
@@ -74,6 +75,38 @@ elif phase == "refused":
     except (ssl.SSLError, OSError, Exception) as err:  # the handshake, or the first read
         print(f"# refused: {type(err).__name__}: {err}", flush=True)
         check("refused", "refused", "refused")
+elif phase == "coalesced":
+    # The client's last handshake flight and its first request leave in one write, so the
+    # server's read that ends the handshake brings the request too (memtier's OpenSSL does
+    # this; a session once waited for a request it had already decrypted).
+    import socket
+    raw = socket.create_connection((host, int(port)), timeout=10)
+    incoming, outgoing = ssl.MemoryBIO(), ssl.MemoryBIO()
+    tls = context.wrap_bio(incoming, outgoing, server_hostname="localhost")
+    while True:
+        try:
+            tls.do_handshake()
+            break
+        except ssl.SSLWantReadError:
+            if outgoing.pending:
+                raw.sendall(outgoing.read())
+            data = raw.recv(65536)
+            if not data:
+                raise SystemExit("closed during the handshake")
+            incoming.write(data)
+    tls.write(b"set coalesced 0 0 5\r\nhello\r\nget coalesced\r\n")
+    raw.sendall(outgoing.read())  # Finished (TLS 1.3) and the requests, together
+    got = b""
+    while not got.endswith(b"END\r\n"):
+        try:
+            got += tls.read(65536)
+        except ssl.SSLWantReadError:
+            data = raw.recv(65536)
+            if not data:
+                break
+            incoming.write(data)
+    check("requests sent with the handshake's end", got,
+          b"STORED\r\nVALUE coalesced 0 5\r\nhello\r\nEND\r\n")
 elif phase == "stall":
     # Asks for far more than the socket buffers hold, never reads, and waits to be cut off.
     import socket, time
