@@ -210,6 +210,11 @@ const RELAY_CHUNK_BYTES: usize = 64 << 10;
 /// Serves one TLS client on `stream`: the handshake, then the session relayed to a plain
 /// connection over a socket pair. Returns once both are done.
 pub async fn serve(ctx: Rc<ShardCtx>, tls: &Arc<Tls>, mut stream: TcpStream, endpoint: Endpoint) {
+    // The served connection's socket is the pair's; the client's is this one. Without it, a
+    // reply's last record waits for the client's delayed ACK (Nagle).
+    if let Err(err) = stream.set_nodelay(true) {
+        tracing::debug!(%err, "TCP_NODELAY refused");
+    }
     let Ok(mut session) = ServerConnection::new(tls.current()) else {
         tls.handshake_errors.fetch_add(1, Ordering::Relaxed);
         return;
