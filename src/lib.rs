@@ -16,6 +16,7 @@ pub mod logging;
 pub mod numbers;
 pub mod placement;
 pub mod proto;
+pub mod ram_snapshot;
 pub mod ring;
 pub mod segment;
 pub mod server;
