@@ -423,6 +423,12 @@ pub struct Cli {
     /// measures the cost) [default: files].
     #[arg(long, value_name = "files|on|off")]
     pub verify_reads: Option<String>,
+
+    /// Warm restart: a graceful stop writes the items held in RAM and the large values' index
+    /// to the data directory, and the next start restores them. `off` writes and restores
+    /// nothing (and removes a snapshot it finds) [default: on].
+    #[arg(long, value_name = "on|off")]
+    pub warm_restart: Option<String>,
 }
 
 /// Which large values a GET checks against their CRC32C as they stream out (`--verify-reads`).
@@ -506,6 +512,7 @@ pub struct FileConfig {
     #[serde(default)]
     pub allow_root: bool,
     pub verify_reads: Option<String>,
+    pub warm_restart: Option<String>,
 }
 
 impl FileConfig {
@@ -872,6 +879,8 @@ pub struct Settings {
     pub allow_root: bool,
     /// Which large values' CRC32C is checked as they stream out of their segment.
     pub verify_reads: VerifyReads,
+    /// `--warm-restart`.
+    pub warm_restart: bool,
     /// Each shard's streaming pool.
     pub io_pool_bytes: u64,
     /// Try the io_uring data path (`--io-ring on`).
@@ -1087,6 +1096,10 @@ pub fn resolve_with_file(
         return Err(ConfigError::IoPoolBelowTwoChunks { io_pool, io_chunk });
     }
     let io_ring = on_off("--io-ring", cli.io_ring.as_ref().or(file.io_ring.as_ref()))?;
+    let warm_restart = on_off(
+        "--warm-restart",
+        cli.warm_restart.as_ref().or(file.warm_restart.as_ref()),
+    )?;
     let verify_reads = match cli
         .verify_reads
         .as_ref()
@@ -1420,6 +1433,7 @@ pub fn resolve_with_file(
         user: cli.user.clone().or_else(|| file.user.clone()),
         allow_root: cli.allow_root || file.allow_root,
         verify_reads,
+        warm_restart,
         dry_run: cli.dry_run,
         log_level: cli
             .log_level

@@ -293,6 +293,34 @@ pub const GENERAL: &[(&str, Export)] = &[
         )),
     ),
     (
+        "warm_restart_restored",
+        sample(counter(
+            "warm_restart_restored_items",
+            N,
+            "Items the warm restart at start brought back (RAM items and large values).",
+        )),
+    ),
+    (
+        "warm_restart_dropped",
+        sample(counter(
+            "warm_restart_dropped",
+            N,
+            "Items the warm restart could not bring back, and damaged stretches of its files.",
+        )),
+    ),
+    (
+        "warm_restart_ns",
+        Export::Sample {
+            metric: gauge(
+                "warm_restart",
+                S,
+                "How long the warm restart at start took (the slowest shard).",
+            ),
+            labels: &[],
+            scale: Scale::NanosToSeconds,
+        },
+    ),
+    (
         "listen",
         Export::InfoLabel {
             metric: LISTENERS,

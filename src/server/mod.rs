@@ -149,6 +149,15 @@ impl ConnCounters {
     }
 }
 
+/// What the warm restart at start brought back: items restored (RAM and large), items or
+/// damaged stretches dropped, and the longest shard's restore in nanoseconds.
+#[derive(Default)]
+pub(crate) struct WarmRestartFigures {
+    pub restored: AtomicU64,
+    pub dropped: AtomicU64,
+    pub restore_ns: AtomicU64,
+}
+
 /// State every shard sees: configuration, the partitions (each behind its own lock), and
 /// atomics touched on accept, close and STAT.
 pub struct Shared {
@@ -183,6 +192,8 @@ pub struct Shared {
     pub(crate) finished: AtomicUsize,
     /// Shards that have read the warm-restart snapshot (the last one deletes it).
     pub(crate) restored: AtomicUsize,
+    /// What the warm restart brought back (STAT `warm_restart_*`).
+    pub(crate) warm_restart: WarmRestartFigures,
     /// Every shard waits here after its restore: none serves before all partitions are back.
     restore_done: std::sync::Barrier,
     /// Whether a refused io_uring ring has been logged (it is said once).
@@ -454,6 +465,7 @@ pub fn start(settings: Settings, topology: &Topology) -> Result<Running, ServerE
         drained: AtomicUsize::new(0),
         finished: AtomicUsize::new(0),
         restored: AtomicUsize::new(0),
+        warm_restart: WarmRestartFigures::default(),
         io_fallback_said: std::sync::atomic::AtomicBool::new(false),
         multishot_fallback_said: std::sync::atomic::AtomicBool::new(false),
         crawler_enabled: AtomicBool::new(true),
@@ -680,7 +692,10 @@ async fn shard_main(
         glommio::timer::sleep(Duration::from_millis(5)).await;
     }
     ctx.io.close(&shared).await;
-    warm::write_part(&ctx).await;
+    if shared.settings.warm_restart {
+        warm::write_part(&ctx).await;
+        warm::write_ram_part(&ctx).await;
+    }
     // Extents freed by the last requests reach the master before it stops.
     let mut frees = Vec::new();
     for index in shared.partitions.owned_by(id, ctx.shards) {

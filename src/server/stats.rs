@@ -126,6 +126,8 @@ pub(crate) struct GeneralFigures {
     /// What the server listens on: `--listen`'s address, `tls` (`user` or `off`) and the unix
     /// socket's path (`off` without one).
     pub listen: String,
+    /// The warm restart at start: items restored, dropped, and the restore's nanoseconds.
+    pub warm_restart: [u64; 3],
     pub listen_tls: &'static str,
     pub listen_unix: String,
     /// TLS's counters, with `--tls-cert`.
@@ -189,6 +191,11 @@ pub(crate) fn general_figures(
         total_connections: shared.total_connections.load(Ordering::Relaxed),
         rejected_connections: shared.rejected_connections.load(Ordering::Relaxed),
         listen: shared.listen_addr.to_string(),
+        warm_restart: [
+            shared.warm_restart.restored.load(Ordering::Relaxed),
+            shared.warm_restart.dropped.load(Ordering::Relaxed),
+            shared.warm_restart.restore_ns.load(Ordering::Relaxed),
+        ],
         listen_tls: if shared.tls.is_some() { "user" } else { "off" },
         listen_unix: shared
             .settings
@@ -353,6 +360,9 @@ pub(crate) fn general_pairs(f: &GeneralFigures) -> Vec<(String, String)> {
         ("mesh_messages_control", f.mesh_control.to_string()),
         ("mesh_messages_connection", f.mesh_connection.to_string()),
         ("core_batch_idle_blocks", f.idle_blocks.to_string()),
+        ("warm_restart_restored", f.warm_restart[0].to_string()),
+        ("warm_restart_dropped", f.warm_restart[1].to_string()),
+        ("warm_restart_ns", f.warm_restart[2].to_string()),
         ("listen", f.listen.clone()),
         ("listen_tls", f.listen_tls.to_string()),
         ("listen_unix", f.listen_unix.clone()),

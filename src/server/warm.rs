@@ -1,9 +1,12 @@
-//! Warm restart: each shard writes the large items on file segments of the partitions it looks
-//! after to a snapshot part at a clean shutdown, and at start-up restores, from every part, the
-//! objects of the partitions it looks after now (by key: any `--threads`, any partition count)
-//! whose segment is mounted with the same identity, whose extents are free and whose data still
-//! checks. The parts are deleted once every shard has read them, so a later crash never
-//! resurrects anything. See `src/snapshot.rs` for the format.
+//! Warm restart: at a clean shutdown each shard writes, for the partitions it looks after, the
+//! large items on file segments to a snapshot part (`src/snapshot.rs`) and the items held in RAM
+//! to a RAM part (`src/ram_snapshot.rs`, checksummed chunks), each written whole or not at all
+//! (a temporary file, synced, renamed). At start-up each shard restores, from every part, the
+//! items of the partitions it looks after now (by key: any `--threads`, any partition count)
+//! that have not expired: RAM items through the store (what does not fit is evicted as at run
+//! time), large objects whose segment is mounted with the same identity, whose extents are free
+//! and whose data still checks. The parts are deleted once every shard has read them, so a
+//! later crash never resurrects anything. `--warm-restart off` writes and restores nothing.
 
 use std::collections::HashMap;
 use std::ffi::{OsStr, OsString};
@@ -117,27 +120,7 @@ pub async fn write_part(ctx: &Rc<ShardCtx>) {
             for file in &files {
                 file.sync_data()?;
             }
-            let dir = data_dir
-                .sub_dir(OsStr::new(SNAPSHOT_DIR), true)?
-                .ok_or_else(|| {
-                    std::io::Error::other(format!(
-                        "{} could not be created",
-                        data_dir.path().join(SNAPSHOT_DIR).display()
-                    ))
-                })?;
-            // A leftover of ours (or anything planted) is removed, never written through.
-            dir.remove_file(&tmp)?;
-            let (mut out, created) = dir.open_regular_file(&tmp, true)?;
-            if !created {
-                return Err(std::io::Error::other(format!(
-                    "{} appeared while it was being written",
-                    dir.path().join(&tmp).display()
-                )));
-            }
-            std::io::Write::write_all(&mut out, &bytes)?;
-            out.sync_all()?;
-            dir.rename(&tmp, &name)?;
-            dir.sync()
+            write_atomically(&data_dir, &name, &tmp, &bytes)
         })
         .await;
     match written {
@@ -146,6 +129,147 @@ pub async fn write_part(ctx: &Rc<ShardCtx>) {
             tracing::error!(shard = ctx.id, %err, path = %shown, "snapshot not written: these objects will not survive the restart")
         }
     }
+}
+
+/// Writes `bytes` as `name` in the snapshot directory, whole or not at all: into `tmp`, synced,
+/// then renamed over `name` and the directory synced. A crash before the rename leaves the
+/// previous part (or none), never half of one.
+fn write_atomically(
+    data_dir: &Dir,
+    name: &OsStr,
+    tmp: &OsStr,
+    bytes: &[u8],
+) -> std::io::Result<()> {
+    let dir = data_dir
+        .sub_dir(OsStr::new(SNAPSHOT_DIR), true)?
+        .ok_or_else(|| {
+            std::io::Error::other(format!(
+                "{} could not be created",
+                data_dir.path().join(SNAPSHOT_DIR).display()
+            ))
+        })?;
+    // A leftover of ours (or anything planted) is removed, never written through.
+    dir.remove_file(tmp)?;
+    let (mut out, created) = dir.open_regular_file(tmp, true)?;
+    if !created {
+        return Err(std::io::Error::other(format!(
+            "{} appeared while it was being written",
+            dir.path().join(tmp).display()
+        )));
+    }
+    std::io::Write::write_all(&mut out, bytes)?;
+    out.sync_all()?;
+    dir.rename(tmp, name)?;
+    dir.sync()
+}
+
+/// Writes this shard's RAM part: every live item its partitions hold in RAM, in checksummed
+/// chunks (`ram_snapshot`). The server has stopped serving, so each partition is walked under
+/// its lock at once.
+pub async fn write_ram_part(ctx: &Rc<ShardCtx>) {
+    let started = std::time::Instant::now();
+    let now = unix_now();
+    let mut bytes = crate::ram_snapshot::header();
+    let mut encoder = crate::ram_snapshot::ChunkEncoder::default();
+    let mut items = 0u64;
+    for index in ctx.shared.partitions.owned_by(ctx.id, ctx.shards) {
+        let store = ctx.shared.partitions.lock(index);
+        store.ram_items(now, |key, meta, value| {
+            items += 1;
+            let value = value.to_vec();
+            if let Some(chunk) = encoder.push(key, meta.flags, meta.expiry, meta.cas, &value) {
+                bytes.extend_from_slice(&chunk);
+            }
+        });
+    }
+    if let Some(chunk) = encoder.finish() {
+        bytes.extend_from_slice(&chunk);
+    }
+    if items == 0 {
+        return;
+    }
+    let data_dir = Arc::clone(&ctx.shared.data_dir.dir);
+    let name = OsString::from(format!("ram-{}.part", ctx.id));
+    let tmp = OsString::from(format!(".ram-{}.tmp", ctx.id));
+    let size = bytes.len();
+    let written = glommio::executor()
+        .spawn_blocking(move || write_atomically(&data_dir, &name, &tmp, &bytes))
+        .await;
+    match written {
+        Ok(()) => tracing::info!(
+            shard = ctx.id,
+            items,
+            bytes = size,
+            ms = started.elapsed().as_millis() as u64,
+            "RAM items written for the warm restart"
+        ),
+        Err(err) => {
+            tracing::error!(shard = ctx.id, %err, "RAM items not written: they will not survive the restart")
+        }
+    }
+}
+
+/// Restores, from every RAM part, the items of this shard's partitions that have not expired;
+/// a chunk that does not check is dropped whole and counted. Returns (restored, dropped).
+fn restore_ram_parts(ctx: &Rc<ShardCtx>, dir: &Dir, names: &[OsString]) -> (u64, u64) {
+    let now = unix_now();
+    let (mut restored, mut dropped) = (0u64, 0u64);
+    for name in names
+        .iter()
+        .filter(|n| Path::new(n).extension().is_some_and(|x| x == "part"))
+    {
+        let read = dir.open_regular_file_to_read(name).and_then(|mut file| {
+            let mut bytes = Vec::new();
+            std::io::Read::read_to_end(&mut file, &mut bytes).map(|_| bytes)
+        });
+        let decoded = match read.map(|b| crate::ram_snapshot::decode(&b)) {
+            Ok(Ok(decoded)) => decoded,
+            Ok(Err(err)) => {
+                tracing::warn!(part = %dir.path().join(name).display(), %err, "RAM part unusable: its items start empty");
+                dropped += 1;
+                continue;
+            }
+            Err(err) => {
+                tracing::warn!(part = %dir.path().join(name).display(), %err, "RAM part unreadable: its items start empty");
+                dropped += 1;
+                continue;
+            }
+        };
+        if decoded.damaged_stretches > 0 && ctx.id == 0 {
+            tracing::warn!(
+                part = %dir.path().join(name).display(),
+                stretches = decoded.damaged_stretches,
+                bytes = decoded.damaged_bytes,
+                "RAM part damaged: the chunks that do not check are dropped, the rest restored"
+            );
+        }
+        dropped += decoded.damaged_stretches;
+        for item in decoded.items {
+            let partition = ctx.shared.partitions.of_key(&item.key);
+            if partition % ctx.shards != ctx.id || (item.expiry != 0 && item.expiry <= now) {
+                continue;
+            }
+            let mut store = ctx.shared.partitions.lock(partition);
+            let outcome = store.store(
+                StoreMode::Set,
+                &item.key,
+                &item.value,
+                item.flags,
+                item.expiry,
+                0,
+                now,
+            );
+            let outcome = store.with_client_cas(&item.key, now, outcome, item.cas);
+            let frees = store.take_pending_frees();
+            drop(store);
+            ctx.free_extents(frees);
+            match outcome {
+                StoreOutcome::Stored { .. } => restored += 1,
+                _ => dropped += 1,
+            }
+        }
+    }
+    (restored, dropped)
 }
 
 /// Reads a value back from a file target and checks its CRC32C; returns its head if it holds.
@@ -197,6 +321,7 @@ async fn verify(
 
 /// Restores the objects of this shard's partitions from every snapshot part.
 pub async fn restore(ctx: &Rc<ShardCtx>) {
+    let started = std::time::Instant::now();
     let dir = match snapshot_dir(ctx, false) {
         Ok(Some(dir)) => dir,
         Ok(None) => {
@@ -212,14 +337,35 @@ pub async fn restore(ctx: &Rc<ShardCtx>) {
         }
     };
     let names = dir.names().unwrap_or_default();
+    if !ctx.shared.settings.warm_restart {
+        if ctx.id == 0 && !names.is_empty() {
+            tracing::info!("--warm-restart off: the snapshot found is removed, nothing restored");
+        }
+        finish_restore(ctx, Some(&dir));
+        return;
+    }
+    let (ram_restored, ram_dropped) = restore_ram_parts(ctx, &dir, &names);
+    let warm = &ctx.shared.warm_restart;
+    warm.restored.fetch_add(ram_restored, Ordering::Relaxed);
+    warm.dropped.fetch_add(ram_dropped, Ordering::Relaxed);
+    if ram_restored + ram_dropped > 0 {
+        tracing::info!(
+            shard = ctx.id,
+            restored = ram_restored,
+            dropped = ram_dropped,
+            ms = started.elapsed().as_millis() as u64,
+            "warm restart: RAM items"
+        );
+    }
     let rows = target_rows(ctx).await;
     let by_uuid: HashMap<u128, &TargetRow> = rows.iter().map(|r| (r.spec.uuid, r)).collect();
     let (mut restored, mut skipped) = (0u64, 0u64);
     let now = unix_now();
     let head_bytes = ctx.shared.settings.arena.ram_head_bytes as usize;
     let mut parts: Vec<OsString> = names
-        .into_iter()
+        .iter()
         .filter(|n| Path::new(n).extension().is_some_and(|x| x == "bin"))
+        .cloned()
         .collect();
     parts.sort();
     for name in parts {
@@ -325,6 +471,10 @@ pub async fn restore(ctx: &Rc<ShardCtx>) {
             "warm restart from the snapshot"
         );
     }
+    warm.restored.fetch_add(restored, Ordering::Relaxed);
+    warm.dropped.fetch_add(skipped, Ordering::Relaxed);
+    warm.restore_ns
+        .fetch_max(started.elapsed().as_nanos() as u64, Ordering::Relaxed);
     finish_restore(ctx, Some(&dir));
 }
 

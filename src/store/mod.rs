@@ -339,6 +339,19 @@ impl Store {
         })
     }
 
+    /// Warm restart: calls `f` with the key, meta and value of every live item held in RAM
+    /// (inline or in a fixed slot; large values have their own snapshot).
+    pub fn ram_items(&self, now: u32, mut f: impl FnMut(&[u8], item::Meta, SlotBytes<'_>)) {
+        self.keys.for_each(|loc| {
+            let record = self.arena.bytes(loc);
+            let meta = item::meta(record);
+            if is_expired(meta.expiry, now) || matches!(item::value_at(record), ValueAt::Large) {
+                return;
+            }
+            f(item::key(record), meta, self.value_of(loc));
+        });
+    }
+
     /// STAT `cachedump`: calls `f` with the key, value length and expiry (a Unix time, 0
     /// never) of every live item of `class` whose key prints on a line (memcached leaves
     /// binary keys out too), until `f` answers false. Walks the whole index.
