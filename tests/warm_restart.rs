@@ -414,3 +414,40 @@ fn a_damaged_ram_part_restores_its_other_chunks_and_off_restores_nothing() {
     assert_eq!(server.stop().code(), Some(0));
     assert!(!dir.join("snapshot").join("ram-0.part").exists());
 }
+
+#[test]
+fn a_flush_before_the_stop_is_honoured_and_a_smaller_memory_evicts() {
+    let dir = fresh_data_dir();
+    let items = small_items(2000);
+    let server = Server::start_in(&dir, &["--threads", "1", "--memory", "256M"]);
+    let mut c = server.client();
+    store_small(&mut c, &items[..100], 0);
+    assert_eq!(
+        c.call(&common::server::frame(0x08, &[], b"", &[], 0, 0))
+            .status,
+        0
+    );
+    drop(c);
+    assert_eq!(server.stop().code(), Some(0));
+    let server = Server::start_in(&dir, &["--threads", "1", "--memory", "256M"]);
+    let mut c = server.client();
+    assert_eq!(
+        small_back(&mut c, &items[..100]),
+        0,
+        "flushed items came back"
+    );
+    // About 110 MiB of values, restored into 16 MiB: the store evicts as it admits, and
+    // what is back is byte-exact.
+    store_small(&mut c, &items, 0);
+    drop(c);
+    assert_eq!(server.stop().code(), Some(0));
+    let server = Server::start_in(&dir, &["--threads", "1", "--memory", "16M"]);
+    let mut c = server.client();
+    let back = small_back(&mut c, &items);
+    assert!(
+        back > 0 && back < items.len(),
+        "{back} of {} back",
+        items.len()
+    );
+    assert!(c.stat("", "evictions") > 0);
+}
