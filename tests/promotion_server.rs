@@ -27,6 +27,8 @@ fn arena_stat(c: &mut Client, name: &str) -> u64 {
 #[test]
 fn reads_score_heads_and_one_node_has_nothing_to_promote() {
     // Shards that poll before sleeping serve the same (and say so in STAT settings).
+    // A half-life of an hour: scores halve at period boundaries, and one falling between the
+    // five reads below (every 10 s by default) made the score 4 once in CI.
     let server = Server::start(&[
         "--threads",
         "2",
@@ -34,6 +36,8 @@ fn reads_score_heads_and_one_node_has_nothing_to_promote() {
         "50",
         "--spin-before-park",
         "30",
+        "--promotion-half-life",
+        "3600",
     ]);
     let mut c = server.client();
     let settings = c.stats("settings");
