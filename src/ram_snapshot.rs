@@ -56,25 +56,29 @@ pub struct ChunkEncoder {
 }
 
 impl ChunkEncoder {
-    /// Adds an item; returns a sealed chunk when the body reached its target. Keys are at most
-    /// 250 bytes and RAM values far below 4 GiB, so every length fits its field.
+    /// Adds an item whose value is the concatenation of `value` (a fixed slot's value may
+    /// wrap: two parts); returns a sealed chunk when the body reached its target. Keys are at
+    /// most 250 bytes and RAM values far below 4 GiB, so every length fits its field.
     pub fn push(
         &mut self,
         key: &[u8],
         flags: u32,
         expiry: u32,
         cas: u64,
-        value: &[u8],
+        value: &[&[u8]],
     ) -> Option<Vec<u8>> {
         let key_len = u8::try_from(key.len()).expect("keys are at most 250 bytes");
-        let value_len = u32::try_from(value.len()).expect("RAM values are below 4 GiB");
+        let value_len = value.iter().map(|part| part.len()).sum::<usize>();
+        let value_len = u32::try_from(value_len).expect("RAM values are below 4 GiB");
         self.body.push(key_len);
         self.body.extend_from_slice(&flags.to_le_bytes());
         self.body.extend_from_slice(&expiry.to_le_bytes());
         self.body.extend_from_slice(&cas.to_le_bytes());
         self.body.extend_from_slice(&value_len.to_le_bytes());
         self.body.extend_from_slice(key);
-        self.body.extend_from_slice(value);
+        value
+            .iter()
+            .for_each(|part| self.body.extend_from_slice(part));
         self.count += 1;
         (self.body.len() >= CHUNK_BYTES_TARGET).then(|| self.seal())
     }

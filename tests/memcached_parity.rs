@@ -330,16 +330,15 @@ fn replies_that_changed_after_1_6_18() {
     says(b"mg ck v C40 q\r\n", b"HD\r\n");
     // ... a large value's too: nothing of it is read.
     let large = vec![b'L'; 300_000];
-    let mut set = b"ms lck 300000 E41\r\n".to_vec();
-    set.extend_from_slice(&large);
-    set.extend_from_slice(b"\r\n");
-    says(&set, b"HD\r\n");
+    // A line, then the large value as its data block (and `tail` after it).
+    let with_large = |line: &[u8], tail: &[u8]| [line, &large[..], tail].concat();
+    says(&with_large(b"ms lck 300000 E41\r\n", b"\r\n"), b"HD\r\n");
     says(b"mg lck c s\r\n", b"HD c41 s300000\r\n");
     says(b"mg lck v C41 s\r\n", b"HD s300000\r\n");
-    let mut whole = b"VA 300000\r\n".to_vec();
-    whole.extend_from_slice(&large);
-    whole.extend_from_slice(b"\r\nMN\r\n");
-    says(b"mg lck v C1\r\nmn\r\n", &whole);
+    says(
+        b"mg lck v C1\r\nmn\r\n",
+        &with_large(b"VA 300000\r\n", b"\r\nMN\r\n"),
+    );
     // `ms ... s`: the item's size after the store, or the request's when nothing was stored
     // (1.6.20).
     says(b"ms sz 3 s\r\nabc\r\n", b"HD s3\r\n");
@@ -349,24 +348,23 @@ fn replies_that_changed_after_1_6_18() {
     says(b"ms sz2 2 ME s\r\nde\r\n", b"NS s2\r\n");
     says(b"ms nosz 2 MR s\r\nde\r\n", b"NS s2\r\n");
     says(b"ms eHl6 1 s k O5 b\r\nx\r\n", b"HD s1 keHl6 b O5\r\n");
-    let mut set = b"ms lsz 300000 s\r\n".to_vec();
-    set.extend_from_slice(&large);
-    set.extend_from_slice(b"\r\n");
-    says(&set, b"HD s300000\r\n");
+    says(
+        &with_large(b"ms lsz 300000 s\r\n", b"\r\n"),
+        b"HD s300000\r\n",
+    );
     says(b"ms lsz 4 MA s\r\ntail\r\n", b"HD s300004\r\n");
     // An append that misses creates the item with `N`, a streamed (large) value too.
-    let mut set = b"ms lviv 300000 MA N30 F3\r\n".to_vec();
-    set.extend_from_slice(&large);
-    set.extend_from_slice(b"\r\n");
-    says(&set, b"HD\r\n");
+    says(
+        &with_large(b"ms lviv 300000 MA N30 F3\r\n", b"\r\n"),
+        b"HD\r\n",
+    );
     says(b"mg lviv s t f\r\n", b"HD s300000 t30 f3\r\n");
-    set[15..17].copy_from_slice(b"MP");
-    says(&set, b"HD\r\n");
+    says(
+        &with_large(b"ms lviv 300000 MP N30 F3\r\n", b"\r\n"),
+        b"HD\r\n",
+    );
     says(b"mg lviv s\r\n", b"HD s600000\r\n");
-    let mut set = b"ms lnoviv 300000 MA\r\n".to_vec();
-    set.extend_from_slice(&large);
-    set.extend_from_slice(b"\r\n");
-    says(&set, b"NS\r\n");
+    says(&with_large(b"ms lnoviv 300000 MA\r\n", b"\r\n"), b"NS\r\n");
     // `md ... x` empties the value and keeps the item (1.6.27).
     says(b"ms xk 3 F5 T100\r\nabc\r\n", b"HD\r\n");
     says(b"md xk x\r\n", b"HD\r\n");

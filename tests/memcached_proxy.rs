@@ -11,7 +11,7 @@
 mod common;
 
 use std::io::{Read, Write};
-use std::net::{SocketAddr, TcpListener, TcpStream};
+use std::net::{SocketAddr, TcpStream};
 use std::path::{Path, PathBuf};
 use std::process::{Child, Command, Stdio};
 use std::time::{Duration, Instant};
@@ -43,15 +43,6 @@ fn memcached_proxy() -> Result<PathBuf, String> {
     ))
 }
 
-/// A port nothing listens on right now.
-fn free_port() -> u16 {
-    TcpListener::bind("127.0.0.1:0")
-        .unwrap()
-        .local_addr()
-        .unwrap()
-        .port()
-}
-
 /// routelib's configuration: one pool of the backends (keys hashed by the pool, XXH3 and jump
 /// hash), every command routed to it; a dead backend retried every 0.25 s instead of every 3 s.
 fn routelib_config(backends: &[SocketAddr]) -> String {
@@ -74,7 +65,7 @@ struct Proxy {
 
 impl Proxy {
     fn start(binary: &Path, config: &Path) -> Proxy {
-        let port = free_port();
+        let port = common::free_port();
         let mut command = Command::new(binary);
         command.args([
             "-l",

@@ -38,7 +38,8 @@ fn encode(items: &[RamItem]) -> (Vec<u8>, Vec<usize>) {
     let mut starts = Vec::new();
     let mut encoder = ChunkEncoder::default();
     for item in items {
-        if let Some(chunk) = encoder.push(&item.key, item.flags, item.expiry, item.cas, &item.value)
+        if let Some(chunk) =
+            encoder.push(&item.key, item.flags, item.expiry, item.cas, &[&item.value])
         {
             starts.push(part.len());
             part.extend_from_slice(&chunk);

@@ -6,7 +6,7 @@
 
 mod common;
 
-use std::net::{SocketAddr, TcpListener, TcpStream};
+use std::net::{SocketAddr, TcpStream};
 use std::path::{Path, PathBuf};
 use std::process::{Child, Command, Stdio};
 use std::time::{Duration, Instant};
@@ -375,15 +375,6 @@ fn nutcracker() -> Option<PathBuf> {
         })
 }
 
-/// A port nothing listens on right now (the proxy binds it a moment later).
-fn free_port() -> u16 {
-    TcpListener::bind("127.0.0.1:0")
-        .unwrap()
-        .local_addr()
-        .unwrap()
-        .port()
-}
-
 /// A running nutcracker, killed on drop even when the test fails.
 struct Proxy {
     child: Child,
@@ -455,7 +446,7 @@ fn start_nutcracker(
     let child = Command::new(binary)
         .arg("-c")
         .arg(&conf)
-        .args(["-a", "127.0.0.1", "-s", &free_port().to_string()])
+        .args(["-a", "127.0.0.1", "-s", &common::free_port().to_string()])
         .arg("-o")
         .arg(&log)
         .stdin(Stdio::null())
@@ -485,7 +476,9 @@ fn twemproxy_spreads_keys_over_two_servers() {
     let addrs: Vec<SocketAddr> = servers.iter().map(|s| s.addr).collect();
     let dir = fresh_data_dir();
     std::fs::create_dir_all(&dir).unwrap();
-    let listen: SocketAddr = format!("127.0.0.1:{}", free_port()).parse().unwrap();
+    let listen: SocketAddr = format!("127.0.0.1:{}", common::free_port())
+        .parse()
+        .unwrap();
     let mut proxy = start_nutcracker(&binary, &dir, listen, &addrs);
 
     let mut args = vec![listen.to_string()];

@@ -73,6 +73,20 @@ fn text_stats(server: &Server, certs: &Certs, client: Option<(&Path, &Path)>) ->
     String::from_utf8(out.stdout).unwrap()
 }
 
+/// Sends `bytes` on a new TCP connection and reads until the server closes it (10 s at most):
+/// what came back, and how long the server took to close.
+fn send_and_read_to_end(server: &Server, bytes: &[u8]) -> (Vec<u8>, Duration) {
+    let mut stream = TcpStream::connect(server.addr).unwrap();
+    stream.write_all(bytes).unwrap();
+    stream
+        .set_read_timeout(Some(Duration::from_secs(10)))
+        .unwrap();
+    let started = Instant::now();
+    let mut got = Vec::new();
+    let _ = stream.read_to_end(&mut got);
+    (got, started.elapsed())
+}
+
 fn stat(stats: &str, name: &str) -> String {
     stats
         .lines()
@@ -116,15 +130,7 @@ fn mutual_tls_serves_only_clients_the_ca_signed() {
     let rogue = Some((certs.rogue_cert.as_path(), certs.rogue_key.as_path()));
     common::run_checks(app("refused", &server, &certs, rogue), 1);
     // A plaintext binary client: no binary reply (magic 0x81), at most a TLS alert.
-    let mut plain = TcpStream::connect(server.addr).unwrap();
-    plain
-        .write_all(&common::server::frame(0x0b, &[], b"", &[], 0, 0))
-        .unwrap();
-    plain
-        .set_read_timeout(Some(Duration::from_secs(10)))
-        .unwrap();
-    let mut got = Vec::new();
-    let _ = plain.read_to_end(&mut got);
+    let (got, _) = send_and_read_to_end(&server, &common::server::frame(0x0b, &[], b"", &[], 0, 0));
     assert!(
         got.first() != Some(&0x81),
         "a plaintext binary client was served: {got:?}"
@@ -132,42 +138,24 @@ fn mutual_tls_serves_only_clients_the_ca_signed() {
     assert!(server.logs("TLS handshake failed"));
 }
 
-/// The serial of the certificate a new TLS connection is shown, via `openssl s_client`.
-fn served_serial(server: &Server, certs: &Certs) -> String {
-    let out = Command::new("sh")
-        .arg("-c")
-        .arg(format!(
-            "openssl s_client -connect {} -CAfile {} </dev/null 2>/dev/null | openssl x509 -noout -serial",
-            server.addr,
-            certs.ca.display()
-        ))
-        .output()
-        .unwrap();
-    String::from_utf8(out.stdout)
-        .unwrap()
-        .trim()
-        .trim_start_matches("serial=")
-        .to_string()
-}
-
 #[test]
 fn sighup_reloads_the_certificate_for_new_connections() {
     let certs = Certs::make(&fresh_data_dir());
     let server = tls_server(&certs, &[]);
     let first = certs.server_serial();
-    assert_eq!(served_serial(&server, &certs), first);
+    assert_eq!(certs.served_serial(server.addr), first);
     let renewed = certs.renew_server();
     assert_ne!(renewed, first);
     // Until the signal the old certificate is served.
-    assert_eq!(served_serial(&server, &certs), first);
+    assert_eq!(certs.served_serial(server.addr), first);
     server.signal(nix::sys::signal::Signal::SIGHUP);
     assert!(server.logs("TLS certificate, key and CA reloaded"));
-    assert_eq!(served_serial(&server, &certs), renewed);
+    assert_eq!(certs.served_serial(server.addr), renewed);
     // A certificate file that does not load: logged, and the pair in use kept.
     std::fs::write(&certs.server_cert, "not a certificate\n").unwrap();
     server.signal(nix::sys::signal::Signal::SIGHUP);
     assert!(server.logs("TLS files not reloaded, the ones in use are kept"));
-    assert_eq!(served_serial(&server, &certs), renewed);
+    assert_eq!(certs.served_serial(server.addr), renewed);
     common::run_checks(app("app", &server, &certs, None), 10);
     // memcached's `refresh_certs` does what SIGHUP does, over the connection.
     let again = certs.renew_server();
@@ -181,7 +169,7 @@ fn sighup_reloads_the_certificate_for_new_connections() {
         .output()
         .unwrap();
     assert_eq!(String::from_utf8_lossy(&out.stdout), "b'OK'\n"); // the line, its CRLF taken
-    assert_eq!(served_serial(&server, &certs), again);
+    assert_eq!(certs.served_serial(server.addr), again);
     // Without TLS it is memcached's answer.
     let plain = Server::start(&[]);
     let mut c = TcpStream::connect(plain.addr).unwrap();
@@ -196,29 +184,13 @@ fn a_stalled_handshake_is_dropped_and_plaintext_gets_no_reply() {
     let certs = Certs::make(&fresh_data_dir());
     let server = tls_server(&certs, &["--tls-handshake-timeout", "1"]);
     // Half a ClientHello, then nothing.
-    let mut stalled = TcpStream::connect(server.addr).unwrap();
-    stalled
-        .write_all(&[0x16, 0x03, 0x01, 0x02, 0x00, 0x01])
-        .unwrap();
-    stalled
-        .set_read_timeout(Some(Duration::from_secs(10)))
-        .unwrap();
-    let started = Instant::now();
-    let mut rest = Vec::new();
-    let _ = stalled.read_to_end(&mut rest);
-    let waited = started.elapsed();
+    let (_, waited) = send_and_read_to_end(&server, &[0x16, 0x03, 0x01, 0x02, 0x00, 0x01]);
     assert!(
         waited >= Duration::from_millis(900) && waited < Duration::from_secs(8),
         "dropped after {waited:?}"
     );
     // A plaintext client gets no cache reply: at most a TLS alert record, then the close.
-    let mut plain = TcpStream::connect(server.addr).unwrap();
-    plain.write_all(b"version\r\nget k\r\n").unwrap();
-    plain
-        .set_read_timeout(Some(Duration::from_secs(10)))
-        .unwrap();
-    let mut got = Vec::new();
-    let _ = plain.read_to_end(&mut got);
+    let (got, _) = send_and_read_to_end(&server, b"version\r\nget k\r\n");
     assert!(
         got.is_empty() || got[0] == 0x15,
         "a plaintext client got {got:?}"

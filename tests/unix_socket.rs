@@ -217,11 +217,7 @@ fn memccapable_passes_over_the_unix_socket() {
     let sock = socket_in(&dir.join("run"));
     let sock_arg = sock.display().to_string();
     let _server = Server::start_in(&dir, &["--unix-socket", &sock_arg]);
-    let port = std::net::TcpListener::bind("127.0.0.1:0")
-        .unwrap()
-        .local_addr()
-        .unwrap()
-        .port();
+    let port = common::free_port();
     let mut relay = Command::new(socat)
         .arg(format!("TCP-LISTEN:{port},bind=127.0.0.1,reuseaddr,fork"))
         .arg(format!("UNIX-CONNECT:{sock_arg}"))

@@ -345,16 +345,8 @@ impl TextCommand<'_> {
                 expiry: store_exptime(store.exptime),
                 cas: store.compare_cas(),
                 invalidate: store.meta.as_ref().is_some_and(|ms| ms.invalidate),
-                explicit_cas: store
-                    .meta
-                    .as_ref()
-                    .and_then(|ms| ms.explicit_cas)
-                    .unwrap_or(0),
-                vivify: store
-                    .meta
-                    .as_ref()
-                    .and_then(|ms| ms.vivify)
-                    .map(store_exptime),
+                explicit_cas: store.explicit_cas(),
+                vivify: store.vivify_expiry(),
             },
             TextCommand::Arith {
                 incr, key, delta, ..
@@ -488,6 +480,22 @@ impl TextStore<'_> {
             (StoreMode::Set | StoreMode::Replace, Some(0)) => CAS_NEVER_ISSUED,
             (_, cas) => cas.unwrap_or(0),
         }
+    }
+
+    /// `ms ... E<cas>`: the CAS the stored item takes (0: one is drawn).
+    pub fn explicit_cas(&self) -> u64 {
+        self.meta
+            .as_ref()
+            .and_then(|ms| ms.explicit_cas)
+            .unwrap_or(0)
+    }
+
+    /// `ms ... MA|MP N<ttl>`: the expiry of the item an append onto a missing key creates.
+    pub fn vivify_expiry(&self) -> Option<u32> {
+        self.meta
+            .as_ref()
+            .and_then(|ms| ms.vivify)
+            .map(store_exptime)
     }
 
     /// What to send when the two bytes after the value are not `\r\n`: memcached's `CLIENT_ERROR

@@ -1280,16 +1280,8 @@ impl LargeSet {
             flags: store.flags,
             expiry: store_exptime(store.exptime),
             cas: store.compare_cas(),
-            new_cas: store
-                .meta
-                .as_ref()
-                .and_then(|ms| ms.explicit_cas)
-                .unwrap_or(0),
-            vivify: store
-                .meta
-                .as_ref()
-                .and_then(|ms| ms.vivify)
-                .map(store_exptime),
+            new_cas: store.explicit_cas(),
+            vivify: store.vivify_expiry(),
             value_len: store.value_len as u64,
             hints: store.meta.as_ref().and_then(|ms| ms.hints.clone()),
             reply: LargeReply::Text(Box::new(OwnedStoreReply::of(store))),

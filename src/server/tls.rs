@@ -285,11 +285,15 @@ async fn handshake(
 ) -> Result<Vec<u8>, String> {
     let mut buf = vec![0u8; 16 << 10];
     let mut out = Vec::new();
+    let mut after = Vec::new();
     loop {
         while session.wants_write() {
             out.clear();
             session.write_tls(&mut out).map_err(|e| e.to_string())?;
             stream.write_all(&out).await.map_err(|e| e.to_string())?;
+        }
+        if !session.is_handshaking() {
+            return Ok(after);
         }
         let n = stream.read(&mut buf).await.map_err(|e| e.to_string())?;
         if n == 0 {
@@ -308,14 +312,7 @@ async fn handshake(
                 return Err(err.to_string());
             }
         }
-        if !session.is_handshaking() {
-            while session.wants_write() {
-                out.clear();
-                session.write_tls(&mut out).map_err(|e| e.to_string())?;
-                stream.write_all(&out).await.map_err(|e| e.to_string())?;
-            }
-            return Ok(rest.to_vec());
-        }
+        after = rest.to_vec();
     }
 }
 

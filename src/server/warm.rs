@@ -176,7 +176,7 @@ pub async fn write_ram_part(ctx: &Rc<ShardCtx>) {
         let store = ctx.shared.partitions.lock(index);
         store.ram_items(now, |key, meta, value| {
             items += 1;
-            let value = value.to_vec();
+            let value = value.parts();
             if let Some(chunk) = encoder.push(key, meta.flags, meta.expiry, meta.cas, &value) {
                 bytes.extend_from_slice(&chunk);
             }

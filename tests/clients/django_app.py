@@ -11,6 +11,8 @@ import sys
 import django
 from django.conf import settings
 
+from checks import check
+
 backend = {
     "pymemcache": "django.core.cache.backends.memcached.PyMemcacheCache",
     "pylibmc": "django.core.cache.backends.memcached.PyLibMCCache",
@@ -22,13 +24,6 @@ django.setup()
 from django.core.cache import cache  # noqa: E402 (needs the settings above)
 
 rng = random.Random(13)
-
-
-def check(name, got, want):
-    if got == want:
-        print(f"ok {name}", flush=True)
-    else:
-        print(f"FAIL {name}: got {got!r:.200} want {want!r:.200}", flush=True)
 
 
 # Django pickles what it stores: values from empty to several MiB, and typed objects.

@@ -14,6 +14,8 @@ import sys
 
 from pymemcache.client.base import Client
 
+from checks import check
+
 phase, addr = sys.argv[1], sys.argv[2]
 host, port = addr.rsplit(":", 1)
 # default_noreply=False: every store waits for its reply (through a proxy, a noreply store that
@@ -22,13 +24,6 @@ c = Client((host, int(port)), connect_timeout=5, timeout=10, default_noreply=Fal
 rng = random.Random(23)
 small = {f"key-{i}": rng.randbytes(rng.randrange(1, 2000)) for i in range(500)}
 large = {f"big-{i}": rng.randbytes(3 << 20) for i in range(3)}
-
-
-def check(name, got, want):
-    if got == want:
-        print(f"ok {name}", flush=True)
-    else:
-        print(f"FAIL {name}: got {got!r:.200} want {want!r:.200}", flush=True)
 
 
 def store_and_read_all():

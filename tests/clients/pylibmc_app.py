@@ -9,26 +9,13 @@ import sys
 
 import pylibmc
 
+from checks import check, raises
+
 protocol, servers = sys.argv[1], sys.argv[2].split(",")
 behaviors = {"cas": True, "ketama": True, "tcp_nodelay": True}
 c = pylibmc.Client(servers, binary=(protocol == "binary"), behaviors=behaviors)
 other = pylibmc.Client(servers, binary=(protocol == "binary"), behaviors=behaviors)
 rng = random.Random(11)
-
-
-def raises(name, call, error):
-    try:
-        call()
-        print(f"FAIL {name}: no {error.__name__}", flush=True)
-    except error:
-        print(f"ok {name}", flush=True)
-
-
-def check(name, got, want):
-    if got == want:
-        print(f"ok {name}", flush=True)
-    else:
-        print(f"FAIL {name}: got {got!r:.200} want {want!r:.200}", flush=True)
 
 
 # Values from empty to several MiB, both sides of the 256 KiB RAM head.

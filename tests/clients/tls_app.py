@@ -17,18 +17,13 @@ import sys
 
 from pymemcache.client.base import Client
 
+from checks import check
+
 phase, addr, ca = sys.argv[1], sys.argv[2], sys.argv[3]
 host, port = addr.rsplit(":", 1)
 context = ssl.create_default_context(cafile=ca)
 if len(sys.argv) > 5:
     context.load_cert_chain(sys.argv[4], sys.argv[5])
-
-
-def check(name, got, want):
-    if got == want:
-        print(f"ok {name}", flush=True)
-    else:
-        print(f"FAIL {name}: got {got!r:.200} want {want!r:.200}", flush=True)
 
 
 def client():

@@ -196,10 +196,28 @@ impl Certs {
             .arg(&self.server_cert)
             .output()
             .unwrap();
-        String::from_utf8(out.stdout)
-            .unwrap()
-            .trim()
-            .trim_start_matches("serial=")
-            .to_string()
+        serial_of(&out.stdout)
     }
+
+    /// The serial of the certificate a new TLS connection to `addr` is shown (`openssl
+    /// s_client`).
+    pub fn served_serial(&self, addr: std::net::SocketAddr) -> String {
+        let out = Command::new("sh")
+            .arg("-c")
+            .arg(format!(
+                "openssl s_client -connect {addr} -CAfile {} </dev/null 2>/dev/null | openssl x509 -noout -serial",
+                self.ca.display()
+            ))
+            .output()
+            .unwrap();
+        serial_of(&out.stdout)
+    }
+}
+
+/// `serial=HEX` as `openssl x509 -serial` prints it: the hex.
+fn serial_of(stdout: &[u8]) -> String {
+    String::from_utf8_lossy(stdout)
+        .trim()
+        .trim_start_matches("serial=")
+        .to_string()
 }

@@ -249,3 +249,12 @@ pub fn run_checks(mut command: std::process::Command, checks_min: usize) -> Stri
     );
     stdout.into_owned()
 }
+
+/// A local port nothing listens on right now (a proxy or relay binds it a moment later).
+pub fn free_port() -> u16 {
+    std::net::TcpListener::bind("127.0.0.1:0")
+        .unwrap()
+        .local_addr()
+        .unwrap()
+        .port()
+}
