@@ -17,8 +17,8 @@ use std::sync::Arc;
 
 use crate::dir::Dir;
 use crate::placement::TargetId;
-use crate::ram_snapshot::Layout;
 use crate::proto::StoreMode;
+use crate::ram_snapshot::Layout;
 use crate::segment::{Extent, TargetKind, TargetSpec, TargetStorage};
 use crate::snapshot::{self, Snapshot, SnapshotObject, SnapshotTarget};
 use crate::store::{LargeLink, StoreOutcome};
