@@ -361,9 +361,15 @@ fn planted_snapshot_links_are_never_followed() {
         .file_type()
         .is_file());
 
-    // 3. A part that is a link is refused at restore and removed (the link, not its target);
-    // the real parts are restored.
+    // 3. A part that is a link, even one the manifest lists, is refused at restore and
+    // removed (the link, not its target); the real parts are restored.
     std::os::unix::fs::symlink(&target, dir.join("snapshot/part-9.bin")).unwrap();
+    let manifest = dir.join("snapshot/manifest");
+    let text = std::fs::read_to_string(&manifest).unwrap();
+    let (body, _) = text.trim_end().rsplit_once('\n').unwrap();
+    let body = format!("{body}\npart-9.bin\n");
+    let crc = crc32c::crc32c(body.as_bytes());
+    std::fs::write(&manifest, format!("{body}crc32c {crc:08x}\n")).unwrap();
     let server = Server::start_in(&dir, &args);
     assert!(
         server.logs("snapshot part unusable"),

@@ -815,14 +815,60 @@ pub async fn restore(ctx: &Rc<ShardCtx>) {
     finish_restore(ctx, Some(&dir));
 }
 
-/// The last shard to finish reading deletes the parts: nothing is restored twice. Entries are
-/// removed through the directory (a link among them goes, its target stays).
+/// Where a consumed snapshot waits for its removal (`snapshot.consumed-<ns>`).
+const CONSUMED_PREFIX: &str = "snapshot.consumed-";
+
+/// The last shard to finish reading retires the snapshot: nothing is restored twice. The
+/// directory is renamed aside and the rename synced before any shard serves (that is the
+/// commit: a crash from then on restarts empty); its files, gigabytes perhaps, are removed
+/// on the blocking pool meanwhile, with any left by an earlier run. Entries are removed
+/// through the directory (a link among them goes, its target stays).
 fn finish_restore(ctx: &ShardCtx, dir: Option<&Dir>) {
-    if ctx.shared.restored.fetch_add(1, Ordering::AcqRel) + 1 == ctx.shards {
-        let Some(dir) = dir else { return };
-        for name in dir.names().unwrap_or_default() {
-            let _ = dir.remove_file(&name);
+    if ctx.shared.restored.fetch_add(1, Ordering::AcqRel) + 1 != ctx.shards {
+        return;
+    }
+    let data_dir = Arc::clone(&ctx.shared.data_dir.dir);
+    if dir.is_some() {
+        let aside = format!("{CONSUMED_PREFIX}{}", started_ns());
+        let retired = data_dir
+            .rename(OsStr::new(SNAPSHOT_DIR), OsStr::new(&aside))
+            .and_then(|()| data_dir.sync());
+        if let Err(err) = retired {
+            tracing::error!(%err, "the restored snapshot could not be retired; removing it in place");
+            remove_snapshot_dir(&data_dir, OsStr::new(SNAPSHOT_DIR));
         }
-        let _ = ctx.shared.data_dir.dir.remove_dir(OsStr::new(SNAPSHOT_DIR));
+    }
+    let consumed: Vec<OsString> = data_dir
+        .names()
+        .unwrap_or_default()
+        .into_iter()
+        .filter(|n| n.to_string_lossy().starts_with(CONSUMED_PREFIX))
+        .collect();
+    if consumed.is_empty() {
+        return;
+    }
+    let removal = glommio::executor().spawn_blocking(move || {
+        for name in &consumed {
+            remove_snapshot_dir(&data_dir, name);
+        }
+    });
+    glommio::spawn_local(removal).detach();
+}
+
+fn started_ns() -> u128 {
+    std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .map_or(0, |d| d.as_nanos())
+}
+
+/// Removes the snapshot directory `name` of `data_dir` and every file in it.
+fn remove_snapshot_dir(data_dir: &Dir, name: &OsStr) {
+    if let Ok(Some(dir)) = data_dir.sub_dir(name, false) {
+        for entry in dir.names().unwrap_or_default() {
+            let _ = dir.remove_file(&entry);
+        }
+    }
+    if let Err(err) = data_dir.remove_dir(name) {
+        tracing::warn!(%err, dir = %data_dir.path().join(name).display(), "a consumed snapshot directory was not removed");
     }
 }
