@@ -18,6 +18,8 @@ pub struct StreamPool {
     free: RefCell<Vec<(usize, Option<u16>)>>,
     waiters: RefCell<VecDeque<Waker>>,
     total: usize,
+    /// Every chunk is part of a registered buffer (fixed-buffer I/O works on any of them).
+    registered: bool,
 }
 
 impl StreamPool {
@@ -44,16 +46,23 @@ impl StreamPool {
             }
         }
         let total = free.len();
+        let registered = free.iter().all(|(_, index)| index.is_some());
         Rc::new(StreamPool {
             chunk_bytes,
             free: RefCell::new(free),
             waiters: RefCell::new(VecDeque::new()),
             total,
+            registered,
         })
     }
 
     pub fn chunk_bytes(&self) -> usize {
         self.chunk_bytes
+    }
+
+    /// Whether every chunk can do fixed-buffer I/O.
+    pub fn registered(&self) -> bool {
+        self.registered
     }
 
     /// Chunks in the pool, and how many are free now.

@@ -24,6 +24,7 @@ mod log_limit;
 pub mod lookahead;
 mod master;
 pub mod metrics;
+mod part_file;
 mod replies;
 mod serve;
 mod shard;
@@ -192,6 +193,8 @@ pub struct Shared {
     pub(crate) finished: AtomicUsize,
     /// Shards that have read the warm-restart snapshot (the last one deletes it).
     pub(crate) restored: AtomicUsize,
+    /// Shards that have written their warm-restart parts (the last one writes the manifest).
+    pub(crate) snapshot_written: AtomicUsize,
     /// What the warm restart brought back (STAT `warm_restart_*`).
     pub(crate) warm_restart: WarmRestartFigures,
     /// Every shard waits here after its restore: none serves before all partitions are back.
@@ -419,9 +422,16 @@ pub fn start(settings: Settings, topology: &Topology) -> Result<Running, ServerE
     let count = settings
         .partitions
         .unwrap_or_else(|| crate::store::partition::default_count_for(shards, arena.plan()));
+    let seed = match warm::kept_seed(&data_dir.dir, settings.warm_restart) {
+        Some(seed) => {
+            tracing::info!("key hash seed kept from the warm-restart snapshot");
+            seed
+        }
+        None => random_seed(),
+    };
     let partitions = crate::store::partition::Partitions::new(
         &arena,
-        KeyHasher::with_seed(random_seed()),
+        KeyHasher::with_seed(seed),
         count,
         |index| StoreConfig {
             max_item_bytes: settings.max_item_bytes,
@@ -465,6 +475,7 @@ pub fn start(settings: Settings, topology: &Topology) -> Result<Running, ServerE
         drained: AtomicUsize::new(0),
         finished: AtomicUsize::new(0),
         restored: AtomicUsize::new(0),
+        snapshot_written: AtomicUsize::new(0),
         warm_restart: WarmRestartFigures::default(),
         io_fallback_said: std::sync::atomic::AtomicBool::new(false),
         multishot_fallback_said: std::sync::atomic::AtomicBool::new(false),
@@ -691,11 +702,11 @@ async fn shard_main(
     while shared.drained.load(Ordering::Acquire) < ctx.shards {
         glommio::timer::sleep(Duration::from_millis(5)).await;
     }
-    ctx.io.close(&shared).await;
+    // The parts are written before the ring stops: the RAM part leaves through it.
     if shared.settings.warm_restart {
-        warm::write_part(&ctx).await;
-        warm::write_ram_part(&ctx).await;
+        warm::write_parts(&ctx).await;
     }
+    ctx.io.close(&shared).await;
     // Extents freed by the last requests reach the master before it stops.
     let mut frees = Vec::new();
     for index in shared.partitions.owned_by(id, ctx.shards) {

@@ -18,10 +18,12 @@ use std::sync::Arc;
 use crate::dir::Dir;
 use crate::placement::TargetId;
 use crate::proto::StoreMode;
+use crate::ram_snapshot::Layout;
 use crate::segment::{Extent, TargetKind, TargetSpec, TargetStorage};
 use crate::snapshot::{self, Snapshot, SnapshotObject, SnapshotTarget};
 use crate::store::{LargeLink, StoreOutcome};
 
+use super::part_file;
 use super::shard::{ShardCtx, ShardReply, ShardRequest, TargetRow};
 use super::unix_now;
 
@@ -57,7 +59,7 @@ fn to_snapshot_target(spec: &TargetSpec) -> SnapshotTarget {
 
 /// Writes this shard's part: the large items of its partitions, with their replicas on file
 /// segments.
-pub async fn write_part(ctx: &Rc<ShardCtx>) {
+async fn write_part(ctx: &Rc<ShardCtx>) {
     let rows = target_rows(ctx).await;
     let files: HashMap<TargetId, &TargetSpec> = rows
         .iter()
@@ -163,113 +165,436 @@ fn write_atomically(
     dir.sync()
 }
 
-/// Writes this shard's RAM part: every live item its partitions hold in RAM, in checksummed
-/// chunks (`ram_snapshot`). The server has stopped serving, so each partition is walked under
-/// its lock at once.
-pub async fn write_ram_part(ctx: &Rc<ShardCtx>) {
-    let started = std::time::Instant::now();
-    let now = unix_now();
-    let mut bytes = crate::ram_snapshot::header();
-    let mut encoder = crate::ram_snapshot::ChunkEncoder::default();
-    let mut items = 0u64;
-    for index in ctx.shared.partitions.owned_by(ctx.id, ctx.shards) {
-        let store = ctx.shared.partitions.lock(index);
-        store.ram_items(now, |key, meta, value| {
-            items += 1;
-            let value = value.parts();
-            if let Some(chunk) = encoder.push(key, meta.flags, meta.expiry, meta.cas, &value) {
-                bytes.extend_from_slice(&chunk);
+/// Writes this shard's parts (large items, then RAM items); the last shard to finish writes
+/// the manifest that makes the snapshot whole.
+pub async fn write_parts(ctx: &Rc<ShardCtx>) {
+    // A manifest left from before (its removal at start failed) must not vouch for these parts.
+    if let Ok(Some(dir)) = snapshot_dir(ctx, false) {
+        let _ = dir.remove_file(OsStr::new(MANIFEST));
+    }
+    write_part(ctx).await;
+    write_ram_part(ctx).await;
+    if ctx.shared.snapshot_written.fetch_add(1, Ordering::AcqRel) + 1 == ctx.shards {
+        let data_dir = Arc::clone(&ctx.shared.data_dir.dir);
+        let layout = layout_of(ctx);
+        let sealed = glommio::executor()
+            .spawn_blocking(move || write_manifest(&data_dir, layout))
+            .await;
+        match sealed {
+            Ok(0) => {}
+            Ok(parts) => tracing::info!(parts, "warm-restart snapshot complete"),
+            Err(err) => {
+                tracing::error!(%err, "the snapshot's manifest was not written: nothing will be restored")
             }
-        });
-    }
-    if let Some(chunk) = encoder.finish() {
-        bytes.extend_from_slice(&chunk);
-    }
-    if items == 0 {
-        return;
-    }
-    let data_dir = Arc::clone(&ctx.shared.data_dir.dir);
-    let name = OsString::from(format!("ram-{}.part", ctx.id));
-    let tmp = OsString::from(format!(".ram-{}.tmp", ctx.id));
-    let size = bytes.len();
-    let written = glommio::executor()
-        .spawn_blocking(move || write_atomically(&data_dir, &name, &tmp, &bytes))
-        .await;
-    match written {
-        Ok(()) => tracing::info!(
-            shard = ctx.id,
-            items,
-            bytes = size,
-            ms = started.elapsed().as_millis() as u64,
-            "RAM items written for the warm restart"
-        ),
-        Err(err) => {
-            tracing::error!(shard = ctx.id, %err, "RAM items not written: they will not survive the restart")
         }
     }
 }
 
-/// Restores, from every RAM part, the items of this shard's partitions that have not expired;
-/// a chunk that does not check is dropped whole and counted. Returns (restored, dropped).
-fn restore_ram_parts(ctx: &Rc<ShardCtx>, dir: &Dir, names: &[OsString]) -> (u64, u64) {
-    let now = unix_now();
-    let (mut restored, mut dropped) = (0u64, 0u64);
-    for name in names
-        .iter()
-        .filter(|n| Path::new(n).extension().is_some_and(|x| x == "part"))
-    {
-        let read = dir.open_regular_file_to_read(name).and_then(|mut file| {
-            let mut bytes = Vec::new();
-            std::io::Read::read_to_end(&mut file, &mut bytes).map(|_| bytes)
-        });
-        let decoded = match read.map(|b| crate::ram_snapshot::decode(&b)) {
-            Ok(Ok(decoded)) => decoded,
-            Ok(Err(err)) => {
-                tracing::warn!(part = %dir.path().join(name).display(), %err, "RAM part unusable: its items start empty");
-                dropped += 1;
-                continue;
-            }
-            Err(err) => {
-                tracing::warn!(part = %dir.path().join(name).display(), %err, "RAM part unreadable: its items start empty");
-                dropped += 1;
-                continue;
-            }
-        };
-        if decoded.damaged_stretches > 0 && ctx.id == 0 {
-            tracing::warn!(
-                part = %dir.path().join(name).display(),
-                stretches = decoded.damaged_stretches,
-                bytes = decoded.damaged_bytes,
-                "RAM part damaged: the chunks that do not check are dropped, the rest restored"
-            );
-        }
-        dropped += decoded.damaged_stretches;
-        for item in decoded.items {
-            let partition = ctx.shared.partitions.of_key(&item.key);
-            if partition % ctx.shards != ctx.id || (item.expiry != 0 && item.expiry <= now) {
-                continue;
-            }
-            let mut store = ctx.shared.partitions.lock(partition);
-            let outcome = store.store(
-                StoreMode::Set,
-                &item.key,
-                &item.value,
-                item.flags,
-                item.expiry,
-                0,
-                now,
-            );
-            let outcome = store.with_client_cas(&item.key, now, outcome, item.cas);
-            let frees = store.take_pending_frees();
-            drop(store);
-            ctx.free_extents(frees);
-            match outcome {
-                StoreOutcome::Stored { .. } => restored += 1,
-                _ => dropped += 1,
+/// The file whose presence makes a snapshot whole: it lists every part, written last (after
+/// every part was synced and renamed). A stop cut short (kill -9, power loss) leaves parts
+/// without one, and the next start restores none of them: the previous state or none, never
+/// a mix.
+const MANIFEST: &str = "manifest";
+const MANIFEST_FIRST_LINE: &str = "headroom snapshot 1";
+
+/// How this server spreads keys over partitions.
+fn layout_of(ctx: &ShardCtx) -> Layout {
+    let partitions = &ctx.shared.partitions;
+    Layout {
+        partitions: partitions.len() as u32,
+        seed: partitions.hasher().seed(),
+    }
+}
+
+/// Writes the manifest naming every part in the snapshot directory, with the layout (the next
+/// start keeps the key hash seed, so a part's chunks are each one of its partitions); returns
+/// how many parts.
+fn write_manifest(data_dir: &Dir, layout: Layout) -> std::io::Result<usize> {
+    let Some(dir) = data_dir.sub_dir(OsStr::new(SNAPSHOT_DIR), false)? else {
+        return Ok(0);
+    };
+    let mut parts: Vec<String> = dir
+        .names()?
+        .into_iter()
+        .filter_map(|n| n.into_string().ok())
+        .filter(|n| is_part(n))
+        .collect();
+    if parts.is_empty() {
+        return Ok(0);
+    }
+    parts.sort();
+    let mut text = format!(
+        "{MANIFEST_FIRST_LINE}\npartitions {}\nseed {:016x}\n",
+        layout.partitions, layout.seed
+    );
+    for name in &parts {
+        text.push_str(name);
+        text.push('\n');
+    }
+    text.push_str(&format!("crc32c {:08x}\n", crc32c::crc32c(text.as_bytes())));
+    write_atomically(
+        data_dir,
+        OsStr::new(MANIFEST),
+        OsStr::new(".manifest.tmp"),
+        text.as_bytes(),
+    )?;
+    Ok(parts.len())
+}
+
+/// A part's name: `part-N.bin` (large items) or `ram-N.part` (RAM items).
+fn is_part(name: &str) -> bool {
+    (name.starts_with("part-") && name.ends_with(".bin"))
+        || (name.starts_with("ram-") && name.ends_with(".part"))
+}
+
+/// What a whole snapshot's manifest says.
+struct Manifest {
+    layout: Layout,
+    parts: Vec<OsString>,
+}
+
+/// The manifest, or why the snapshot is not whole.
+fn read_manifest(dir: &Dir) -> Result<Manifest, String> {
+    let mut text = String::new();
+    dir.open_regular_file_to_read(OsStr::new(MANIFEST))
+        .and_then(|mut f| std::io::Read::read_to_string(&mut f, &mut text))
+        .map_err(|err| format!("no manifest ({err}): the stop that wrote it was cut short"))?;
+    let (body, crc_line) = text
+        .trim_end_matches('\n')
+        .rsplit_once('\n')
+        .ok_or("an empty manifest")?;
+    let body = format!("{body}\n");
+    let want = crc_line
+        .strip_prefix("crc32c ")
+        .and_then(|hex| u32::from_str_radix(hex, 16).ok())
+        .ok_or("a manifest without its checksum")?;
+    if crc32c::crc32c(body.as_bytes()) != want {
+        return Err("a manifest whose checksum fails".into());
+    }
+    let mut lines = body.lines();
+    let mut field = |name: &str| {
+        lines
+            .next()
+            .and_then(|line| line.strip_prefix(name))
+            .map(str::to_owned)
+    };
+    let (Some(_), Some(partitions), Some(seed)) = (
+        field(MANIFEST_FIRST_LINE),
+        field("partitions "),
+        field("seed "),
+    ) else {
+        return Err("a manifest of another format".into());
+    };
+    let layout = partitions
+        .parse()
+        .ok()
+        .zip(u64::from_str_radix(&seed, 16).ok())
+        .map(|(partitions, seed)| Layout { partitions, seed })
+        .ok_or("a manifest of another format")?;
+    Ok(Manifest {
+        layout,
+        parts: lines.filter(|n| is_part(n)).map(OsString::from).collect(),
+    })
+}
+
+/// At start, before the key space is built: the key hash seed of the whole snapshot in
+/// `data_dir`, if one will be restored (keeping it keeps every key in its partition, so each
+/// shard reads only its own partitions' chunks).
+pub fn kept_seed(data_dir: &Dir, warm_restart: bool) -> Option<u64> {
+    if !warm_restart {
+        return None;
+    }
+    let dir = data_dir.sub_dir(OsStr::new(SNAPSHOT_DIR), false).ok()??;
+    read_manifest(&dir).ok().map(|m| m.layout.seed)
+}
+
+/// Index buckets walked under one partition lock while writing (the sealed chunks of one
+/// slice wait in memory for the writes).
+const SLICE_BUCKETS: usize = 1024;
+
+/// Writes this shard's RAM part: every live item its partitions hold in RAM, in checksummed
+/// chunks of one partition each (`ram_snapshot`), through `part_file` (the ring when there is
+/// one). The server has stopped serving, so nothing changes the index between two slices.
+async fn write_ram_part(ctx: &Rc<ShardCtx>) {
+    let started = std::time::Instant::now();
+    let name = OsString::from(format!("ram-{}.part", ctx.id));
+    let tmp = OsString::from(format!(".ram-{}.tmp", ctx.id));
+    let shown = ctx
+        .shared
+        .data_dir
+        .dir
+        .path()
+        .join(SNAPSHOT_DIR)
+        .join(&name);
+    match write_ram_items(ctx, &name, &tmp).await {
+        Ok(None) => {}
+        Ok(Some((items, bytes))) => tracing::info!(
+            shard = ctx.id,
+            items,
+            bytes,
+            ms = started.elapsed().as_millis() as u64,
+            path = %shown.display(),
+            "RAM items written for the warm restart"
+        ),
+        Err(err) => {
+            tracing::error!(shard = ctx.id, %err, path = %shown.display(), "RAM items not written: they will not survive the restart");
+            if let Ok(Some(dir)) = snapshot_dir(ctx, false) {
+                let _ = dir.remove_file(&tmp);
             }
         }
     }
-    (restored, dropped)
+}
+
+/// Writes the RAM part into `tmp`, then syncs it and renames it to `name`; returns the items
+/// and bytes written (`None`: no item, no part).
+async fn write_ram_items(
+    ctx: &Rc<ShardCtx>,
+    name: &OsStr,
+    tmp: &OsStr,
+) -> std::io::Result<Option<(u64, u64)>> {
+    use crate::ram_snapshot::{self as format, ChunkEncoder, ChunkRef, SealedChunk};
+    let now = unix_now();
+    let partitions = &ctx.shared.partitions;
+    let mut writer: Option<(Dir, part_file::PartWriter)> = None;
+    let mut chunks: Vec<ChunkRef> = Vec::new();
+    let mut encoder = ChunkEncoder::default();
+    let mut items = 0u64;
+    // Places a sealed chunk: opens the part on the first one.
+    async fn place(
+        ctx: &ShardCtx,
+        tmp: &OsStr,
+        writer: &mut Option<(Dir, part_file::PartWriter)>,
+        chunks: &mut Vec<ChunkRef>,
+        sealed: SealedChunk,
+    ) -> std::io::Result<()> {
+        if writer.is_none() {
+            let dir = snapshot_dir(ctx, true)?.ok_or_else(|| {
+                std::io::Error::other("the snapshot directory could not be created")
+            })?;
+            // A leftover of ours (or anything planted) is removed, never written through.
+            dir.remove_file(tmp)?;
+            let (file, created) = dir.open_regular_file(tmp, true)?;
+            if !created {
+                return Err(std::io::Error::other(format!(
+                    "{} appeared while it was being written",
+                    dir.path().join(tmp).display()
+                )));
+            }
+            let mut part = part_file::PartWriter::new(&ctx.io, &dir, tmp, file);
+            part.append(&format::header_block(layout_of(ctx))).await?;
+            *writer = Some((dir, part));
+        }
+        let (_, part) = writer.as_mut().expect("opened above");
+        chunks.push(ChunkRef {
+            offset: part.position(),
+            partition: sealed.partition,
+            count: sealed.count,
+            body_len: sealed.body_len,
+        });
+        part.append(&sealed.bytes).await
+    }
+    for index in partitions.owned_by(ctx.id, ctx.shards) {
+        let mut from = Some(0);
+        while let Some(bucket) = from {
+            let mut sealed = Vec::new();
+            {
+                let store = partitions.lock(index);
+                from = store.ram_items_in((bucket, SLICE_BUCKETS), now, |key, meta, value| {
+                    items += 1;
+                    let meta = (meta.flags, meta.expiry, meta.cas);
+                    sealed.extend(encoder.push(index as u32, key, meta, &value.parts()));
+                });
+            }
+            for chunk in sealed {
+                place(ctx, tmp, &mut writer, &mut chunks, chunk).await?;
+            }
+        }
+    }
+    if let Some(last) = encoder.finish() {
+        place(ctx, tmp, &mut writer, &mut chunks, last).await?;
+    }
+    let Some((dir, mut part)) = writer else {
+        return Ok(None);
+    };
+    let index = format::index_blocks(&chunks, part.position());
+    part.append(&index).await?;
+    let bytes = part.finish().await?;
+    let (tmp, name) = (tmp.to_owned(), name.to_owned());
+    glommio::executor()
+        .spawn_blocking(move || {
+            dir.open_regular_file_to_read(&tmp)?.sync_all()?;
+            dir.rename(&tmp, &name)?;
+            dir.sync()
+        })
+        .await?;
+    Ok(Some((items, bytes)))
+}
+
+/// What restoring the RAM parts did.
+#[derive(Default)]
+struct RamRestore {
+    restored: u64,
+    /// Items not restored: in chunks that did not check, or refused by the store.
+    dropped: u64,
+    bytes_read: u64,
+}
+
+/// Restores, from every RAM part, the items of this shard's partitions that have not expired.
+/// A part whose writer had as many partitions as this server is read only where its chunks
+/// hold this shard's partitions (the index says where); otherwise every chunk is read and
+/// each item's key decides. A chunk that does not check is dropped whole and counted.
+async fn restore_ram_parts(ctx: &Rc<ShardCtx>, dir: &Dir, names: &[OsString]) -> RamRestore {
+    let mut done = RamRestore::default();
+    for name in names
+        .iter()
+        .filter(|n| n.to_string_lossy().ends_with(".part"))
+    {
+        let shown = dir.path().join(name);
+        if let Err(err) = restore_ram_part(ctx, dir, name, &mut done).await {
+            if ctx.id == 0 {
+                tracing::warn!(part = %shown.display(), %err, "RAM part unreadable: its items start empty");
+            }
+            done.dropped += 1;
+        }
+    }
+    done
+}
+
+async fn restore_ram_part(
+    ctx: &Rc<ShardCtx>,
+    dir: &Dir,
+    name: &OsStr,
+    done: &mut RamRestore,
+) -> std::io::Result<()> {
+    use crate::ram_snapshot as format;
+    let file = dir.open_regular_file_to_read(name)?;
+    let planned = {
+        let file = file.try_clone()?;
+        glommio::executor()
+            .spawn_blocking(move || {
+                let len = file.metadata()?.len();
+                format::plan(len, |at, want| {
+                    let mut bytes = vec![0u8; want];
+                    let mut got = 0;
+                    while got < want {
+                        match std::os::unix::fs::FileExt::read_at(
+                            &file,
+                            &mut bytes[got..],
+                            at + got as u64,
+                        )? {
+                            0 => break,
+                            n => got += n,
+                        }
+                    }
+                    bytes.truncate(got);
+                    Ok::<_, std::io::Error>(bytes)
+                })
+            })
+            .await?
+    };
+    let plan = planned.map_err(std::io::Error::other)?;
+    let (shards, id) = (ctx.shards, ctx.id);
+    // Every chunk has one shard that counts it when it does not check.
+    let counts_here = |chunk: &format::ChunkRef| chunk.partition as usize % shards == id;
+    if id == 0 && (!plan.indexed || plan.damaged_stretches > 0) {
+        tracing::warn!(
+            part = %dir.path().join(name).display(),
+            chunks = plan.chunks.len(),
+            damaged_stretches = plan.damaged_stretches,
+            damaged_bytes = plan.damaged_bytes,
+            "RAM part without its index (damaged or truncated): its chunk headers were walked; what does not check is dropped, the rest restored"
+        );
+        done.dropped += plan.damaged_stretches;
+    }
+    let same_layout = plan.layout == layout_of(ctx);
+    let wanted: Vec<format::ChunkRef> = plan
+        .chunks
+        .into_iter()
+        .filter(|chunk| !same_layout || counts_here(chunk))
+        .collect();
+    let reader = part_file::PartReader::new(&ctx.io, dir, name, file);
+    let mut reads = std::collections::VecDeque::new();
+    let mut next = wanted.iter();
+    let now = unix_now();
+    let mut dropped_chunks = 0u64;
+    loop {
+        while reads.len() < reader.depth() {
+            let Some(chunk) = next.next() else { break };
+            reads.push_back((*chunk, reader.read(chunk.offset, chunk.len() as usize)));
+        }
+        let Some((chunk, read)) = reads.pop_front() else {
+            break;
+        };
+        let bytes = read
+            .await
+            .unwrap_or_else(|| Err(std::io::Error::other("a snapshot read was cancelled")));
+        let items = match &bytes {
+            Ok(bytes) => format::chunk_items(&chunk, bytes),
+            Err(_) => None,
+        };
+        let Some(items) = items else {
+            if counts_here(&chunk) {
+                dropped_chunks += 1;
+                done.dropped += u64::from(chunk.count);
+            }
+            continue;
+        };
+        done.bytes_read += chunk.len();
+        store_items(ctx, &items, now, done);
+    }
+    if dropped_chunks > 0 {
+        tracing::warn!(
+            shard = id,
+            part = %dir.path().join(name).display(),
+            chunks = dropped_chunks,
+            "RAM part chunks that do not check were dropped with their items"
+        );
+    }
+    Ok(())
+}
+
+/// Stores a chunk's items that belong to this shard and have not expired, their CAS kept;
+/// what the store refuses is counted as dropped. Consecutive items of one partition share one
+/// hold of its lock.
+fn store_items(
+    ctx: &Rc<ShardCtx>,
+    items: &[crate::ram_snapshot::ItemRef<'_>],
+    now: u32,
+    done: &mut RamRestore,
+) {
+    let partitions = &ctx.shared.partitions;
+    let mut frees = Vec::new();
+    let mut held = None;
+    for item in items {
+        let partition = partitions.of_key(item.key);
+        if partition % ctx.shards != ctx.id || (item.expiry != 0 && item.expiry <= now) {
+            continue;
+        }
+        let store = match &mut held {
+            Some((p, store)) if *p == partition => store,
+            _ => {
+                held = None; // one lock at a time
+                &mut held.insert((partition, partitions.lock(partition))).1
+            }
+        };
+        let outcome = store.store(
+            StoreMode::Set,
+            item.key,
+            item.value,
+            item.flags,
+            item.expiry,
+            0,
+            now,
+        );
+        let outcome = store.with_client_cas(item.key, now, outcome, item.cas);
+        frees.extend(store.take_pending_frees());
+        match outcome {
+            StoreOutcome::Stored { .. } => done.restored += 1,
+            _ => done.dropped += 1,
+        }
+    }
+    drop(held);
+    ctx.free_extents(frees);
 }
 
 /// Reads a value back from a file target and checks its CRC32C; returns its head if it holds.
@@ -344,16 +669,28 @@ pub async fn restore(ctx: &Rc<ShardCtx>) {
         finish_restore(ctx, Some(&dir));
         return;
     }
-    let (ram_restored, ram_dropped) = restore_ram_parts(ctx, &dir, &names);
+    let names = match read_manifest(&dir) {
+        Ok(manifest) => manifest.parts,
+        Err(reason) => {
+            if ctx.id == 0 && names.iter().any(|n| is_part(&n.to_string_lossy())) {
+                tracing::warn!(%reason, "warm-restart snapshot incomplete: nothing restored, it is removed");
+            }
+            finish_restore(ctx, Some(&dir));
+            return;
+        }
+    };
+    let ram = restore_ram_parts(ctx, &dir, &names).await;
     let warm = &ctx.shared.warm_restart;
-    warm.restored.fetch_add(ram_restored, Ordering::Relaxed);
-    warm.dropped.fetch_add(ram_dropped, Ordering::Relaxed);
-    if ram_restored + ram_dropped > 0 {
+    warm.restored.fetch_add(ram.restored, Ordering::Relaxed);
+    warm.dropped.fetch_add(ram.dropped, Ordering::Relaxed);
+    if ram.restored + ram.dropped > 0 {
+        let ms = started.elapsed().as_millis() as u64;
         tracing::info!(
             shard = ctx.id,
-            restored = ram_restored,
-            dropped = ram_dropped,
-            ms = started.elapsed().as_millis() as u64,
+            restored = ram.restored,
+            dropped = ram.dropped,
+            bytes_read = ram.bytes_read,
+            ms,
             "warm restart: RAM items"
         );
     }

@@ -11,11 +11,16 @@ use super::stats::{ItemClass, StoreStats};
 
 /// The key hash every partition shares: it picks the key's partition and its index bucket.
 #[derive(Clone, Debug)]
-pub struct KeyHasher(foldhash::fast::FixedState);
+pub struct KeyHasher(foldhash::fast::FixedState, u64);
 
 impl KeyHasher {
     pub fn with_seed(seed: u64) -> KeyHasher {
-        KeyHasher(foldhash::fast::FixedState::with_seed(seed))
+        KeyHasher(foldhash::fast::FixedState::with_seed(seed), seed)
+    }
+
+    /// The seed: a warm restart keeps it, so a key stays in its partition.
+    pub fn seed(&self) -> u64 {
+        self.1
     }
 
     pub fn hash(&self, key: &[u8]) -> u64 {

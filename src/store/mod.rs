@@ -340,16 +340,23 @@ impl Store {
     }
 
     /// Warm restart: calls `f` with the key, meta and value of every live item held in RAM
-    /// (inline or in a fixed slot; large values have their own snapshot).
-    pub fn ram_items(&self, now: u32, mut f: impl FnMut(&[u8], item::Meta, SlotBytes<'_>)) {
-        self.keys.for_each(|loc| {
+    /// (inline or in a fixed slot; large values have their own snapshot) in index buckets
+    /// `from..from + count`; returns the next bucket, or `None` past the last. A walk in
+    /// slices sees every item once only while nothing is stored between the slices.
+    pub fn ram_items_in(
+        &self,
+        (from, count): (usize, usize),
+        now: u32,
+        mut f: impl FnMut(&[u8], item::Meta, SlotBytes<'_>),
+    ) -> Option<usize> {
+        self.keys.for_each_in(from, count, |loc| {
             let record = self.arena.bytes(loc);
             let meta = item::meta(record);
             if is_expired(meta.expiry, now) || matches!(item::value_at(record), ValueAt::Large) {
                 return;
             }
             f(item::key(record), meta, self.value_of(loc));
-        });
+        })
     }
 
     /// STAT `cachedump`: calls `f` with the key, value length and expiry (a Unix time, 0
