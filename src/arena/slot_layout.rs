@@ -7,7 +7,7 @@
 //! Why: the kernel copies a reply into the socket's page fragment after the reply's header
 //! (28 bytes for a binary GET). A page-aligned value would put each copied byte 28 bytes ahead
 //! of where it was read, modulo a page, and `rep movsb` stalls on 4K aliasing at that short
-//! distance: a 256 KiB reply cost a third more CPU (docs/benchmarks.md, "copy distance"). At
+//! distance (measured when the layout came in: `git show 2415658 -- docs/benchmarks.md`). At
 //! half a page the distance is long for any header a protocol writes (at most about 300 bytes).
 //!
 //! Readers see a value as [`SlotBytes`]: one or two runs in order. Writers fill it through a

@@ -225,8 +225,8 @@ pub struct Cli {
     /// On the ring path, each connection's socket timestamps what it receives, so a request's
     /// latency starts when its bytes reached the kernel, including the wait for a sleeping
     /// shard to wake. `off` receives with plain RECV and starts the clock when the shard takes
-    /// the bytes: about 5 % less server CPU per request under a light load, where a shard
-    /// wakes for every request (docs/benchmarks.md) [default: on].
+    /// the bytes: a little less server CPU per request under a light load, where a shard
+    /// wakes for every request (docs/benchmarks.md has the A/B) [default: on].
     #[arg(long, value_name = "on|off")]
     pub receive_timestamps: Option<String>,
 
@@ -239,8 +239,8 @@ pub struct Cli {
 
     /// On the ring path, a shard sleeps in its own ring, where most wake-ups come from, and
     /// polls glommio's rings from there: a wake-up is one `io_uring_enter`. `off` sleeps in
-    /// glommio's ring, woken through an eventfd the shard's ring signals (about 17 % more
-    /// server CPU per request where a shard sleeps between requests: docs/benchmarks.md)
+    /// glommio's ring, woken through an eventfd the shard's ring signals (more server CPU per
+    /// request where a shard sleeps between requests: docs/benchmarks.md has the A/B)
     /// [default: on].
     #[arg(long, value_name = "on|off")]
     pub ring_sleep: Option<String>,
@@ -248,9 +248,9 @@ pub struct Cli {
     /// What each shard's thread is pinned to: `core`, its own CPU (the design's thread per
     /// core); `node`, any CPU of the serving node, so the scheduler may run a woken shard on
     /// an idle CPU. `node` is for hosts where the shards share their CPUs with other work,
-    /// such as the clients of a benchmark: there a few connections got 1.6-1.75x the
-    /// throughput at 0.78-0.81 of the CPU per request, and busier loads cost up to 1.14x the
-    /// CPU (docs/benchmarks.md) [default: core].
+    /// such as the clients of a benchmark: there a few connections get more throughput at
+    /// less CPU per request, and busier loads cost more CPU (docs/benchmarks.md has the A/B)
+    /// [default: core].
     #[arg(long, value_name = "core|node")]
     pub pin_shards: Option<String>,
 

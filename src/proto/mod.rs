@@ -1,8 +1,9 @@
-//! The memcached binary protocol: request frames in, response frames out.
+//! memcached's protocols: the binary protocol here, the text protocol in [`text`] and the meta
+//! commands' flags in [`meta`]; requests in, replies out.
 //!
 //! This module knows nothing of stores: [`decode`] turns bytes into a typed [`Request`] (or says
 //! what memcached would do with a bad frame), and [`ResponseWriter`] composes replies into a
-//! buffer. Validation follows memcached 1.6's `proto_bin.c`, so existing clients see the same
+//! buffer; [`text::decode_text`] does the same for a text line. Validation follows memcached 1.6's `proto_bin.c`, so existing clients see the same
 //! statuses and the same connection handling. The wire format is written up in
 //! `docs/protocol.md`.
 

@@ -54,11 +54,15 @@
 //! decoder applies that to the error replies it returns (an empty `reply`); for commands it
 //! reports `noreply` and the caller stays silent. Meta errors are always answered.
 //!
-//! # Not served
+//! # Administrative commands
 //!
-//! memcached's administrative text commands (`slabs`, `lru`, `lru_crawler`, `watch`,
-//! `extstore`, `cache_memlimit`, `refresh_certs`) are answered `ERROR`, and `shutdown` as
-//! memcached without `-A` answers it (`ERROR: shutdown not enabled`).
+//! `watch` (with its event kinds), `lru_crawler` (`crawl`, `metadump`, `mgdump`, `enable`,
+//! `disable`; `tocrawl` and `sleep` refused in words), `refresh_certs` and `verbosity` are
+//! parsed and served. Of the commands that move memory between slab classes, `slabs reassign`
+//! gets memcached's answer with reassignment off (`CLIENT_ERROR slab reassignment disabled`)
+//! and a well-formed `slabs automove` a `SERVER_ERROR` saying there are no slab classes; `lru`,
+//! `extstore` and `cache_memlimit` are answered `ERROR`, and `shutdown` as memcached without
+//! `-A` answers it (`SERVER_ERROR: shutdown not enabled`).
 
 use std::borrow::Cow;
 use std::fmt;

@@ -307,7 +307,7 @@ impl Store {
     }
 
     /// `lru_crawler metadump`: calls `f` with each live item in index buckets
-    /// `from..from + count` ([`keys::Keys::for_each_in`]: a walk in slices is not a snapshot);
+    /// `from..from + count` (`Keys::for_each_in`: a walk in slices is not a snapshot);
     /// returns the next bucket to visit, or `None` past the last.
     pub fn dump_meta(
         &self,
