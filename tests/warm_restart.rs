@@ -458,6 +458,18 @@ fn a_flush_before_the_stop_is_honoured_and_a_smaller_memory_evicts() {
     assert!(c.stat("", "evictions") > 0);
 }
 
+/// One text request's first reply line.
+fn text_request(server: &Server, request: &[u8]) -> String {
+    use std::io::{BufRead, Write};
+    let stream = std::net::TcpStream::connect(server.addr).unwrap();
+    (&stream).write_all(request).unwrap();
+    let mut line = String::new();
+    std::io::BufReader::new(&stream)
+        .read_line(&mut line)
+        .unwrap();
+    line
+}
+
 /// Text multi-get of `keys`: each value found, by key.
 fn text_multi_get(server: &Server, keys: &[&[u8]]) -> std::collections::HashMap<Vec<u8>, Vec<u8>> {
     use std::io::{BufRead, Read, Write};
@@ -505,14 +517,29 @@ fn another_partition_count_restores_every_item_and_multi_gets_match() {
     let mut c = server.client();
     store_small(&mut c, &items, 0);
     fill(&mut c);
+    // A TTL goes on counting from where it was.
+    assert_eq!(c.set(b"ttl-kept", b"hello", 7, 300).status, 0);
     drop(c);
     assert_eq!(server.stop().code(), Some(0));
     let server = Server::start_in(&dir, &args("32"));
+    let reply = text_request(&server, b"mg ttl-kept v t f\r\n");
+    let ttl: u32 = reply
+        .split_whitespace()
+        .find_map(|w| w.strip_prefix('t').and_then(|t| t.parse().ok()))
+        .unwrap_or_else(|| panic!("{reply:?}"));
+    assert!(
+        reply.starts_with("VA 5 ") && reply.contains(" f7"),
+        "{reply:?}"
+    );
+    assert!(
+        (290..=300).contains(&ttl),
+        "TTL {ttl} after the restart: {reply:?}"
+    );
     let mut c = server.client();
     assert_eq!(small_back(&mut c, &items), items.len());
     assert_all_back(&mut c);
     let restored = c.stat("", "warm_restart_restored");
-    assert_eq!(restored, (items.len() + VALUES.len()) as u64);
+    assert_eq!(restored, (items.len() + VALUES.len() + 1) as u64);
     // One multi-get across partitions and both shards, small and large values mixed.
     let mut keys: Vec<&[u8]> = items.iter().step_by(7).map(|(k, _)| k.as_slice()).collect();
     keys.extend(VALUES.iter().map(|(k, _, _)| k.as_bytes()));
