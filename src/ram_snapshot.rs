@@ -12,11 +12,14 @@
 //! ```text
 //! header block: magic "HRRAM\0\0\0" | version u32 | partitions u32 | key hash seed u64
 //!               | CRC32C of the 24 bytes before u32 | zeros to ALIGN_BYTES
-//! chunk:        magic "HRCK" | partition u32 | item count u32 | body length u32
-//!               | body CRC32C u32 | CRC32C of the 20 bytes before u32 | body | zeros to ALIGN_BYTES
+//! chunk:        magic "HRCK" | partition u32 | hot u32 (1: every item referenced, 0: none)
+//!               | item count u32 | body length u32 | body CRC32C u32
+//!               | CRC32C of the 24 bytes before u32 | body | zeros to ALIGN_BYTES
 //! item:         key length u8 | flags u32 | expiry u32 (Unix seconds, 0 never) | cas u64
+//!               | recency u8 (0x01 referenced, 0x02 fetched) | last access u32 (Unix seconds)
 //!               | value length u32 | key | value
-//! index:        per chunk: offset u64 | partition u32 | item count u32 | body length u32
+//! index:        per chunk: offset u64 | partition u32 | hot u32 | item count u32
+//!               | body length u32
 //!               | zeros to ALIGN_BYTES
 //! trailer:      (the last ALIGN_BYTES) magic "HRRAMEND" | index offset u64 | chunks u32
 //!               | CRC32C of the index entries u32 | CRC32C of the 24 bytes before u32 | zeros
@@ -24,6 +27,8 @@
 //! All integers little-endian.
 
 use std::fmt;
+
+pub use crate::store::Recency;
 
 pub const MAGIC: &[u8; 8] = b"HRRAM\0\0\0";
 /// The version this build writes (and reads).
@@ -35,14 +40,26 @@ const TRAILER_MAGIC: &[u8; 8] = b"HRRAMEND";
 /// A chunk is sealed before an item would be added to a body of this many bytes or more, or of
 /// another partition (an item is never split, so a chunk holds at least one item).
 pub const CHUNK_BYTES_TARGET: usize = 1 << 20;
-/// Magic, partition, count, body length, body CRC, header CRC.
-pub const CHUNK_HEADER_BYTES: usize = 24;
+/// Magic, partition, hot, count, body length, body CRC, header CRC.
+pub const CHUNK_HEADER_BYTES: usize = 28;
 /// A longer body is damage, not data: no RAM item comes near it.
 const CHUNK_BODY_MAX_BYTES: u32 = 1 << 31;
-/// Key length, flags, expiry, cas, value length.
-const ITEM_HEADER_BYTES: usize = 1 + 4 + 4 + 8 + 4;
-/// Offset, partition, count, body length.
-const INDEX_ENTRY_BYTES: usize = 8 + 4 + 4 + 4;
+/// Key length, flags, expiry, cas, recency, last access, value length.
+const ITEM_HEADER_BYTES: usize = 1 + 4 + 4 + 8 + 1 + 4 + 4;
+/// Offset, partition, hot, count, body length.
+const INDEX_ENTRY_BYTES: usize = 8 + 4 + 4 + 4 + 4;
+
+fn recency_byte(recency: Recency) -> u8 {
+    u8::from(recency.referenced) | (u8::from(recency.fetched) << 1)
+}
+
+fn recency_from(byte: u8, accessed: u32) -> Recency {
+    Recency {
+        referenced: byte & 1 != 0,
+        fetched: byte & 2 != 0,
+        accessed,
+    }
+}
 
 /// One item as a part holds it.
 #[derive(Clone, Debug, PartialEq, Eq)]
@@ -52,6 +69,7 @@ pub struct RamItem {
     /// Absolute Unix seconds, 0 never.
     pub expiry: u32,
     pub cas: u64,
+    pub recency: Recency,
     pub value: Vec<u8>,
 }
 
@@ -62,6 +80,7 @@ pub struct ItemRef<'a> {
     pub flags: u32,
     pub expiry: u32,
     pub cas: u64,
+    pub recency: Recency,
     pub value: &'a [u8],
 }
 
@@ -72,6 +91,7 @@ impl ItemRef<'_> {
             flags: self.flags,
             expiry: self.expiry,
             cas: self.cas,
+            recency: self.recency,
             value: self.value.to_vec(),
         }
     }
@@ -156,6 +176,9 @@ pub struct ChunkRef {
     pub offset: u64,
     /// The partition of the server that wrote it.
     pub partition: u32,
+    /// Its items were referenced (CLOCK) when written: a start restores them after the cold
+    /// ones, so when not everything fits the store evicts the coldest first.
+    pub hot: bool,
     pub count: u32,
     pub body_len: u32,
 }
@@ -182,6 +205,7 @@ impl ChunkRef {
 pub struct SealedChunk {
     pub bytes: Vec<u8>,
     pub partition: u32,
+    pub hot: bool,
     pub count: u32,
     pub body_len: u32,
 }
@@ -192,23 +216,29 @@ pub struct ChunkEncoder {
     body: Vec<u8>,
     count: u32,
     partition: u32,
+    hot: bool,
 }
 
 impl ChunkEncoder {
     /// Adds an item of `partition` whose value is the concatenation of `value` (a fixed slot's
-    /// value may wrap: two parts); returns the chunk this item did not fit in, sealed. Keys
-    /// are at most 250 bytes and RAM values far below 4 GiB, so every length fits its field.
+    /// value may wrap: two parts); returns the chunk this item did not fit in, sealed (a chunk
+    /// holds one partition, and items all referenced or none). Keys are at most 250 bytes and
+    /// RAM values far below 4 GiB, so every length fits its field.
     pub fn push(
         &mut self,
         partition: u32,
         key: &[u8],
-        (flags, expiry, cas): (u32, u32, u64),
+        (flags, expiry, cas, recency): (u32, u32, u64, Recency),
         value: &[&[u8]],
     ) -> Option<SealedChunk> {
+        let hot = recency.referenced;
         let sealed = (self.count > 0
-            && (self.partition != partition || self.body.len() >= CHUNK_BYTES_TARGET))
+            && (self.partition != partition
+                || self.hot != hot
+                || self.body.len() >= CHUNK_BYTES_TARGET))
             .then(|| self.seal());
         self.partition = partition;
+        self.hot = hot;
         let key_len = u8::try_from(key.len()).expect("keys are at most 250 bytes");
         let value_len = value.iter().map(|part| part.len()).sum::<usize>();
         let value_len = u32::try_from(value_len).expect("RAM values are below 4 GiB");
@@ -216,6 +246,8 @@ impl ChunkEncoder {
         self.body.extend_from_slice(&flags.to_le_bytes());
         self.body.extend_from_slice(&expiry.to_le_bytes());
         self.body.extend_from_slice(&cas.to_le_bytes());
+        self.body.push(recency_byte(recency));
+        self.body.extend_from_slice(&recency.accessed.to_le_bytes());
         self.body.extend_from_slice(&value_len.to_le_bytes());
         self.body.extend_from_slice(key);
         value
@@ -241,6 +273,7 @@ impl ChunkEncoder {
         );
         bytes.extend_from_slice(CHUNK_MAGIC);
         bytes.extend_from_slice(&self.partition.to_le_bytes());
+        bytes.extend_from_slice(&u32::from(self.hot).to_le_bytes());
         bytes.extend_from_slice(&self.count.to_le_bytes());
         bytes.extend_from_slice(&body_len.to_le_bytes());
         bytes.extend_from_slice(&crc32c::crc32c(&self.body).to_le_bytes());
@@ -251,6 +284,7 @@ impl ChunkEncoder {
         let sealed = SealedChunk {
             bytes,
             partition: self.partition,
+            hot: self.hot,
             count: self.count,
             body_len,
         };
@@ -262,14 +296,15 @@ impl ChunkEncoder {
 /// The header of the chunk starting at `offset`, whose first bytes are `bytes`, if it checks.
 pub fn parse_chunk_header(offset: u64, bytes: &[u8]) -> Option<ChunkRef> {
     let header = bytes.get(..CHUNK_HEADER_BYTES)?;
-    if &header[..4] != CHUNK_MAGIC || crc32c::crc32c(&header[..20]) != u32_at(header, 20) {
+    if &header[..4] != CHUNK_MAGIC || crc32c::crc32c(&header[..24]) != u32_at(header, 24) {
         return None;
     }
-    let body_len = u32_at(header, 12);
-    (body_len < CHUNK_BODY_MAX_BYTES).then_some(ChunkRef {
+    let body_len = u32_at(header, 16);
+    (body_len < CHUNK_BODY_MAX_BYTES && u32_at(header, 8) <= 1).then_some(ChunkRef {
         offset,
         partition: u32_at(header, 4),
-        count: u32_at(header, 8),
+        hot: u32_at(header, 8) == 1,
+        count: u32_at(header, 12),
         body_len,
     })
 }
@@ -282,7 +317,7 @@ pub fn chunk_items<'a>(chunk: &ChunkRef, bytes: &'a [u8]) -> Option<Vec<ItemRef<
         return None;
     }
     let body = bytes.get(CHUNK_HEADER_BYTES..chunk.len() as usize)?;
-    if crc32c::crc32c(body) != u32_at(bytes, 16) {
+    if crc32c::crc32c(body) != u32_at(bytes, 20) {
         return None;
     }
     parse_items(body, chunk.count)
@@ -295,13 +330,14 @@ fn parse_items(mut body: &[u8], count: u32) -> Option<Vec<ItemRef<'_>>> {
     for _ in 0..count {
         let header = body.get(..ITEM_HEADER_BYTES)?;
         let key_len = header[0] as usize;
-        let value_len = u32_at(header, 17) as usize;
+        let value_len = u32_at(header, 22) as usize;
         let rest = &body[ITEM_HEADER_BYTES..];
         items.push(ItemRef {
             key: rest.get(..key_len)?,
             flags: u32_at(header, 1),
             expiry: u32_at(header, 5),
             cas: u64_at(header, 9),
+            recency: recency_from(header[17], u32_at(header, 18)),
             value: rest.get(key_len..key_len + value_len)?,
         });
         body = &rest[key_len + value_len..];
@@ -316,6 +352,7 @@ pub fn index_blocks(chunks: &[ChunkRef], index_offset: u64) -> Vec<u8> {
     for chunk in chunks {
         out.extend_from_slice(&chunk.offset.to_le_bytes());
         out.extend_from_slice(&chunk.partition.to_le_bytes());
+        out.extend_from_slice(&u32::from(chunk.hot).to_le_bytes());
         out.extend_from_slice(&chunk.count.to_le_bytes());
         out.extend_from_slice(&chunk.body_len.to_le_bytes());
     }
@@ -355,10 +392,12 @@ fn parse_index(entries: &[u8], count: u32, crc: u32, index_offset: u64) -> Optio
         let chunk = ChunkRef {
             offset: u64_at(entry, 0),
             partition: u32_at(entry, 8),
-            count: u32_at(entry, 12),
-            body_len: u32_at(entry, 16),
+            hot: u32_at(entry, 12) == 1,
+            count: u32_at(entry, 16),
+            body_len: u32_at(entry, 20),
         };
-        if chunk.offset < at
+        if u32_at(entry, 12) > 1
+            || chunk.offset < at
             || chunk.offset % ALIGN_BYTES as u64 != 0
             || chunk.end_aligned() > index_offset
         {
@@ -497,6 +536,7 @@ pub fn encode_in_memory<'a>(
         chunks.push(ChunkRef {
             offset: part.len() as u64,
             partition: sealed.partition,
+            hot: sealed.hot,
             count: sealed.count,
             body_len: sealed.body_len,
         });
@@ -504,7 +544,7 @@ pub fn encode_in_memory<'a>(
     };
     let mut encoder = ChunkEncoder::default();
     for (partition, item) in items {
-        let meta = (item.flags, item.expiry, item.cas);
+        let meta = (item.flags, item.expiry, item.cas, item.recency);
         if let Some(sealed) = encoder.push(partition, &item.key, meta, &[&item.value]) {
             place(&mut part, sealed);
         }

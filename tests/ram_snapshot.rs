@@ -33,6 +33,11 @@ fn random_items(rng: &mut Rng, count: usize) -> Vec<RamItem> {
                 flags: rng.next_u64() as u32,
                 expiry: rng.next_u64() as u32,
                 cas: rng.next_u64(),
+                recency: ram_snapshot::Recency {
+                    referenced: rng.below(2) == 1,
+                    fetched: rng.below(2) == 1,
+                    accessed: rng.next_u64() as u32,
+                },
                 value: (0..value_len).map(|_| rng.below(256) as u8).collect(),
             }
         })
@@ -179,7 +184,7 @@ fn parts_read_back_whole_and_damage_loses_only_its_chunk() {
 
 /// Where the body of the chunk at `start` ends.
 fn body_end(part: &[u8], start: usize) -> usize {
-    let body_len = u32::from_le_bytes(part[start + 12..start + 16].try_into().unwrap());
+    let body_len = u32::from_le_bytes(part[start + 16..start + 20].try_into().unwrap());
     start + ram_snapshot::CHUNK_HEADER_BYTES + body_len as usize
 }
 

@@ -388,22 +388,34 @@ async fn write_ram_items(
         chunks.push(ChunkRef {
             offset: part.position(),
             partition: sealed.partition,
+            hot: sealed.hot,
             count: sealed.count,
             body_len: sealed.body_len,
         });
         part.append(&sealed.bytes).await
     }
-    for index in partitions.owned_by(ctx.id, ctx.shards) {
+    // Each partition twice: its cold items, then its referenced ones, in chunks of their own.
+    for (index, hot) in partitions
+        .owned_by(ctx.id, ctx.shards)
+        .flat_map(|index| [(index, false), (index, true)])
+    {
         let mut from = Some(0);
         while let Some(bucket) = from {
             let mut sealed = Vec::new();
             {
                 let store = partitions.lock(index);
-                from = store.ram_items_in((bucket, SLICE_BUCKETS), now, |key, meta, value| {
-                    items += 1;
-                    let meta = (meta.flags, meta.expiry, meta.cas);
-                    sealed.extend(encoder.push(index as u32, key, meta, &value.parts()));
-                });
+                from = store.ram_items_in(
+                    (bucket, SLICE_BUCKETS),
+                    now,
+                    |key, meta, recency, value| {
+                        if recency.referenced != hot {
+                            return;
+                        }
+                        items += 1;
+                        let meta = (meta.flags, meta.expiry, meta.cas, recency);
+                        sealed.extend(encoder.push(index as u32, key, meta, &value.parts()));
+                    },
+                );
             }
             for chunk in sealed {
                 place(ctx, tmp, &mut writer, &mut chunks, chunk).await?;
@@ -440,32 +452,98 @@ struct RamRestore {
 }
 
 /// Restores, from every RAM part, the items of this shard's partitions that have not expired.
-/// A part whose writer had as many partitions as this server is read only where its chunks
-/// hold this shard's partitions (the index says where); otherwise every chunk is read and
-/// each item's key decides. A chunk that does not check is dropped whole and counted.
+/// A part whose writer spread keys as this server does is read only where its chunks hold
+/// this shard's partitions (the index says where); otherwise every chunk is read and each
+/// item's key decides. The chunks of items that were cold go first, then the referenced ones,
+/// so when not everything fits the store evicts the coldest first. A chunk that does not
+/// check is dropped whole and its items counted.
 async fn restore_ram_parts(ctx: &Rc<ShardCtx>, dir: &Dir, names: &[OsString]) -> RamRestore {
     let mut done = RamRestore::default();
+    let mut parts = Vec::new();
     for name in names
         .iter()
         .filter(|n| n.to_string_lossy().ends_with(".part"))
     {
-        let shown = dir.path().join(name);
-        if let Err(err) = restore_ram_part(ctx, dir, name, &mut done).await {
-            if ctx.id == 0 {
-                tracing::warn!(part = %shown.display(), %err, "RAM part unreadable: its items start empty");
+        match plan_ram_part(ctx, dir, name, &mut done).await {
+            Ok((reader, chunks)) => parts.push((name, reader, chunks)),
+            Err(err) => {
+                if ctx.id == 0 {
+                    tracing::warn!(part = %dir.path().join(name).display(), %err, "RAM part unreadable: its items start empty");
+                }
+                done.dropped += 1;
             }
-            done.dropped += 1;
+        }
+    }
+    let order: Vec<(usize, crate::ram_snapshot::ChunkRef)> = [false, true]
+        .into_iter()
+        .flat_map(|hot| {
+            parts
+                .iter()
+                .enumerate()
+                .flat_map(move |(part, (_, _, chunks))| {
+                    chunks
+                        .iter()
+                        .filter(move |c| c.hot == hot)
+                        .map(move |c| (part, *c))
+                })
+        })
+        .collect();
+    let mut dropped_chunks = vec![0u64; parts.len()];
+    let depth = parts.first().map_or(1, |(_, reader, _)| reader.depth());
+    let mut reads = std::collections::VecDeque::new();
+    let mut next = order.into_iter();
+    let now = unix_now();
+    loop {
+        while reads.len() < depth {
+            let Some((part, chunk)) = next.next() else {
+                break;
+            };
+            let read = parts[part].1.read(chunk.offset, chunk.len() as usize);
+            reads.push_back((part, chunk, read));
+        }
+        let Some((part, chunk, read)) = reads.pop_front() else {
+            break;
+        };
+        let bytes = read
+            .await
+            .unwrap_or_else(|| Err(std::io::Error::other("a snapshot read was cancelled")));
+        match bytes
+            .ok()
+            .as_deref()
+            .and_then(|b| crate::ram_snapshot::chunk_items(&chunk, b))
+        {
+            Some(items) => {
+                done.bytes_read += chunk.len();
+                store_items(ctx, &items, now, &mut done);
+            }
+            // Every chunk has one shard that counts it.
+            None if chunk.partition as usize % ctx.shards == ctx.id => {
+                dropped_chunks[part] += 1;
+                done.dropped += u64::from(chunk.count);
+            }
+            None => {}
+        }
+    }
+    for ((name, _, _), chunks) in parts.iter().zip(dropped_chunks) {
+        if chunks > 0 {
+            tracing::warn!(
+                shard = ctx.id,
+                part = %dir.path().join(name).display(),
+                chunks,
+                "RAM part chunks that do not check were dropped with their items"
+            );
         }
     }
     done
 }
 
-async fn restore_ram_part(
+/// Plans the reading of one RAM part: a reader, and the chunks this shard reads from it.
+async fn plan_ram_part(
     ctx: &Rc<ShardCtx>,
     dir: &Dir,
     name: &OsStr,
     done: &mut RamRestore,
-) -> std::io::Result<()> {
+) -> std::io::Result<(part_file::PartReader, Vec<crate::ram_snapshot::ChunkRef>)> {
     use crate::ram_snapshot as format;
     let file = dir.open_regular_file_to_read(name)?;
     let planned = {
@@ -494,8 +572,6 @@ async fn restore_ram_part(
     };
     let plan = planned.map_err(std::io::Error::other)?;
     let (shards, id) = (ctx.shards, ctx.id);
-    // Every chunk has one shard that counts it when it does not check.
-    let counts_here = |chunk: &format::ChunkRef| chunk.partition as usize % shards == id;
     if id == 0 && (!plan.indexed || plan.damaged_stretches > 0) {
         tracing::warn!(
             part = %dir.path().join(name).display(),
@@ -507,50 +583,12 @@ async fn restore_ram_part(
         done.dropped += plan.damaged_stretches;
     }
     let same_layout = plan.layout == layout_of(ctx);
-    let wanted: Vec<format::ChunkRef> = plan
+    let wanted = plan
         .chunks
         .into_iter()
-        .filter(|chunk| !same_layout || counts_here(chunk))
+        .filter(|chunk| !same_layout || chunk.partition as usize % shards == id)
         .collect();
-    let reader = part_file::PartReader::new(&ctx.io, dir, name, file);
-    let mut reads = std::collections::VecDeque::new();
-    let mut next = wanted.iter();
-    let now = unix_now();
-    let mut dropped_chunks = 0u64;
-    loop {
-        while reads.len() < reader.depth() {
-            let Some(chunk) = next.next() else { break };
-            reads.push_back((*chunk, reader.read(chunk.offset, chunk.len() as usize)));
-        }
-        let Some((chunk, read)) = reads.pop_front() else {
-            break;
-        };
-        let bytes = read
-            .await
-            .unwrap_or_else(|| Err(std::io::Error::other("a snapshot read was cancelled")));
-        let items = match &bytes {
-            Ok(bytes) => format::chunk_items(&chunk, bytes),
-            Err(_) => None,
-        };
-        let Some(items) = items else {
-            if counts_here(&chunk) {
-                dropped_chunks += 1;
-                done.dropped += u64::from(chunk.count);
-            }
-            continue;
-        };
-        done.bytes_read += chunk.len();
-        store_items(ctx, &items, now, done);
-    }
-    if dropped_chunks > 0 {
-        tracing::warn!(
-            shard = id,
-            part = %dir.path().join(name).display(),
-            chunks = dropped_chunks,
-            "RAM part chunks that do not check were dropped with their items"
-        );
-    }
-    Ok(())
+    Ok((part_file::PartReader::new(&ctx.io, dir, name, file), wanted))
 }
 
 /// Stores a chunk's items that belong to this shard and have not expired, their CAS kept;
@@ -586,10 +624,12 @@ fn store_items(
             0,
             now,
         );
-        let outcome = store.with_client_cas(item.key, now, outcome, item.cas);
         frees.extend(store.take_pending_frees());
         match outcome {
-            StoreOutcome::Stored { .. } => done.restored += 1,
+            StoreOutcome::Stored { .. } => {
+                store.restored_mark(item.key, now, item.cas, item.recency);
+                done.restored += 1;
+            }
             _ => done.dropped += 1,
         }
     }

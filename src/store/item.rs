@@ -248,6 +248,11 @@ pub fn mark_fetched(record: &mut [u8], now: u32) {
     }
 }
 
+/// Marks the item fetched since stored (a warm restart carrying the mark over).
+pub fn set_fetched(record: &mut [u8]) {
+    record[17] |= BIT_FETCHED;
+}
+
 pub fn set_accessed(record: &mut [u8], now: u32) {
     record[18..22].copy_from_slice(&now.to_le_bytes());
 }

@@ -19,6 +19,18 @@ use crate::placement::TargetId;
 use crate::segment::Extent;
 
 use item::{Meta, ValueAt};
+
+/// How recently an item was used: what a warm restart carries over, so the CLOCK finds the
+/// items that were cold as cold.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct Recency {
+    /// CLOCK's referenced bit.
+    pub referenced: bool,
+    /// Fetched since stored (meta `h`).
+    pub fetched: bool,
+    /// Unix seconds of the last store or fetch (meta `l`).
+    pub accessed: u32,
+}
 use keys::Keys;
 pub use keys::{IndexLayout, KeyHasher};
 pub use stats::{ClassStats, ItemClass, StoreStats};
@@ -339,15 +351,15 @@ impl Store {
         })
     }
 
-    /// Warm restart: calls `f` with the key, meta and value of every live item held in RAM
-    /// (inline or in a fixed slot; large values have their own snapshot) in index buckets
-    /// `from..from + count`; returns the next bucket, or `None` past the last. A walk in
-    /// slices sees every item once only while nothing is stored between the slices.
+    /// Warm restart: calls `f` with the key, meta, recency and value of every live item held
+    /// in RAM (inline or in a fixed slot; large values have their own snapshot) in index
+    /// buckets `from..from + count`; returns the next bucket, or `None` past the last. A walk
+    /// in slices sees every item once only while nothing is stored between the slices.
     pub fn ram_items_in(
         &self,
         (from, count): (usize, usize),
         now: u32,
-        mut f: impl FnMut(&[u8], item::Meta, SlotBytes<'_>),
+        mut f: impl FnMut(&[u8], item::Meta, Recency, SlotBytes<'_>),
     ) -> Option<usize> {
         self.keys.for_each_in(from, count, |loc| {
             let record = self.arena.bytes(loc);
@@ -355,8 +367,30 @@ impl Store {
             if is_expired(meta.expiry, now) || matches!(item::value_at(record), ValueAt::Large) {
                 return;
             }
-            f(item::key(record), meta, self.value_of(loc));
+            let recency = Recency {
+                referenced: item::referenced(record),
+                fetched: item::bit(record, item::BIT_FETCHED),
+                accessed: item::accessed(record),
+            };
+            f(item::key(record), meta, recency, self.value_of(loc));
         })
+    }
+
+    /// Warm restart: gives a just restored item the CAS and recency it had when it was
+    /// written (one lookup for both), so CAS tokens still hold and the CLOCK finds the items
+    /// that were cold as cold.
+    pub fn restored_mark(&mut self, key: &[u8], now: u32, cas: u64, recency: Recency) {
+        if let Some(loc) = self.live(key, now) {
+            let record = self.arena.bytes_mut(loc);
+            if cas != 0 {
+                item::set_cas(record, cas);
+            }
+            item::set_referenced(record, recency.referenced);
+            if recency.fetched {
+                item::set_fetched(record);
+            }
+            item::set_accessed(record, recency.accessed);
+        }
     }
 
     /// STAT `cachedump`: calls `f` with the key, value length and expiry (a Unix time, 0
