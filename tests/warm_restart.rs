@@ -486,7 +486,16 @@ fn a_flush_before_the_stop_is_honoured_and_a_smaller_memory_evicts() {
         hot.len(),
         cold.len()
     );
-    assert!(c.stat("", "evictions") > 0);
+    let evicted = c.stat("", "warm_restart_evicted");
+    assert!(
+        evicted > 0 && evicted <= c.stat("", "evictions"),
+        "{evicted}"
+    );
+    assert_eq!(
+        c.stat("", "warm_restart_restored") - evicted,
+        (hot_back + cold_back) as u64,
+        "every restored item is back or counted evicted"
+    );
 }
 
 /// One text request's first reply line.

@@ -309,6 +309,15 @@ pub const GENERAL: &[(&str, Export)] = &[
         )),
     ),
     (
+        "warm_restart_evicted",
+        sample(counter(
+            "warm_restart_evicted",
+            N,
+            "Items the warm restart brought back and then evicted again: they did not all fit \
+             --memory (the coldest go first).",
+        )),
+    ),
+    (
         "warm_restart_ns",
         Export::Sample {
             metric: gauge(

@@ -151,12 +151,14 @@ impl ConnCounters {
 }
 
 /// What the warm restart at start brought back: items restored (RAM and large), items or
-/// damaged stretches dropped, and the longest shard's restore in nanoseconds.
+/// damaged stretches dropped, the longest shard's restore in nanoseconds, and the restored
+/// items evicted again because they did not all fit.
 #[derive(Default)]
 pub(crate) struct WarmRestartFigures {
     pub restored: AtomicU64,
     pub dropped: AtomicU64,
     pub restore_ns: AtomicU64,
+    pub evicted: AtomicU64,
 }
 
 /// State every shard sees: configuration, the partitions (each behind its own lock), and

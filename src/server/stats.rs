@@ -127,7 +127,7 @@ pub(crate) struct GeneralFigures {
     /// socket's path (`off` without one).
     pub listen: String,
     /// The warm restart at start: items restored, dropped, and the restore's nanoseconds.
-    pub warm_restart: [u64; 3],
+    pub warm_restart: [u64; 4],
     pub listen_tls: &'static str,
     pub listen_unix: String,
     /// TLS's counters, with `--tls-cert`.
@@ -195,6 +195,7 @@ pub(crate) fn general_figures(
             shared.warm_restart.restored.load(Ordering::Relaxed),
             shared.warm_restart.dropped.load(Ordering::Relaxed),
             shared.warm_restart.restore_ns.load(Ordering::Relaxed),
+            shared.warm_restart.evicted.load(Ordering::Relaxed),
         ],
         listen_tls: if shared.tls.is_some() { "user" } else { "off" },
         listen_unix: shared
@@ -363,6 +364,7 @@ pub(crate) fn general_pairs(f: &GeneralFigures) -> Vec<(String, String)> {
         ("warm_restart_restored", f.warm_restart[0].to_string()),
         ("warm_restart_dropped", f.warm_restart[1].to_string()),
         ("warm_restart_ns", f.warm_restart[2].to_string()),
+        ("warm_restart_evicted", f.warm_restart[3].to_string()),
         ("listen", f.listen.clone()),
         ("listen_tls", f.listen_tls.to_string()),
         ("listen_unix", f.listen_unix.clone()),

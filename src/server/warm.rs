@@ -719,8 +719,25 @@ pub async fn restore(ctx: &Rc<ShardCtx>) {
             return;
         }
     };
+    let evictions = |ctx: &ShardCtx| -> u64 {
+        let partitions = &ctx.shared.partitions;
+        partitions
+            .owned_by(ctx.id, ctx.shards)
+            .map(|index| partitions.lock(index).stats().evictions)
+            .sum()
+    };
+    let evictions_before = evictions(ctx);
     let ram = restore_ram_parts(ctx, &dir, &names).await;
+    let evicted = evictions(ctx) - evictions_before;
     let warm = &ctx.shared.warm_restart;
+    warm.evicted.fetch_add(evicted, Ordering::Relaxed);
+    if evicted > 0 {
+        tracing::info!(
+            shard = ctx.id,
+            evicted,
+            "warm restart: restored items evicted again, the coldest first: they do not all fit --memory"
+        );
+    }
     warm.restored.fetch_add(ram.restored, Ordering::Relaxed);
     warm.dropped.fetch_add(ram.dropped, Ordering::Relaxed);
     if ram.restored + ram.dropped > 0 {
