@@ -1,6 +1,6 @@
 //! Model-based test of the partition / per-core-batch layer under concurrent access: two real
 //! threads, each a "core" with its own block batch installed, run seeded operations (SET, GET,
-//! DELETE, CAS, INCR, APPEND, expiry sweeps, `lru_crawler` crawls and metadumps walking a
+//! DELETE, CAS, INCR, APPEND, a warm restart's restore of an item with its own CAS, expiry sweeps, `lru_crawler` crawls and metadumps walking a
 //! partition's index in slices, promotion passes, pins held across steps) against
 //! shared partitions over a two-node arena small enough that admission compacts and evicts. A
 //! seeded scheduler decides which thread runs each step, so an interleaving replays from its
@@ -20,8 +20,11 @@ use common::{for_each_seed, Rng};
 use headroom::arena::batch::{install_core_batch, with_core_batch};
 use headroom::arena::{Arena, ArenaConfig, BlockId, MemoryPlan, NumaMode, SendPin, UnlockedMapper};
 use headroom::proto::StoreMode;
+use headroom::store::item::Meta;
 use headroom::store::partition::Partitions;
-use headroom::store::{ArithOutcome, KeyHasher, Lookup, StoreConfig, StoreOutcome, PARTITIONS_MAX};
+use headroom::store::{
+    ArithOutcome, KeyHasher, Lookup, Recency, StoreConfig, StoreOutcome, PARTITIONS_MAX,
+};
 use headroom::topology::Topology;
 
 const HUGE: u64 = 64 << 10;
@@ -70,6 +73,14 @@ enum Op {
     },
     Incr {
         key: Vec<u8>,
+    },
+    /// A warm restart's store of an item with its own CAS (from a range no partition issues)
+    /// and recency.
+    Restore {
+        key: Vec<u8>,
+        value: Vec<u8>,
+        cas: u64,
+        referenced: bool,
     },
     Append {
         key: Vec<u8>,
@@ -153,6 +164,25 @@ fn core(
             Op::Append { key, token } => {
                 let (_, mut store) = partitions.lock_key(&key);
                 Outcome::Stored(store.store(StoreMode::Append, &key, &token, 0, 0, 0, NOW))
+            }
+            Op::Restore {
+                key,
+                value,
+                cas,
+                referenced,
+            } => {
+                let (_, mut store) = partitions.lock_key(&key);
+                let meta = Meta {
+                    cas,
+                    flags: 0,
+                    expiry: 0,
+                };
+                let recency = Recency {
+                    referenced,
+                    fetched: referenced,
+                    accessed: NOW - 5,
+                };
+                Outcome::Stored(store.restore_item(&key, &value, meta, recency))
             }
             Op::Get { key } => {
                 // As a pipelined batch's look ahead does: read the published index layout
@@ -350,9 +380,19 @@ fn run(seed: u64, steps: usize) {
                 }
                 None => Op::Get { key: key(k) },
             },
-            70..=79 => Op::Incr {
+            70..=75 => Op::Incr {
                 key: b"counter".to_vec(),
             },
+            76..=79 => {
+                versions += 1;
+                Op::Restore {
+                    key: key(k),
+                    value: value_for(k, versions, &mut rng),
+                    // Above anything a partition issues in a run.
+                    cas: (1 << 40) + versions,
+                    referenced: rng.chance(50),
+                }
+            }
             80..=85 => Op::Append {
                 key: key(k),
                 token: format!("+{step}").into_bytes(),
@@ -383,6 +423,7 @@ fn run(seed: u64, steps: usize) {
             Op::Cas { key, .. } => format!("cas {}", String::from_utf8_lossy(key)),
             Op::Incr { .. } => "incr".into(),
             Op::Append { key, .. } => format!("append {}", String::from_utf8_lossy(key)),
+            Op::Restore { key, .. } => format!("restore {}", String::from_utf8_lossy(key)),
             Op::Sweep { partition, .. } => format!("sweep {partition}"),
             Op::Crawl { partition, .. } => format!("crawl {partition}"),
             Op::Dump { partition, .. } => format!("dump {partition}"),
@@ -393,14 +434,18 @@ fn run(seed: u64, steps: usize) {
         };
         let context = format!("seed {seed} step {step} core {who}: {described}");
         let (set_key, set_value) = match &op {
-            Op::Set { key, value, .. } | Op::Cas { key, value, .. } => {
-                (Some(key.clone()), Some(value.clone()))
-            }
+            Op::Set { key, value, .. }
+            | Op::Cas { key, value, .. }
+            | Op::Restore { key, value, .. } => (Some(key.clone()), Some(value.clone())),
             Op::Append { key, token } => (Some(key.clone()), Some(token.clone())),
             Op::Get { key } | Op::Delete { key } | Op::Pin { key } => (Some(key.clone()), None),
             _ => (None, None),
         };
         let is_cas = matches!(op, Op::Cas { .. });
+        let restored_cas = match op {
+            Op::Restore { cas, .. } => Some(cas),
+            _ => None,
+        };
         let is_append = matches!(op, Op::Append { .. });
         let is_delete = matches!(op, Op::Delete { .. });
         to_core[who].send(op).unwrap();
@@ -447,12 +492,19 @@ fn run(seed: u64, steps: usize) {
                 let value = set_value.unwrap();
                 // CAS values are unique across partitions, and small (clients parse them
                 // into 32 bits): each partition issues every `count`-th value.
-                if let StoreOutcome::Stored { cas, .. } = outcome {
-                    assert!(issued.insert(cas), "{context}: CAS {cas} issued twice");
-                    assert!(
-                        cas <= (step as u64 + 1) * count as u64,
-                        "{context}: CAS {cas} after {step} operations on {count} partitions"
-                    );
+                match (outcome, restored_cas) {
+                    // A restored item keeps the CAS it was written with.
+                    (StoreOutcome::Stored { cas, .. }, Some(want)) => {
+                        assert_eq!(cas, want, "{context}: the restored CAS");
+                    }
+                    (StoreOutcome::Stored { cas, .. }, None) => {
+                        assert!(issued.insert(cas), "{context}: CAS {cas} issued twice");
+                        assert!(
+                            cas <= (step as u64 + 1) * count as u64,
+                            "{context}: CAS {cas} after {step} operations on {count} partitions"
+                        );
+                    }
+                    _ => {}
                 }
                 match outcome {
                     StoreOutcome::Stored { cas, len } if is_append => match model.get(&key) {

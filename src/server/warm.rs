@@ -615,21 +615,15 @@ fn store_items(
                 &mut held.insert((partition, partitions.lock(partition))).1
             }
         };
-        let outcome = store.store(
-            StoreMode::Set,
-            item.key,
-            item.value,
-            item.flags,
-            item.expiry,
-            0,
-            now,
-        );
+        let meta = crate::store::item::Meta {
+            cas: item.cas,
+            flags: item.flags,
+            expiry: item.expiry,
+        };
+        let outcome = store.restore_item(item.key, item.value, meta, item.recency);
         frees.extend(store.take_pending_frees());
         match outcome {
-            StoreOutcome::Stored { .. } => {
-                store.restored_mark(item.key, now, item.cas, item.recency);
-                done.restored += 1;
-            }
+            StoreOutcome::Stored { .. } => done.restored += 1,
             _ => done.dropped += 1,
         }
     }

@@ -376,20 +376,38 @@ impl Store {
         })
     }
 
-    /// Warm restart: gives a just restored item the CAS and recency it had when it was
-    /// written (one lookup for both), so CAS tokens still hold and the CLOCK finds the items
-    /// that were cold as cold.
-    pub fn restored_mark(&mut self, key: &[u8], now: u32, cas: u64, recency: Recency) {
-        if let Some(loc) = self.live(key, now) {
-            let record = self.arena.bytes_mut(loc);
-            if cas != 0 {
-                item::set_cas(record, cas);
+    /// Warm restart: stores an item as a graceful stop wrote it: its flags, absolute expiry,
+    /// CAS and recency kept, admitted like any SET (what does not fit evicts the coldest),
+    /// with one probe of the index instead of a SET's three (a snapshot holds each key once;
+    /// a key already here is replaced all the same).
+    pub fn restore_item(
+        &mut self,
+        key: &[u8],
+        value: &[u8],
+        meta: Meta,
+        recency: Recency,
+    ) -> StoreOutcome {
+        let meta = Meta {
+            cas: if meta.cas == 0 {
+                self.new_cas()
+            } else {
+                meta.cas
+            },
+            ..meta
+        };
+        match self.write_item(key, meta, value.len(), |dst| dst.write(value)) {
+            Ok(loc) => {
+                let record = self.arena.bytes_mut(loc);
+                item::set_referenced(record, recency.referenced);
+                if recency.fetched {
+                    item::set_fetched(record);
+                }
+                item::set_accessed(record, recency.accessed);
+                let (_, len) = keys::class_of(self.arena.bytes(loc));
+                self.link(key, loc);
+                StoreOutcome::Stored { cas: meta.cas, len }
             }
-            item::set_referenced(record, recency.referenced);
-            if recency.fetched {
-                item::set_fetched(record);
-            }
-            item::set_accessed(record, recency.accessed);
+            Err(outcome) => outcome,
         }
     }
 
