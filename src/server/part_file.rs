@@ -48,13 +48,25 @@ fn ring_path(io: &ShardIo) -> Option<RingPath> {
 
 /// `file` (named `name` in `dir`) again with O_DIRECT when a ring will move it and the
 /// filesystem takes O_DIRECT; else `file` itself (the plain path's buffers are not aligned).
-fn for_io(io: &ShardIo, dir: &Dir, name: &OsStr, file: File) -> Arc<File> {
+fn for_io(io: &ShardIo, dir: &Dir, name: &OsStr, file: File) -> (Arc<File>, bool) {
     if ring_path(io).is_none() {
-        return Arc::new(file);
+        return (Arc::new(file), false);
     }
     match dir.reopen_file(name, &file, nix::fcntl::OFlag::O_DIRECT) {
-        Ok(direct) => Arc::new(direct),
-        Err(_) => Arc::new(file),
+        Ok(direct) => (Arc::new(direct), true),
+        Err(_) => (Arc::new(file), false),
+    }
+}
+
+/// How a part's bytes move, as the log says it.
+fn how(ring: bool, direct: bool, fixed_op: &'static str) -> &'static str {
+    match (ring, direct, fixed_op) {
+        (true, true, "write") => "WRITE_FIXED, O_DIRECT",
+        (true, false, "write") => "WRITE_FIXED, page cache",
+        (true, true, _) => "READ_FIXED, O_DIRECT",
+        (true, false, _) => "READ_FIXED, page cache",
+        (false, _, "write") => "positioned writes",
+        (false, _, _) => "positioned reads",
     }
 }
 
@@ -75,17 +87,19 @@ pub struct PartWriter {
     staged: Vec<u8>,
     piece_bytes: usize,
     in_flight: VecDeque<JoinHandle<io::Result<()>>>,
+    how: &'static str,
 }
 
 impl PartWriter {
     /// A writer into `file`, just created as `name` in `dir`.
     pub fn new(io: &ShardIo, dir: &Dir, name: &OsStr, file: File) -> PartWriter {
-        let file = for_io(io, dir, name, file);
+        let (file, direct) = for_io(io, dir, name, file);
         let path = ring_path(io);
         let piece_bytes = path
             .as_ref()
             .map_or(PLAIN_PIECE_BYTES, |p| p.pool.chunk_bytes());
         PartWriter {
+            how: how(path.is_some(), direct, "write"),
             path,
             file,
             at: 0,
@@ -93,6 +107,11 @@ impl PartWriter {
             piece_bytes,
             in_flight: VecDeque::new(),
         }
+    }
+
+    /// How the bytes go out, for the log.
+    pub fn how(&self) -> &'static str {
+        self.how
     }
 
     /// Where the next append lands.
@@ -182,15 +201,24 @@ impl PartWriter {
 pub struct PartReader {
     path: Option<RingPath>,
     file: Arc<File>,
+    how: &'static str,
 }
 
 impl PartReader {
     /// A reader of `name` in `dir`, opened (never through a link) as `file`.
     pub fn new(io: &ShardIo, dir: &Dir, name: &OsStr, file: File) -> PartReader {
+        let (file, direct) = for_io(io, dir, name, file);
+        let path = ring_path(io);
         PartReader {
-            file: for_io(io, dir, name, file),
-            path: ring_path(io),
+            how: how(path.is_some(), direct, "read"),
+            file,
+            path,
         }
+    }
+
+    /// How the bytes come in, for the log.
+    pub fn how(&self) -> &'static str {
+        self.how
     }
 
     /// How many spans to keep in flight.

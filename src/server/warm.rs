@@ -328,11 +328,12 @@ async fn write_ram_part(ctx: &Rc<ShardCtx>) {
         .join(&name);
     match write_ram_items(ctx, &name, &tmp).await {
         Ok(None) => {}
-        Ok(Some((items, bytes))) => tracing::info!(
+        Ok(Some((items, bytes, how))) => tracing::info!(
             shard = ctx.id,
             items,
             bytes,
             ms = started.elapsed().as_millis() as u64,
+            io = how,
             path = %shown.display(),
             "RAM items written for the warm restart"
         ),
@@ -346,12 +347,12 @@ async fn write_ram_part(ctx: &Rc<ShardCtx>) {
 }
 
 /// Writes the RAM part into `tmp`, then syncs it and renames it to `name`; returns the items
-/// and bytes written (`None`: no item, no part).
+/// and bytes written and how (`None`: no item, no part).
 async fn write_ram_items(
     ctx: &Rc<ShardCtx>,
     name: &OsStr,
     tmp: &OsStr,
-) -> std::io::Result<Option<(u64, u64)>> {
+) -> std::io::Result<Option<(u64, u64, &'static str)>> {
     use crate::ram_snapshot::{self as format, ChunkEncoder, ChunkRef, SealedChunk};
     let now = unix_now();
     let partitions = &ctx.shared.partitions;
@@ -430,6 +431,7 @@ async fn write_ram_items(
     };
     let index = format::index_blocks(&chunks, part.position());
     part.append(&index).await?;
+    let how = part.how();
     let bytes = part.finish().await?;
     let (tmp, name) = (tmp.to_owned(), name.to_owned());
     glommio::executor()
@@ -439,12 +441,14 @@ async fn write_ram_items(
             dir.sync()
         })
         .await?;
-    Ok(Some((items, bytes)))
+    Ok(Some((items, bytes, how)))
 }
 
 /// What restoring the RAM parts did.
 #[derive(Default)]
 struct RamRestore {
+    /// How the parts were read, for the log.
+    io: &'static str,
     restored: u64,
     /// Items not restored: in chunks that did not check, or refused by the store.
     dropped: u64,
@@ -465,7 +469,10 @@ async fn restore_ram_parts(ctx: &Rc<ShardCtx>, dir: &Dir, names: &[OsString]) ->
         .filter(|n| n.to_string_lossy().ends_with(".part"))
     {
         match plan_ram_part(ctx, dir, name, &mut done).await {
-            Ok((reader, chunks)) => parts.push((name, reader, chunks)),
+            Ok((reader, chunks)) => {
+                done.io = reader.how();
+                parts.push((name, reader, chunks));
+            }
             Err(err) => {
                 if ctx.id == 0 {
                     tracing::warn!(part = %dir.path().join(name).display(), %err, "RAM part unreadable: its items start empty");
@@ -741,6 +748,7 @@ pub async fn restore(ctx: &Rc<ShardCtx>) {
             restored = ram.restored,
             dropped = ram.dropped,
             bytes_read = ram.bytes_read,
+            io = ram.io,
             ms,
             "warm restart: RAM items"
         );

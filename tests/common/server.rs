@@ -151,6 +151,26 @@ impl Server {
         child.wait().unwrap()
     }
 
+    /// Sends SIGTERM and returns the exit status and the whole log (what the stop wrote too).
+    #[allow(dead_code)] // not every test binary reads the stop's log
+    pub fn stop_logged(mut self) -> (std::process::ExitStatus, String) {
+        let mut child = self.child.take().unwrap();
+        nix::sys::signal::kill(
+            nix::unistd::Pid::from_raw(child.id() as i32),
+            nix::sys::signal::SIGTERM,
+        )
+        .unwrap();
+        let status = child.wait().unwrap();
+        // The log is read by another thread: wait for the last line the stop writes.
+        for _ in 0..100 {
+            if self.log_text().contains("stopped") {
+                break;
+            }
+            std::thread::sleep(Duration::from_millis(20));
+        }
+        (status, self.log_text())
+    }
+
     /// Sends `signal` and, for a stop signal, returns the exit status.
     pub fn stop_with(mut self, signal: nix::sys::signal::Signal) -> std::process::ExitStatus {
         let mut child = self.child.take().unwrap();
