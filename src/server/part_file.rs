@@ -59,14 +59,14 @@ fn for_io(io: &ShardIo, dir: &Dir, name: &OsStr, file: File) -> (Arc<File>, bool
 }
 
 /// How a part's bytes move, as the log says it.
-fn how(ring: bool, direct: bool, fixed_op: &'static str) -> &'static str {
-    match (ring, direct, fixed_op) {
-        (true, true, "write") => "WRITE_FIXED, O_DIRECT",
-        (true, false, "write") => "WRITE_FIXED, page cache",
-        (true, true, _) => "READ_FIXED, O_DIRECT",
-        (true, false, _) => "READ_FIXED, page cache",
-        (false, _, "write") => "positioned writes",
-        (false, _, _) => "positioned reads",
+fn how(ring: bool, direct: bool, writing: bool) -> &'static str {
+    match (ring, direct, writing) {
+        (true, true, true) => "WRITE_FIXED, O_DIRECT",
+        (true, false, true) => "WRITE_FIXED, page cache",
+        (true, true, false) => "READ_FIXED, O_DIRECT",
+        (true, false, false) => "READ_FIXED, page cache",
+        (false, _, true) => "positioned writes",
+        (false, _, false) => "positioned reads",
     }
 }
 
@@ -99,7 +99,7 @@ impl PartWriter {
             .as_ref()
             .map_or(PLAIN_PIECE_BYTES, |p| p.pool.chunk_bytes());
         PartWriter {
-            how: how(path.is_some(), direct, "write"),
+            how: how(path.is_some(), direct, true),
             path,
             file,
             at: 0,
@@ -210,7 +210,7 @@ impl PartReader {
         let (file, direct) = for_io(io, dir, name, file);
         let path = ring_path(io);
         PartReader {
-            how: how(path.is_some(), direct, "read"),
+            how: how(path.is_some(), direct, false),
             file,
             path,
         }
