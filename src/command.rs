@@ -86,6 +86,11 @@ pub enum Command<'a> {
         explicit_cas: u64,
         /// An APPEND or PREPEND onto a missing item stores it with this expiry (`ms` `N`).
         vivify: Option<u32>,
+        /// A store refused for want of room (out of memory, too large, no segment space, a
+        /// failed segment write) drops the key's current item, so that no reader is served
+        /// the value this store meant to replace: memcached's text `set`, binary SET and
+        /// SETQ, and `ms` in any mode (the codec decides, by memcached 1.6.45's rule).
+        drop_on_failure: bool,
     },
     /// A store of a value over the size limit: counted and refused, dropping the key's item
     /// when asked (memcached's SET does).

@@ -499,6 +499,9 @@ fn a_full_disk_is_answered_as_such_and_counted() {
     {
         let server = Server::start(&["--threads", "1", "--segment", &spec]);
         let mut c = server.client();
+        // Old values under both keys: a SET that fails its segment write must drop them.
+        assert_eq!(c.set(b"too-big-for-the-disk", b"old", 0, 0).status, 0);
+        assert_eq!(c.set(b"text-too-big", b"old", 0, 0).status, 0);
         let before = c.segment_used();
 
         let r = c.set_streamed(0x01, b"too-big-for-the-disk", &pattern(3, 64 * MIB), 0);
@@ -521,8 +524,10 @@ fn a_full_disk_is_answered_as_such_and_counted() {
 
         assert_eq!(c.stat("", "segment_write_errors"), 2);
         assert_eq!(c.stat("", "segment_write_no_space"), 2);
-        // Nothing is left half-stored, and both connections still serve.
+        // Nothing is left half-stored, no old value is left to be served stale, and both
+        // connections still serve.
         assert_eq!(c.get(b"too-big-for-the-disk").status, 1);
+        assert_eq!(c.get(b"text-too-big").status, 1);
         wait_for_segment_used(&mut c, before);
         assert_eq!(c.set(b"small", b"fine", 0, 0).status, 0);
         t.send(b"get small\r\n");

@@ -96,6 +96,8 @@ pub enum Request<'a> {
         value_len: u64,
         /// From a SETX: where the replicas should go.
         hints: Option<PlacementHints>,
+        /// See [`Command::Store`]'s field of the name.
+        drop_on_failure: bool,
     },
     Quit {
         quiet: bool,
@@ -152,6 +154,7 @@ impl<'a> Request<'a> {
                 invalidate: false,
                 explicit_cas: 0,
                 vivify: None,
+                drop_on_failure: drops_on_failure(mode),
             },
             Request::Delete { key, cas, .. } => Command::Delete { key, cas },
             Request::Arith {
@@ -190,6 +193,24 @@ impl<'a> Request<'a> {
             _ => None,
         }
     }
+}
+
+/// The store a storage opcode asks for (SETX is a SET with placement hints).
+fn store_mode(opcode: u8) -> StoreMode {
+    match opcode {
+        op::SET | op::SETQ | op::SETX | op::SETXQ => StoreMode::Set,
+        op::ADD | op::ADDQ => StoreMode::Add,
+        op::APPEND | op::APPENDQ => StoreMode::Append,
+        op::PREPEND | op::PREPENDQ => StoreMode::Prepend,
+        _ => StoreMode::Replace,
+    }
+}
+
+/// memcached 1.6.45's rule for the binary protocol (`proto_bin.c`): a SET or SETQ, with a CAS
+/// or without, that cannot be stored for want of room drops the key's current item; ADD,
+/// REPLACE, APPEND and PREPEND leave it.
+fn drops_on_failure(mode: StoreMode) -> bool {
+    mode == StoreMode::Set
 }
 
 /// Why a frame was rejected (counted in STAT).
@@ -432,13 +453,7 @@ pub fn decode_streaming(
         };
         return Decoded::Request {
             request: Request::LargeStore {
-                mode: match opcode {
-                    op::SET | op::SETQ | op::SETX | op::SETXQ => StoreMode::Set,
-                    op::ADD | op::ADDQ => StoreMode::Add,
-                    op::APPEND | op::APPENDQ => StoreMode::Append,
-                    op::PREPEND | op::PREPENDQ => StoreMode::Prepend,
-                    _ => StoreMode::Replace,
-                },
+                mode: store_mode(opcode),
                 key: &buf[HEADER_BYTES + extras_len..head],
                 flags,
                 expiry,
@@ -449,6 +464,7 @@ pub fn decode_streaming(
                 ),
                 value_len: value_len as u64,
                 hints: matches!(opcode, op::SETX | op::SETXQ).then(|| parse_hints(extras)),
+                drop_on_failure: drops_on_failure(store_mode(opcode)),
             },
             opcode,
             opaque,
@@ -471,7 +487,7 @@ pub fn decode_streaming(
         return Decoded::Request {
             request: Request::TooLarge {
                 key,
-                drop_existing: matches!(opcode, op::SET | op::SETQ | op::SETX | op::SETXQ),
+                drop_existing: drops_on_failure(store_mode(opcode)),
             },
             opcode,
             opaque,
@@ -528,11 +544,7 @@ pub fn decode_streaming(
         | op::REPLACEQ
         | op::SETX
         | op::SETXQ => Request::Store {
-            mode: match opcode {
-                op::SET | op::SETQ | op::SETX | op::SETXQ => StoreMode::Set,
-                op::ADD | op::ADDQ => StoreMode::Add,
-                _ => StoreMode::Replace,
-            },
+            mode: store_mode(opcode),
             key,
             value,
             flags: be32(extras),
@@ -541,11 +553,7 @@ pub fn decode_streaming(
             quiet,
         },
         op::APPEND | op::APPENDQ | op::PREPEND | op::PREPENDQ => Request::Store {
-            mode: if matches!(opcode, op::APPEND | op::APPENDQ) {
-                StoreMode::Append
-            } else {
-                StoreMode::Prepend
-            },
+            mode: store_mode(opcode),
             key,
             value,
             flags: 0,

@@ -351,6 +351,7 @@ impl TextCommand<'_> {
                 invalidate: store.meta.as_ref().is_some_and(|ms| ms.invalidate),
                 explicit_cas: store.explicit_cas(),
                 vivify: store.vivify_expiry(),
+                drop_on_failure: store.drops_on_failure(),
             },
             TextCommand::Arith {
                 incr, key, delta, ..
@@ -484,6 +485,12 @@ impl TextStore<'_> {
             (StoreMode::Set | StoreMode::Replace, Some(0)) => CAS_NEVER_ISSUED,
             (_, cas) => cas.unwrap_or(0),
         }
+    }
+
+    /// memcached 1.6.45's rule (`proto_parser.c`): a `set` (not a `cas`), or an `ms` in any
+    /// mode, that cannot be stored for want of room drops the key's current item.
+    pub fn drops_on_failure(&self) -> bool {
+        self.meta.is_some() || (self.mode == StoreMode::Set && self.cas.is_none())
     }
 
     /// `ms ... E<cas>`: the CAS the stored item takes (0: one is drawn).
@@ -967,7 +974,7 @@ fn finish_store<'a>(
         let classic = store.meta.is_none();
         return TextDecoded::TooLarge {
             key: store.key,
-            drop_existing: !classic || (store.mode == StoreMode::Set && store.cas.is_none()),
+            drop_existing: store.drops_on_failure(),
             reply: if classic && store.noreply {
                 b""
             } else {

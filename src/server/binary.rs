@@ -223,9 +223,11 @@ pub(super) async fn process(conn: &mut Conn, ctx: &Rc<ShardCtx>, now: u32) -> Af
                 quiet,
                 value_len,
                 hints,
+                drop_on_failure,
             } => {
                 let set = LargeSet {
                     hints: hints.clone(),
+                    drop_on_failure: *drop_on_failure,
                     mode: *mode,
                     key: key.to_vec(),
                     flags: *flags,
@@ -255,6 +257,7 @@ pub(super) async fn process(conn: &mut Conn, ctx: &Rc<ShardCtx>, now: u32) -> Af
                 // is built in a segment, the appended bytes read from the buffer.
                 let set = LargeSet {
                     hints: None,
+                    drop_on_failure: false,
                     mode: *mode,
                     key: key.to_vec(),
                     flags: 0,

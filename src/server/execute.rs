@@ -258,6 +258,7 @@ pub fn run<R: Reply>(
             invalidate,
             explicit_cas,
             vivify,
+            drop_on_failure,
         } => {
             let what = WatchedStore {
                 key,
@@ -277,6 +278,9 @@ pub fn run<R: Reply>(
                     Some(Some(outcome)) => outcome,
                     _ => store.store(mode, key, value, flags, expiry, cas, now),
                 };
+                if drop_on_failure && outcome.for_want_of_room() {
+                    store.drop_stale(key);
+                }
                 store.with_client_cas(key, now, outcome, explicit_cas)
             });
             reply.stored(out, outcome);

@@ -44,6 +44,11 @@ pub struct LargeSet {
     pub value_len: u64,
     /// From a SETX (or an `ms` with placement flags): replicas and where to put them.
     pub hints: Option<PlacementHints>,
+    /// Whether a store refused for want of room (no segment space, a failed segment write, no
+    /// RAM for its record) drops the key's current item: `command::Command::Store`'s rule
+    /// (for an APPEND or PREPEND, only `ms`'s: the new bytes alone found no room, as when
+    /// memcached cannot allocate them).
+    pub drop_on_failure: bool,
     pub reply: LargeReply,
 }
 
@@ -599,6 +604,20 @@ impl<'b> BaseReader<'b> {
     }
 }
 
+/// Drops the item a store refused for want of room meant to replace, when its command says so
+/// ([`LargeSet::drop_on_failure`]). Its extents go back once its last reader is done.
+fn drop_stale(ctx: &Rc<ShardCtx>, op: &LargeSet) {
+    if !op.drop_on_failure {
+        return;
+    }
+    let frees = {
+        let (_, mut store) = ctx.shared.partitions.lock_key(&op.key);
+        store.drop_stale(&op.key);
+        store.take_pending_frees()
+    };
+    ctx.free_extents(frees);
+}
+
 /// Why a large SET stopped before linking.
 enum Interrupted {
     /// The value an APPEND or PREPEND started from could not be read back intact.
@@ -741,6 +760,11 @@ pub async fn receive_set(
         Err(err) => {
             tracing::debug!(key_len = op.key.len(), value_len, %err, "large value not placed");
             release_base(ctx, &op.key, base.as_ref());
+            // No room (anywhere, or on the node a strict hint named); a bad hint is the
+            // client's error and replaces nothing.
+            if !matches!(err, PlacementError::Invalid(_)) {
+                drop_stale(ctx, op);
+            }
             discard(ctx, &mut limit, (stream, wire), rest + trailer_rest).await?;
             op.reply.write(out, Answer::NotPlaced(err), setx);
             return Ok(from_buffer + trailer_buffered);
@@ -850,6 +874,7 @@ pub async fn receive_set(
             Interrupted::Connection(err) => Err(err),
             Interrupted::Segment(target, err) => {
                 let no_space = segment_write_failed(ctx, target, &err, op.value_len);
+                drop_stale(ctx, op);
                 op.reply
                     .write(out, Answer::SegmentFailed { no_space }, setx);
                 Ok(used)
@@ -893,6 +918,10 @@ pub async fn receive_set(
                 }
                 None => store.link_large(op.mode, &op.key, op.flags, op.expiry, op.cas, now, link),
             };
+            // No RAM for the item's record.
+            if op.drop_on_failure && outcome.for_want_of_room() {
+                store.drop_stale(&op.key);
+            }
             store.with_client_cas(&op.key, now, outcome, op.new_cas)
         });
         (outcome, store.take_pending_frees())
@@ -1284,6 +1313,7 @@ impl LargeSet {
             vivify: store.vivify_expiry(),
             value_len: store.value_len as u64,
             hints: store.meta.as_ref().and_then(|ms| ms.hints.clone()),
+            drop_on_failure: store.drops_on_failure(),
             reply: LargeReply::Text(Box::new(OwnedStoreReply::of(store))),
         }
     }

@@ -197,6 +197,14 @@ pub enum StoreOutcome {
     OutOfMemory,
 }
 
+impl StoreOutcome {
+    /// Refused for want of room, not by the store's rules: what drops a stale value
+    /// ([`Store::drop_stale`]).
+    pub fn for_want_of_room(&self) -> bool {
+        matches!(self, StoreOutcome::TooLarge | StoreOutcome::OutOfMemory)
+    }
+}
+
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum DeleteOutcome {
     Deleted,
@@ -1267,10 +1275,6 @@ impl Store {
                     self.keys.stats.too_large += 1;
                     self.refuse_large(value.len() as u64);
                 }
-                // A failed SET must not leave a stale value behind (memcached does the same).
-                if matches!(mode, StoreMode::Set) && !matches!(outcome, StoreOutcome::NotStored) {
-                    self.remove(key);
-                }
                 if concat && matches!(outcome, StoreOutcome::TooLarge | StoreOutcome::OutOfMemory) {
                     return StoreOutcome::NotStored;
                 }
@@ -1325,8 +1329,16 @@ impl Store {
         self.detail.record(key, detail::KeyOp::Set);
         self.keys.stats.too_large += 1;
         if drop_existing {
-            self.remove(key);
+            self.drop_stale(key);
         }
+    }
+
+    /// Drops `key`'s item because a store meant to replace it was refused for want of room
+    /// (`Command::Store`'s `drop_on_failure`): no reader is served the value the writer was
+    /// told it replaced. A large value's extents go back when its last reader is done.
+    /// Returns whether there was an item.
+    pub fn drop_stale(&mut self, key: &[u8]) -> bool {
+        self.remove(key)
     }
 
     pub fn delete(&mut self, key: &[u8], cas: u64, now: u32) -> DeleteOutcome {
