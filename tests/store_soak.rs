@@ -226,6 +226,8 @@ fn writer(addr: SocketAddr, id: u32, text: bool, seed: u64, stop: &AtomicBool) -
     let mut rng = Rng::new(seed ^ u64::from(id).wrapping_mul(0x9E37_79B9));
     let mut conn = Conn::connect(addr, text);
     let mut expect = vec![Expect::Missing; KEYS_PER_WRITER as usize];
+    // Every version each key was stored with, to tell an older one from a torn one.
+    let mut stored: Vec<Vec<(u32, usize)>> = vec![Vec::new(); KEYS_PER_WRITER as usize];
     let mut versions = vec![0u32; KEYS_PER_WRITER as usize];
     let mut f = Figures::default();
     while !stop.load(Ordering::Relaxed) {
@@ -241,7 +243,10 @@ fn writer(addr: SocketAddr, id: u32, text: bool, seed: u64, stop: &AtomicBool) -
             let value = value_of(key_id, version, len);
             f.bytes_written += len as u64;
             expect[slot] = match conn.store(&key, &value, rng.next_u64()) {
-                Stored::Yes => Expect::Version { version, len },
+                Stored::Yes => {
+                    stored[slot].push((version, len));
+                    Expect::Version { version, len }
+                }
                 Stored::Refused => {
                     f.refusals += 1;
                     Expect::Missing
@@ -250,30 +255,33 @@ fn writer(addr: SocketAddr, id: u32, text: bool, seed: u64, stop: &AtomicBool) -
         } else if roll < 88 {
             let got = conn.get(&key);
             f.bytes_read += got.as_ref().map_or(0, |v| v.len() as u64);
-            match (expect[slot], got) {
-                (_, None) if expect[slot] == Expect::Missing => {}
-                (Expect::Version { .. }, None) => f.misses_allowed += 1,
-                (Expect::Version { version, len }, Some(value))
-                    if value.len() == len && value == value_of(key_id, version, len) =>
-                {
-                    f.hits += 1
+            let Some(value) = got else {
+                if expect[slot] != Expect::Missing {
+                    f.misses_allowed += 1;
                 }
-                (want, Some(value)) => {
-                    let said = describe(&value);
-                    let older = matches!((want, said), (_, Some((k, v))) if k == key_id
-                        && v < versions[slot]);
-                    if older || want == Expect::Missing && said.is_some() {
-                        f.stale += 1;
-                    } else {
-                        f.torn += 1;
-                    }
-                    eprintln!(
-                        "{key}: expected {want:?}, got {} bytes that say {said:?} (seed {seed})",
-                        value.len()
-                    );
+                continue;
+            };
+            if let Expect::Version { version, len } = expect[slot] {
+                if value.len() == len && value == value_of(key_id, version, len) {
+                    f.hits += 1;
+                    continue;
                 }
-                (Expect::Missing, None) => unreachable!(),
             }
+            let older = stored[slot]
+                .iter()
+                .any(|&(v, len)| len == value.len() && value == value_of(key_id, v, len));
+            if older {
+                f.stale += 1;
+            } else {
+                f.torn += 1;
+            }
+            eprintln!(
+                "{key}: expected {:?}, got {} bytes that say {:?}: {} (seed {seed})",
+                expect[slot],
+                value.len(),
+                describe(&value),
+                if older { "an older version" } else { "torn" }
+            );
         } else {
             conn.delete(&key);
             expect[slot] = Expect::Missing;
