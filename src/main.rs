@@ -238,8 +238,14 @@ fn main() -> ExitCode {
         }
         Err(_) => tracing::error!("the signal thread is gone; stopping"),
     }
-    running.stop();
-    ExitCode::SUCCESS
+    match running.stop() {
+        Ok(()) => ExitCode::SUCCESS,
+        // The last line of the stop, so a supervisor and an operator both see it.
+        Err(failure) => {
+            tracing::error!("{failure}");
+            ExitCode::from(1)
+        }
+    }
 }
 
 /// `path` made absolute against the working directory (not resolved: a symlink stays one).

@@ -7,8 +7,11 @@
 //! extents they had. Anything else is reported and skipped: never wrong bytes.
 //!
 //! The format is versioned, and every target and object is a length-prefixed record, so a later
-//! version can append optional fields that this decoder skips. `tests/data/snapshot-v1.bin`
-//! is the fixture of version 1 (`tests/snapshot.rs`).
+//! version can append optional fields that this decoder skips. Version 2 names each segment by
+//! the id in its label (`segment::label`), so a segment found at another path is still itself;
+//! version 1, the same bytes, named it by a hash of its path ([`TargetIds::PathHash`]), which
+//! this build still reads. `tests/data/snapshot-v1.bin` and `snapshot-v2.bin` are the fixtures
+//! (`tests/snapshot.rs`).
 //!
 //! ```text
 //! magic "HRSNAP\0\0" | version u32 | target count u32 | targets | object count u64 | objects
@@ -27,7 +30,26 @@ use crate::segment::Extent;
 
 pub const MAGIC: &[u8; 8] = b"HRSNAP\0\0";
 /// The version this build writes (and every version up to it, it reads).
-pub const VERSION: u32 = 1;
+pub const VERSION: u32 = 2;
+
+/// What a target's `uuid` is: how a snapshot names the segments its objects lie in.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub enum TargetIds {
+    /// Version 1: a hash of the segment file's path (`segment::mount::legacy_path_uuid`).
+    PathHash,
+    /// Version 2: the id in the segment's label, wherever the file lies.
+    #[default]
+    SegmentId,
+}
+
+impl TargetIds {
+    fn version(self) -> u32 {
+        match self {
+            TargetIds::PathHash => 1,
+            TargetIds::SegmentId => 2,
+        }
+    }
+}
 
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct SnapshotTarget {
@@ -54,6 +76,8 @@ pub struct SnapshotObject {
 
 #[derive(Clone, Debug, Default, PartialEq, Eq)]
 pub struct Snapshot {
+    /// How `targets` name their segments (which also says the version written).
+    pub ids: TargetIds,
     pub targets: Vec<SnapshotTarget>,
     pub objects: Vec<SnapshotObject>,
 }
@@ -94,7 +118,7 @@ fn put_record(out: &mut Vec<u8>, body: &[u8]) {
 pub fn encode(snapshot: &Snapshot) -> Vec<u8> {
     let mut out = Vec::new();
     out.extend_from_slice(MAGIC);
-    out.extend_from_slice(&VERSION.to_le_bytes());
+    out.extend_from_slice(&snapshot.ids.version().to_le_bytes());
     out.extend_from_slice(&(snapshot.targets.len() as u32).to_le_bytes());
     for t in &snapshot.targets {
         let mut body = Vec::new();
@@ -178,6 +202,9 @@ pub fn decode(bytes: &[u8]) -> Result<(Snapshot, u64), SnapshotError> {
     if version > VERSION {
         return Err(SnapshotError::Version(version));
     }
+    if version == 0 {
+        return Err(SnapshotError::NotASnapshot);
+    }
     if crc32c::crc32c(body) != u32::from_le_bytes(trailer.try_into().expect("4")) {
         return Err(SnapshotError::Corrupt);
     }
@@ -185,7 +212,13 @@ pub fn decode(bytes: &[u8]) -> Result<(Snapshot, u64), SnapshotError> {
         bytes: body,
         at: 12,
     };
-    let mut snapshot = Snapshot::default();
+    let mut snapshot = Snapshot {
+        ids: match version {
+            1 => TargetIds::PathHash,
+            _ => TargetIds::SegmentId,
+        },
+        ..Snapshot::default()
+    };
     for _ in 0..r.u32()? {
         let len = r.u32()? as usize;
         let mut t = Reader {
@@ -263,6 +296,7 @@ mod tests {
 
     fn sample() -> Snapshot {
         Snapshot {
+            ids: TargetIds::SegmentId,
             targets: vec![SnapshotTarget {
                 uuid: 7,
                 kind: 1,

@@ -326,7 +326,14 @@ fn planted_snapshot_links_are_never_followed() {
         0
     );
     std::os::unix::fs::symlink(&elsewhere, dir.join("snapshot")).unwrap();
-    assert_eq!(server.stop().code(), Some(0));
+    // The snapshot cannot be written, and the stop says so in its exit status and last line.
+    let (status, log) = server.stop_logged();
+    assert_eq!(status.code(), Some(1), "{log}");
+    let last = log.lines().last().unwrap_or_default();
+    assert!(
+        last.contains("ERROR") && last.contains("the warm-restart snapshot was not written"),
+        "{last}"
+    );
     assert_eq!(
         std::fs::read_dir(&elsewhere).unwrap().count(),
         0,

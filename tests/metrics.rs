@@ -16,15 +16,6 @@ use common::server::{arith_extras, frame, Client, Server};
 use headroom::server::metrics::{Export, Kind, Scale, GENERAL, REQUEST_DURATION};
 use serde_json::Value;
 
-/// The endpoint's address, from the start-up log line `metrics on http://ADDR/metrics`.
-fn metrics_addr(server: &Server) -> SocketAddr {
-    assert!(server.logs("metrics on http://"), "{}", server.log_text());
-    let log = server.log_text();
-    let at = log.find("metrics on http://").unwrap() + "metrics on http://".len();
-    let addr = &log[at..];
-    addr[..addr.find('/').unwrap()].parse().unwrap()
-}
-
 /// One HTTP exchange on a fresh connection: (status, head, body).
 fn exchange(addr: SocketAddr, request: &[u8]) -> (u16, String, String) {
     let mut stream = TcpStream::connect(addr).unwrap();
@@ -203,7 +194,7 @@ fn metrics_equal_stat_and_parse_as_prometheus_and_openmetrics() {
         "--segment",
         "mem:size=64M,numa=0",
     ]);
-    let addr = metrics_addr(&server);
+    let addr = server.metrics_addr();
     let mut c = server.client();
     let sent = traffic(&mut c);
 
@@ -486,7 +477,7 @@ fn promtool() -> Option<std::path::PathBuf> {
 #[test]
 fn health_answers_and_bad_http_gets_a_status() {
     let server = Server::start(&["--threads", "1", "--metrics-listen", "127.0.0.1:0"]);
-    let addr = metrics_addr(&server);
+    let addr = server.metrics_addr();
     for path in ["/health", "/healthz", "/health?probe=1"] {
         let (status, head, body) = get(addr, path, None);
         assert_eq!((status, body.as_str()), (200, "ok\n"), "{path}: {head}");
@@ -556,7 +547,7 @@ fn requested_and_never_read(addr: SocketAddr) -> TcpStream {
 #[test]
 fn health_answers_while_slow_clients_hold_every_slot() {
     let server = Server::start(&["--threads", "1", "--metrics-listen", "127.0.0.1:0"]);
-    let addr = metrics_addr(&server);
+    let addr = server.metrics_addr();
     let mut slow: Vec<TcpStream> = (0..20).map(|_| TcpStream::connect(addr).unwrap()).collect();
     for _ in 0..4 {
         let mut half = TcpStream::connect(addr).unwrap();
@@ -651,7 +642,7 @@ fn sample_value(all: &[Sample], name: &str, labels: &[(&str, &str)]) -> f64 {
 #[test]
 fn scrapes_under_load_parse_and_count_every_request() {
     let server = Server::start(&["--threads", "2", "--metrics-listen", "127.0.0.1:0"]);
-    let addr = metrics_addr(&server);
+    let addr = server.metrics_addr();
     // Two clients hammer the server while the endpoint is scraped, each scrape parsed by the
     // real parser; the GET histogram never goes backwards, and once the load stops it has
     // counted exactly the GETs sent.
@@ -706,7 +697,7 @@ fn gets_over_200ms_across_a_stop(args: &[&str], attempts: u64) -> (bool, f64, St
     let mut all_args = vec!["--threads", "1", "--metrics-listen", "127.0.0.1:0"];
     all_args.extend_from_slice(args);
     let server = Server::start(&all_args);
-    let addr = metrics_addr(&server);
+    let addr = server.metrics_addr();
     let mut c = server.client();
     assert_eq!(c.set(b"k", b"v", 0, 0).status, 0);
     let on_ring = c

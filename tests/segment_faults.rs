@@ -5,7 +5,7 @@ mod common;
 use std::io::{Read, Write};
 use std::net::TcpStream;
 use std::os::unix::fs::FileExt;
-use std::path::{Path, PathBuf};
+use std::path::Path;
 use std::time::{Duration, Instant};
 
 use common::pattern;
@@ -414,64 +414,6 @@ fn a_trickled_large_set_is_dropped_and_a_steady_one_is_not() {
     assert_eq!(c.stat("", "body_timeouts"), 1);
 }
 
-/// An ext4 filesystem of `size_mib` MiB in an image file, loop-mounted for the test and
-/// unmounted on drop.
-struct TinyFs {
-    image: PathBuf,
-    mount: PathBuf,
-}
-
-impl TinyFs {
-    /// The mounted filesystem, or why it could not be made (no `mkfs.ext4`, no loop device).
-    fn new(size_mib: u64) -> Result<TinyFs, String> {
-        let image = common::fresh_temp_path("tinyfs-image");
-        let mount = common::fresh_temp_path("tinyfs");
-        std::fs::File::create(&image)
-            .and_then(|f| f.set_len(size_mib << 20))
-            .map_err(|err| format!("{}: {err}", image.display()))?;
-        let run = |program: &str, args: &[&std::ffi::OsStr]| {
-            let out = std::process::Command::new(program)
-                .args(args)
-                .output()
-                .map_err(|err| format!("{program}: {err}"))?;
-            if out.status.success() {
-                Ok(())
-            } else {
-                Err(format!(
-                    "{program} {args:?}: {}",
-                    String::from_utf8_lossy(&out.stderr).trim()
-                ))
-            }
-        };
-        run(
-            "mkfs.ext4",
-            &["-q".as_ref(), "-F".as_ref(), image.as_os_str()],
-        )?;
-        std::fs::create_dir(&mount).map_err(|err| format!("{}: {err}", mount.display()))?;
-        let fs = TinyFs { image, mount };
-        run(
-            "mount",
-            &[
-                "-o".as_ref(),
-                "loop".as_ref(),
-                fs.image.as_os_str(),
-                fs.mount.as_os_str(),
-            ],
-        )?;
-        Ok(fs)
-    }
-}
-
-impl Drop for TinyFs {
-    fn drop(&mut self) {
-        let _ = std::process::Command::new("umount")
-            .arg(&self.mount)
-            .status();
-        let _ = std::fs::remove_dir(&self.mount);
-        let _ = std::fs::remove_file(&self.image);
-    }
-}
-
 #[test]
 fn a_full_disk_is_answered_as_such_and_counted() {
     if !nix::unistd::geteuid().is_root() {
@@ -483,7 +425,7 @@ fn a_full_disk_is_answered_as_such_and_counted() {
         return;
     }
     // A 256 MiB sparse segment file on a 32 MiB filesystem: it mounts, and fills up.
-    let fs = match TinyFs::new(32) {
+    let fs = match common::TinyFs::new(32) {
         Ok(fs) => fs,
         Err(why) => {
             assert!(

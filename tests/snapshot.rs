@@ -1,15 +1,21 @@
-//! The snapshot format: version 1 as committed in `tests/data/snapshot-v1.bin` still decodes to
-//! the same objects and is what this build writes; damage is refused, never misread.
+//! The snapshot format: versions 1 and 2 as committed in `tests/data/snapshot-v1.bin` and
+//! `snapshot-v2.bin` still decode to the same objects (version 1 naming segments by a hash of
+//! their path, 2 by their own id), 2 is what this build writes, and damage is refused, never
+//! misread.
 
 use headroom::segment::Extent;
-use headroom::snapshot::{decode, encode, Snapshot, SnapshotError, SnapshotObject, SnapshotTarget};
+use headroom::snapshot::{
+    decode, encode, Snapshot, SnapshotError, SnapshotObject, SnapshotTarget, TargetIds,
+};
 
-const FIXTURE: &str = concat!(env!("CARGO_MANIFEST_DIR"), "/tests/data/snapshot-v1.bin");
+const FIXTURE: &str = concat!(env!("CARGO_MANIFEST_DIR"), "/tests/data/snapshot-v2.bin");
+const FIXTURE_V1: &str = concat!(env!("CARGO_MANIFEST_DIR"), "/tests/data/snapshot-v1.bin");
 
-/// What the fixture holds: two file targets, three objects (one with two replicas, one with a
-/// 250-byte key, one that expires).
-fn fixture_snapshot() -> Snapshot {
+/// What the fixtures hold: two file targets, three objects (one with two replicas, one with a
+/// 250-byte key, one that expires), named as version `ids` names them.
+fn fixture_snapshot_with(ids: TargetIds) -> Snapshot {
     Snapshot {
+        ids,
         targets: vec![
             SnapshotTarget {
                 uuid: 0x1111_2222_3333_4444_5555_6666_7777_8888,
@@ -84,18 +90,32 @@ fn fixture_snapshot() -> Snapshot {
     }
 }
 
+fn fixture_snapshot() -> Snapshot {
+    fixture_snapshot_with(TargetIds::SegmentId)
+}
+
 #[test]
-fn version_1_fixture_still_decodes_and_is_what_this_build_writes() {
+fn version_2_fixture_still_decodes_and_is_what_this_build_writes() {
     let written = encode(&fixture_snapshot());
     if std::env::var_os("HEADROOM_WRITE_FIXTURE").is_some() {
         std::fs::write(FIXTURE, &written).unwrap();
     }
-    let fixture = std::fs::read(FIXTURE).expect("tests/data/snapshot-v1.bin");
+    let fixture = std::fs::read(FIXTURE).expect("tests/data/snapshot-v2.bin");
     assert_eq!(decode(&fixture), Ok((fixture_snapshot(), 0)));
     assert!(
         written == fixture,
-        "version 1 encoding changed: bump VERSION and keep reading v1"
+        "version 2 encoding changed: bump VERSION and keep reading v2"
     );
+}
+
+/// Version 1, written by builds before segments had ids, reads as naming segments by path.
+#[test]
+fn version_1_fixture_still_decodes() {
+    let fixture = std::fs::read(FIXTURE_V1).expect("tests/data/snapshot-v1.bin");
+    let v1 = fixture_snapshot_with(TargetIds::PathHash);
+    assert_eq!(decode(&fixture), Ok((v1.clone(), 0)));
+    assert!(encode(&v1) == fixture, "version 1 encoding changed");
+    assert_eq!(&fixture[8..12], &1u32.to_le_bytes());
 }
 
 #[test]
@@ -126,8 +146,8 @@ fn damage_is_refused_never_misread() {
 #[test]
 fn a_newer_version_is_refused_by_name() {
     let mut newer = std::fs::read(FIXTURE).unwrap();
-    newer[8..12].copy_from_slice(&2u32.to_le_bytes());
-    assert_eq!(decode(&newer), Err(SnapshotError::Version(2)));
+    newer[8..12].copy_from_slice(&3u32.to_le_bytes());
+    assert_eq!(decode(&newer), Err(SnapshotError::Version(3)));
 }
 
 #[test]

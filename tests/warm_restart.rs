@@ -79,7 +79,7 @@ fn large_values_survive_a_clean_restart_byte_exact() {
 
     let server = Server::start_in(&dir, ARGS);
     assert!(
-        server.logs("warm restart from the snapshot"),
+        server.logs("warm restart: large values"),
         "{}",
         server.log_text()
     );
@@ -210,7 +210,7 @@ fn damaged_data_skips_only_that_object() {
 
     let server = Server::start_in(&dir, ARGS);
     assert!(
-        server.logs("no longer matches its checksum"),
+        server.logs("no longer match their checksums"),
         "{}",
         server.log_text()
     );

@@ -184,7 +184,11 @@ impl fmt::Display for MountError {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         match self {
             MountError::DuplicateUuid(uuid) => {
-                write!(f, "a target with uuid {uuid:032x} is already mounted")
+                write!(
+                    f,
+                    "a target with id {uuid:032x} is already mounted (a copy of a segment file \
+                     carries its id: mount one of the two, or remove the copy)"
+                )
             }
             MountError::Overlap { with } => {
                 write!(f, "the range overlaps target {with} on the same host")

@@ -8,12 +8,10 @@ use std::sync::Arc;
 use crate::topology::{NodeId, Topology};
 use crate::units::ByteSize;
 
+use super::label::random_id;
 use super::spec::{FileLocality, SegmentSpec};
 use super::storage::{FileStorage, MemStorage, MountOrigin};
 use super::target::{HostId, TargetKind, TargetSpec};
-
-/// Counts memory mounts, so each one gets its own identity.
-static MEM_MOUNTS: std::sync::atomic::AtomicU64 = std::sync::atomic::AtomicU64::new(0);
 
 /// Granule of every target: the device block.
 pub const TARGET_GRANULE_BYTES: u64 = 4096;
@@ -46,8 +44,13 @@ impl fmt::Display for MountFailure {
 
 impl std::error::Error for MountFailure {}
 
-/// A stable identity: the same segment on the same path mounts with the same uuid.
-fn uuid_of(parts: impl Hash) -> u128 {
+/// The identity version 1 snapshots gave a file segment: a hash of its canonical path through
+/// `DefaultHasher`, whose algorithm Rust leaves unspecified. Only to read such a snapshot
+/// (`server::warm`): segments carry their own ids now (`label.rs`), and a snapshot written by
+/// a build with another hasher may name segments this cannot match (said, never guessed).
+pub fn legacy_path_uuid(path: &std::path::Path) -> u128 {
+    let canonical = std::fs::canonicalize(path).unwrap_or_else(|_| path.to_path_buf());
+    let parts = ("file", &canonical);
     let mut high = std::collections::hash_map::DefaultHasher::new();
     ("headroom-target", &parts).hash(&mut high);
     let mut low = std::collections::hash_map::DefaultHasher::new();
@@ -149,17 +152,16 @@ pub fn mount_all(
                     FileLocality::Node(node) => Some(*node),
                     FileLocality::Auto => storage.device_node(topology),
                 };
-                let canonical = std::fs::canonicalize(path).unwrap_or_else(|_| path.clone());
                 targets.push(MountedTarget {
                     spec: TargetSpec {
-                        // A file's identity is its path: remounting it with another size or
-                        // locality is caught by the master, not silently a new target.
-                        uuid: uuid_of(("file", &canonical)),
+                        // A file's identity is the id in its label, wherever it lies: a
+                        // remount with another size or locality is caught by the master.
+                        uuid: storage.id,
                         name: path.display().to_string(),
                         host,
                         kind: TargetKind::File,
                         base: 0,
-                        size: *size,
+                        size: storage.size,
                         locality: node,
                         granule: TARGET_GRANULE_BYTES,
                     },
@@ -180,13 +182,7 @@ pub fn mount_all(
                     targets.push(MountedTarget {
                         spec: TargetSpec {
                             // Memory does not survive an unmount: every mount is a new target.
-                            uuid: uuid_of((
-                                "mem",
-                                MEM_MOUNTS.fetch_add(1, std::sync::atomic::Ordering::Relaxed),
-                                std::process::id(),
-                                node,
-                                per_node,
-                            )),
+                            uuid: random_id().map_err(|e| fail(format!("no id: {e}")))?,
                             name: spec.to_string(),
                             host,
                             kind: TargetKind::Mem,

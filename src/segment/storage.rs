@@ -12,7 +12,7 @@ use crate::dir::Dir;
 pub use crate::sys::AlignedBuf;
 use crate::sys::{self, Mapping};
 
-use super::label::{Label, LABEL_BYTES};
+use super::label::{random_id, Label, LABEL_BYTES};
 use crate::topology::{NodeId, Topology};
 
 /// Alignment assumed when the kernel cannot tell (the common device block).
@@ -104,7 +104,11 @@ impl MemStorage {
 #[derive(Debug)]
 pub struct FileStorage {
     pub path: PathBuf,
+    /// Bytes the extents may use: the size given, less the label's block on a block device
+    /// (a file's label lies past them).
     pub size: u64,
+    /// The segment's identity, from its label (`label.rs`).
+    pub id: u128,
     /// The O_DIRECT offset and length alignment the device wants.
     pub dio_align: u64,
     pub block_device: bool,
@@ -334,51 +338,11 @@ impl FileStorage {
             )
         })?;
         let file = lock.file();
-        if block_device {
-            let device_bytes = sys::block_device_bytes(file)?;
-            if device_bytes < size {
-                return Err(io::Error::new(
-                    io::ErrorKind::InvalidInput,
-                    format!(
-                        "{} holds {device_bytes} bytes, fewer than the segment's {size}",
-                        path.display()
-                    ),
-                ));
-            }
-        } else if created {
-            file.set_len(size + LABEL_BYTES)?;
-            Label::new(size).write(file)?;
-        } else if Label::read(file, size)?.is_none() {
-            let earlier = Label::find_any(file)?;
-            if runtime {
-                return Err(refuse(
-                    path,
-                    match earlier {
-                        Some(label) => format!(
-                            "Headroom created it as a segment of {} bytes, not {size}",
-                            label.size
-                        ),
-                        None => "Headroom did not create this file (it has no segment label); a runtime mount never writes a file it did not create".to_string(),
-                    },
-                ));
-            }
-            match earlier {
-                Some(label) => tracing::warn!(
-                    path = %path.display(),
-                    was_bytes = label.size,
-                    now_bytes = size,
-                    "segment file relabelled for another size: its old contents are not trusted"
-                ),
-                None => tracing::info!(
-                    path = %path.display(),
-                    "existing file named by --segment: labelled as a Headroom segment"
-                ),
-            }
-            if meta.len() < size + LABEL_BYTES {
-                file.set_len(size + LABEL_BYTES)?;
-            }
-            Label::new(size).write(file)?;
-        }
+        let (id, extent_bytes) = if block_device {
+            (Self::device_label(path, size, file)?, size - LABEL_BYTES)
+        } else {
+            (Self::file_label(path, size, runtime, file, created)?, size)
+        };
         // O_DIRECT must work here: tmpfs and some network filesystems refuse it.
         let direct = opener.reopen_direct(file).map_err(|err| {
             io::Error::new(
@@ -388,12 +352,117 @@ impl FileStorage {
         })?;
         Ok(FileStorage {
             path: path.to_path_buf(),
-            size,
+            size: extent_bytes,
+            id,
             dio_align: dio_alignment(&direct, path),
             block_device,
             file: direct,
             _lock: lock,
         })
+    }
+
+    /// A segment file's id: from its label, or drawn and written into a new label (a file just
+    /// created, an existing file the operator named, one labelled for another size, which
+    /// keeps its id, or a version 1 label, which gets one). A runtime mount takes only a file
+    /// whose label says it is a Headroom segment of this size.
+    fn file_label(
+        path: &Path,
+        size: u64,
+        runtime: bool,
+        file: &fs::File,
+        created: bool,
+    ) -> io::Result<u128> {
+        if created {
+            file.set_len(size + LABEL_BYTES)?;
+            let label = Label::new(size)?;
+            label.write(file, size)?;
+            return Ok(label.id.expect("a new label has an id"));
+        }
+        if let Some(label) = Label::read(file, size, size)? {
+            return match label.id {
+                Some(id) => Ok(id),
+                None => {
+                    let id = random_id()?;
+                    Label {
+                        id: Some(id),
+                        ..label
+                    }
+                    .write(file, size)?;
+                    tracing::info!(
+                        path = %path.display(),
+                        id = %format_args!("{id:032x}"),
+                        "segment given an id: its label was written by an older build"
+                    );
+                    Ok(id)
+                }
+            };
+        }
+        let earlier = Label::find_any(file)?;
+        if runtime {
+            return Err(refuse(
+                path,
+                match earlier {
+                    Some(label) => format!(
+                        "Headroom created it as a segment of {} bytes, not {size}",
+                        label.size
+                    ),
+                    None => "Headroom did not create this file (it has no segment label); a runtime mount never writes a file it did not create".to_string(),
+                },
+            ));
+        }
+        let id = match &earlier {
+            Some(label) => {
+                tracing::warn!(
+                    path = %path.display(),
+                    was_bytes = label.size,
+                    now_bytes = size,
+                    "segment file relabelled for another size: its old contents are not trusted"
+                );
+                label.id
+            }
+            None => {
+                tracing::info!(
+                    path = %path.display(),
+                    "existing file named by --segment: labelled as a Headroom segment"
+                );
+                None
+            }
+        };
+        let mut label = Label::new(size)?;
+        label.id = id.or(label.id);
+        if file.metadata()?.len() < size + LABEL_BYTES {
+            file.set_len(size + LABEL_BYTES)?;
+        }
+        label.write(file, size)?;
+        Ok(label.id.expect("the label has an id"))
+    }
+
+    /// A block device's id: from the label in the last block of its `size` bytes, or drawn
+    /// and written there. The device must hold `size` bytes, more than the label's block.
+    fn device_label(path: &Path, size: u64, file: &fs::File) -> io::Result<u128> {
+        let device_bytes = sys::block_device_bytes(file)?;
+        if device_bytes < size || size <= LABEL_BYTES {
+            return Err(io::Error::new(
+                io::ErrorKind::InvalidInput,
+                format!(
+                    "{} holds {device_bytes} bytes; a segment of {size} needs that many, more than \
+                     the {LABEL_BYTES} its label takes",
+                    path.display()
+                ),
+            ));
+        }
+        let at = size - LABEL_BYTES;
+        if let Some(Label { id: Some(id), .. }) = Label::read(file, size, at)? {
+            return Ok(id);
+        }
+        let label = Label::new(size)?;
+        label.write(file, at)?;
+        tracing::info!(
+            path = %path.display(),
+            label_at = at,
+            "block device labelled as a Headroom segment: its last 4 KiB hold the label"
+        );
+        Ok(label.id.expect("a new label has an id"))
     }
 
     /// Writes a whole aligned buffer at an aligned offset (O_DIRECT). Blocking: run it off the

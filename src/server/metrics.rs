@@ -201,6 +201,13 @@ const fn labelled(metric: Metric, labels: Labels) -> Export {
     }
 }
 
+/// Items the warm restart did not bring back, by reason (the log says each reason once).
+const WARM_RESTART_SKIPPED: Metric = counter(
+    "warm_restart_skipped",
+    N,
+    "Items the warm restart did not bring back, by reason (part of warm_restart_dropped).",
+);
+
 const fn skip(why: &'static str) -> Export {
     Export::Skip(why)
 }
@@ -316,6 +323,38 @@ pub const GENERAL: &[(&str, Export)] = &[
             "Items the warm restart brought back and then evicted again: they did not all fit \
              --memory (the coldest go first).",
         )),
+    ),
+    (
+        "warm_restart_skipped_segment_missing",
+        labelled(WARM_RESTART_SKIPPED, &[("reason", "segment_missing")]),
+    ),
+    (
+        "warm_restart_skipped_segment_changed",
+        labelled(WARM_RESTART_SKIPPED, &[("reason", "segment_changed")]),
+    ),
+    (
+        "warm_restart_skipped_data_changed",
+        labelled(WARM_RESTART_SKIPPED, &[("reason", "data_changed")]),
+    ),
+    (
+        "warm_restart_skipped_extents_taken",
+        labelled(WARM_RESTART_SKIPPED, &[("reason", "extents_taken")]),
+    ),
+    (
+        "warm_restart_skipped_record_damaged",
+        labelled(WARM_RESTART_SKIPPED, &[("reason", "record_damaged")]),
+    ),
+    (
+        "warm_restart_skipped_not_stored",
+        labelled(WARM_RESTART_SKIPPED, &[("reason", "not_stored")]),
+    ),
+    (
+        "warm_restart_skipped_ram_damaged",
+        labelled(WARM_RESTART_SKIPPED, &[("reason", "ram_damaged")]),
+    ),
+    (
+        "warm_restart_skipped_ram_not_stored",
+        labelled(WARM_RESTART_SKIPPED, &[("reason", "ram_not_stored")]),
     ),
     (
         "warm_restart_ns",

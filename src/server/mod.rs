@@ -36,6 +36,7 @@ pub mod tls;
 mod unix_socket;
 pub mod user;
 mod warm;
+mod warm_report;
 mod watch;
 mod wire;
 
@@ -150,17 +151,6 @@ impl ConnCounters {
     }
 }
 
-/// What the warm restart at start brought back: items restored (RAM and large), items or
-/// damaged stretches dropped, the longest shard's restore in nanoseconds, and the restored
-/// items evicted again because they did not all fit.
-#[derive(Default)]
-pub(crate) struct WarmRestartFigures {
-    pub restored: AtomicU64,
-    pub dropped: AtomicU64,
-    pub restore_ns: AtomicU64,
-    pub evicted: AtomicU64,
-}
-
 /// State every shard sees: configuration, the partitions (each behind its own lock), and
 /// atomics touched on accept, close and STAT.
 pub struct Shared {
@@ -197,8 +187,11 @@ pub struct Shared {
     pub(crate) restored: AtomicUsize,
     /// Shards that have written their warm-restart parts (the last one writes the manifest).
     pub(crate) snapshot_written: AtomicUsize,
+    /// Why parts of the warm-restart snapshot were not written (then there is no manifest,
+    /// and the stop exits non-zero): one sentence each.
+    pub(crate) snapshot_failures: std::sync::Mutex<Vec<String>>,
     /// What the warm restart brought back (STAT `warm_restart_*`).
-    pub(crate) warm_restart: WarmRestartFigures,
+    pub(crate) warm_restart: warm_report::WarmRestartFigures,
     /// Every shard waits here after its restore: none serves before all partitions are back.
     restore_done: std::sync::Barrier,
     /// Whether a refused io_uring ring has been logged (it is said once).
@@ -307,7 +300,9 @@ impl Running {
     }
 
     /// Stops accepting, lets in-flight requests finish, and waits for every shard to exit.
-    pub fn stop(self) {
+    /// An error says what of the warm-restart snapshot was not written (nothing of it will
+    /// be restored): the stop was not clean.
+    pub fn stop(self) -> Result<(), String> {
         self.shared.stop.store(true, Ordering::Release);
         for bell in &self.shared.doorbells[..self.shared.settings.cpus.len()] {
             bell.ring();
@@ -316,6 +311,18 @@ impl Running {
             let _ = handle.join();
         }
         tracing::info!("stopped");
+        let failures = self
+            .shared
+            .snapshot_failures
+            .lock()
+            .unwrap_or_else(|e| e.into_inner());
+        match failures.is_empty() {
+            true => Ok(()),
+            false => Err(format!(
+                "the warm-restart snapshot was not written, so nothing of it will be restored: {}",
+                failures.join("; ")
+            )),
+        }
     }
 }
 
@@ -478,7 +485,8 @@ pub fn start(settings: Settings, topology: &Topology) -> Result<Running, ServerE
         finished: AtomicUsize::new(0),
         restored: AtomicUsize::new(0),
         snapshot_written: AtomicUsize::new(0),
-        warm_restart: WarmRestartFigures::default(),
+        snapshot_failures: std::sync::Mutex::new(Vec::new()),
+        warm_restart: warm_report::WarmRestartFigures::default(),
         io_fallback_said: std::sync::atomic::AtomicBool::new(false),
         multishot_fallback_said: std::sync::atomic::AtomicBool::new(false),
         crawler_enabled: AtomicBool::new(true),
@@ -588,7 +596,8 @@ pub fn start(settings: Settings, topology: &Topology) -> Result<Running, ServerE
                 shared,
                 handles,
             };
-            running.stop();
+            // A start that failed writes no snapshot worth reporting.
+            let _ = running.stop();
             return Err(ServerError::Shard(reason));
         }
     }

@@ -14,6 +14,7 @@ use super::shard::{
     ConnRow, MasterSnapshot, ShardCtx, ShardReply, ShardRequest, ShardSnapshot, StatAnswer,
     StatQuery,
 };
+use super::warm_report::Skip;
 use super::{ConnCounters, Shared};
 
 /// Gathers every shard's snapshot (this one's directly, the others over the mesh).
@@ -128,6 +129,8 @@ pub(crate) struct GeneralFigures {
     pub listen: String,
     /// The warm restart at start: items restored, dropped, and the restore's nanoseconds.
     pub warm_restart: [u64; 4],
+    /// Items the warm restart did not restore, by reason (`warm_report::Skip::ALL`'s order).
+    pub warm_restart_skipped: [u64; Skip::ALL.len()],
     pub listen_tls: &'static str,
     pub listen_unix: String,
     /// TLS's counters, with `--tls-cert`.
@@ -197,6 +200,7 @@ pub(crate) fn general_figures(
             shared.warm_restart.restore_ns.load(Ordering::Relaxed),
             shared.warm_restart.evicted.load(Ordering::Relaxed),
         ],
+        warm_restart_skipped: Skip::ALL.map(|why| shared.warm_restart.skipped(why)),
         listen_tls: if shared.tls.is_some() { "user" } else { "off" },
         listen_unix: shared
             .settings
@@ -369,6 +373,15 @@ pub(crate) fn general_pairs(f: &GeneralFigures) -> Vec<(String, String)> {
         ("listen_tls", f.listen_tls.to_string()),
         ("listen_unix", f.listen_unix.clone()),
     ];
+    let at = pairs
+        .iter()
+        .position(|(name, _)| *name == "warm_restart_evicted")
+        .map_or(pairs.len(), |i| i + 1);
+    let skipped = Skip::ALL
+        .iter()
+        .zip(f.warm_restart_skipped)
+        .map(|(why, count)| (why.stat_name(), count.to_string()));
+    pairs.splice(at..at, skipped);
     // memcached shows these with TLS on only.
     if let Some(tls) = &f.tls {
         let at = pairs

@@ -19,13 +19,16 @@ use crate::dir::Dir;
 use crate::placement::TargetId;
 use crate::proto::StoreMode;
 use crate::ram_snapshot::Layout;
+use crate::segment::mount::legacy_path_uuid;
 use crate::segment::{Extent, TargetKind, TargetSpec, TargetStorage};
-use crate::snapshot::{self, Snapshot, SnapshotObject, SnapshotTarget};
+use crate::snapshot::{self, Snapshot, SnapshotObject, SnapshotTarget, TargetIds};
 use crate::store::{LargeLink, StoreOutcome};
+use crate::units::ByteSize;
 
 use super::part_file;
 use super::shard::{ShardCtx, ShardReply, ShardRequest, TargetRow};
 use super::unix_now;
+use super::warm_report::Skip;
 
 /// The snapshot directory's name in the data directory.
 const SNAPSHOT_DIR: &str = super::data_dir::SNAPSHOT_DIR;
@@ -73,6 +76,7 @@ async fn write_part(ctx: &Rc<ShardCtx>) {
         .flat_map(|index| partitions.lock(index).large_items(now))
         .collect();
     let mut snapshot = Snapshot {
+        ids: TargetIds::SegmentId,
         targets: files.values().map(|s| to_snapshot_target(s)).collect(),
         objects: Vec::new(),
     };
@@ -128,9 +132,24 @@ async fn write_part(ctx: &Rc<ShardCtx>) {
     match written {
         Ok(()) => tracing::info!(shard = ctx.id, objects, path = %shown, "snapshot written"),
         Err(err) => {
-            tracing::error!(shard = ctx.id, %err, path = %shown, "snapshot not written: these objects will not survive the restart")
+            let values = if objects == 1 { "value" } else { "values" };
+            snapshot_failed(ctx, &shown, &err, format!("{objects} large {values}"));
         }
     }
+}
+
+/// Records that a part of the snapshot was not written (`what`: what it would have held):
+/// the stop then writes no manifest, removes the parts, and ends with one ERROR line that
+/// gives these (`Running::stop`).
+fn snapshot_failed(ctx: &ShardCtx, path: &str, err: &std::io::Error, what: String) {
+    tracing::warn!(shard = ctx.id, %err, path, not_written = %what, "warm-restart snapshot part not written");
+    let failure = format!("{path}: {err}; not written: {what}");
+    let mut failures = ctx
+        .shared
+        .snapshot_failures
+        .lock()
+        .unwrap_or_else(|e| e.into_inner());
+    failures.push(failure);
 }
 
 /// Writes `bytes` as `name` in the snapshot directory, whole or not at all: into `tmp`, synced,
@@ -159,9 +178,14 @@ fn write_atomically(
             dir.path().join(tmp).display()
         )));
     }
-    std::io::Write::write_all(&mut out, bytes)?;
-    out.sync_all()?;
-    dir.rename(tmp, name)?;
+    let written = std::io::Write::write_all(&mut out, bytes)
+        .and_then(|()| out.sync_all())
+        .and_then(|()| dir.rename(tmp, name));
+    if written.is_err() {
+        // Its room back (a full disk is the likely cause).
+        let _ = dir.remove_file(tmp);
+    }
+    written?;
     dir.sync()
 }
 
@@ -174,19 +198,44 @@ pub async fn write_parts(ctx: &Rc<ShardCtx>) {
     }
     write_part(ctx).await;
     write_ram_part(ctx).await;
-    if ctx.shared.snapshot_written.fetch_add(1, Ordering::AcqRel) + 1 == ctx.shards {
-        let data_dir = Arc::clone(&ctx.shared.data_dir.dir);
-        let layout = layout_of(ctx);
-        let sealed = glommio::executor()
-            .spawn_blocking(move || write_manifest(&data_dir, layout))
+    if ctx.shared.snapshot_written.fetch_add(1, Ordering::AcqRel) + 1 != ctx.shards {
+        return;
+    }
+    let failed = !ctx
+        .shared
+        .snapshot_failures
+        .lock()
+        .unwrap_or_else(|e| e.into_inner())
+        .is_empty();
+    let data_dir = Arc::clone(&ctx.shared.data_dir.dir);
+    if failed {
+        // Never a snapshot in part: without a manifest nothing is restored, and the parts
+        // that were written go, to give their room back.
+        glommio::executor()
+            .spawn_blocking(move || {
+                if let Ok(Some(dir)) = data_dir.sub_dir(OsStr::new(SNAPSHOT_DIR), false) {
+                    for name in dir.names().unwrap_or_default() {
+                        let _ = dir.remove_file(&name);
+                    }
+                }
+            })
             .await;
-        match sealed {
-            Ok(0) => {}
-            Ok(parts) => tracing::info!(parts, "warm-restart snapshot complete"),
-            Err(err) => {
-                tracing::error!(%err, "the snapshot's manifest was not written: nothing will be restored")
-            }
-        }
+        return;
+    }
+    let layout = layout_of(ctx);
+    let path = data_dir.path().join(SNAPSHOT_DIR).join(MANIFEST);
+    let sealed = glommio::executor()
+        .spawn_blocking(move || write_manifest(&data_dir, layout))
+        .await;
+    match sealed {
+        Ok(0) => {}
+        Ok(parts) => tracing::info!(parts, "warm-restart snapshot complete"),
+        Err(err) => snapshot_failed(
+            ctx,
+            &path.display().to_string(),
+            &err,
+            "the manifest (every part is there, but none will be restored without it)".into(),
+        ),
     }
 }
 
@@ -338,10 +387,23 @@ async fn write_ram_part(ctx: &Rc<ShardCtx>) {
             "RAM items written for the warm restart"
         ),
         Err(err) => {
-            tracing::error!(shard = ctx.id, %err, path = %shown.display(), "RAM items not written: they will not survive the restart");
             if let Ok(Some(dir)) = snapshot_dir(ctx, false) {
                 let _ = dir.remove_file(&tmp);
             }
+            // What this shard held in RAM, the part's whole worth.
+            let partitions = &ctx.shared.partitions;
+            let (items, bytes) = partitions
+                .owned_by(ctx.id, ctx.shards)
+                .map(|index| {
+                    let stats = partitions.lock(index).stats();
+                    (
+                        stats.curr_items.saturating_sub(stats.large_items),
+                        stats.bytes,
+                    )
+                })
+                .fold((0, 0), |(i, b), (items, bytes)| (i + items, b + bytes));
+            let what = format!("{items} RAM items ({} of RAM)", ByteSize(bytes));
+            snapshot_failed(ctx, &shown.display().to_string(), &err, what);
         }
     }
 }
@@ -444,14 +506,12 @@ async fn write_ram_items(
     Ok(Some((items, bytes, how)))
 }
 
-/// What restoring the RAM parts did.
+/// What restoring the RAM parts did (what it did not is counted in `warm_report`).
 #[derive(Default)]
 struct RamRestore {
     /// How the parts were read, for the log.
     io: &'static str,
     restored: u64,
-    /// Items not restored: in chunks that did not check, or refused by the store.
-    dropped: u64,
     bytes_read: u64,
 }
 
@@ -468,7 +528,7 @@ async fn restore_ram_parts(ctx: &Rc<ShardCtx>, dir: &Dir, names: &[OsString]) ->
         .iter()
         .filter(|n| n.to_string_lossy().ends_with(".part"))
     {
-        match plan_ram_part(ctx, dir, name, &mut done).await {
+        match plan_ram_part(ctx, dir, name).await {
             Ok((reader, chunks)) => {
                 done.io = reader.how();
                 parts.push((name, reader, chunks));
@@ -476,8 +536,8 @@ async fn restore_ram_parts(ctx: &Rc<ShardCtx>, dir: &Dir, names: &[OsString]) ->
             Err(err) => {
                 if ctx.id == 0 {
                     tracing::warn!(part = %dir.path().join(name).display(), %err, "RAM part unreadable: its items start empty");
+                    skipped_ram(ctx, dir, name, 1);
                 }
-                done.dropped += 1;
             }
         }
     }
@@ -526,7 +586,7 @@ async fn restore_ram_parts(ctx: &Rc<ShardCtx>, dir: &Dir, names: &[OsString]) ->
             // Every chunk has one shard that counts it.
             None if chunk.partition as usize % ctx.shards == ctx.id => {
                 dropped_chunks[part] += 1;
-                done.dropped += u64::from(chunk.count);
+                skipped_ram(ctx, dir, parts[part].0, u64::from(chunk.count));
             }
             None => {}
         }
@@ -549,7 +609,6 @@ async fn plan_ram_part(
     ctx: &Rc<ShardCtx>,
     dir: &Dir,
     name: &OsStr,
-    done: &mut RamRestore,
 ) -> std::io::Result<(part_file::PartReader, Vec<crate::ram_snapshot::ChunkRef>)> {
     use crate::ram_snapshot as format;
     let file = dir.open_regular_file_to_read(name)?;
@@ -587,7 +646,7 @@ async fn plan_ram_part(
             damaged_bytes = plan.damaged_bytes,
             "RAM part without its index (damaged or truncated): its chunk headers were walked; what does not check is dropped, the rest restored"
         );
-        done.dropped += plan.damaged_stretches;
+        skipped_ram(ctx, dir, name, plan.damaged_stretches);
     }
     let same_layout = plan.layout == layout_of(ctx);
     let wanted = plan
@@ -598,8 +657,14 @@ async fn plan_ram_part(
     Ok((part_file::PartReader::new(&ctx.io, dir, name, file), wanted))
 }
 
+/// Counts `count` RAM items (or damaged stretches) of part `name` not restored.
+fn skipped_ram(ctx: &ShardCtx, dir: &Dir, name: &OsStr, count: u64) {
+    let part = || dir.path().join(name).display().to_string();
+    ctx.shared.warm_restart.skip(Skip::RamDamaged, count, part);
+}
+
 /// Stores a chunk's items that belong to this shard and have not expired, their CAS kept;
-/// what the store refuses is counted as dropped. Consecutive items of one partition share one
+/// what the store refuses is counted. Consecutive items of one partition share one
 /// hold of its lock.
 fn store_items(
     ctx: &Rc<ShardCtx>,
@@ -610,6 +675,7 @@ fn store_items(
     let partitions = &ctx.shared.partitions;
     let mut frees = Vec::new();
     let mut held = None;
+    let mut not_stored = 0;
     for item in items {
         let partition = partitions.of_key(item.key);
         if partition % ctx.shards != ctx.id || (item.expiry != 0 && item.expiry <= now) {
@@ -631,10 +697,12 @@ fn store_items(
         frees.extend(store.take_pending_frees());
         match outcome {
             StoreOutcome::Stored { .. } => done.restored += 1,
-            _ => done.dropped += 1,
+            _ => not_stored += 1,
         }
     }
     drop(held);
+    let warm = &ctx.shared.warm_restart;
+    warm.skip(Skip::RamNotStored, not_stored, String::new);
     ctx.free_extents(frees);
 }
 
@@ -740,13 +808,11 @@ pub async fn restore(ctx: &Rc<ShardCtx>) {
         );
     }
     warm.restored.fetch_add(ram.restored, Ordering::Relaxed);
-    warm.dropped.fetch_add(ram.dropped, Ordering::Relaxed);
-    if ram.restored + ram.dropped > 0 {
+    if ram.restored > 0 {
         let ms = started.elapsed().as_millis() as u64;
         tracing::info!(
             shard = ctx.id,
             restored = ram.restored,
-            dropped = ram.dropped,
             bytes_read = ram.bytes_read,
             io = ram.io,
             ms,
@@ -754,10 +820,7 @@ pub async fn restore(ctx: &Rc<ShardCtx>) {
         );
     }
     let rows = target_rows(ctx).await;
-    let by_uuid: HashMap<u128, &TargetRow> = rows.iter().map(|r| (r.spec.uuid, r)).collect();
-    let (mut restored, mut skipped) = (0u64, 0u64);
-    let now = unix_now();
-    let head_bytes = ctx.shared.settings.arena.ram_head_bytes as usize;
+    let mut restored = 0u64;
     let mut parts: Vec<OsString> = names
         .iter()
         .filter(|n| Path::new(n).extension().is_some_and(|x| x == "bin"))
@@ -783,95 +846,165 @@ pub async fn restore(ctx: &Rc<ShardCtx>) {
                 continue;
             }
         };
-        skipped += bad_records;
-        let known: HashMap<u128, &SnapshotTarget> =
-            snap.targets.iter().map(|t| (t.uuid, t)).collect();
-        for object in snap.objects {
-            let partition = ctx.shared.partitions.of_key(&object.key);
-            if partition % ctx.shards != ctx.id {
-                continue;
-            }
-            if object.expiry != 0 && object.expiry <= now {
-                continue;
-            }
-            // Replicas whose segment is mounted again with the same identity.
-            let replicas: Vec<(TargetId, Extent)> = object
-                .replicas
-                .iter()
-                .filter_map(|(uuid, extent)| {
-                    let was = known.get(uuid)?;
-                    let row = by_uuid.get(uuid)?;
-                    let same = row.spec.kind == TargetKind::File
-                        && row.spec.size == was.size
-                        && row.spec.base == was.base;
-                    same.then_some((row.id, *extent))
-                })
-                .collect();
-            // Every replica is read back: only those whose bytes still check are kept.
-            let mut kept = Vec::with_capacity(replicas.len());
-            let mut head = None;
-            for &(target, extent) in &replicas {
-                match verify(ctx, target, extent, &object, head_bytes).await {
-                    Some(bytes) => {
-                        head.get_or_insert(bytes);
-                        kept.push((target, extent));
-                    }
-                    None => {
-                        tracing::warn!(key = %String::from_utf8_lossy(&object.key), %target, offset = extent.offset, "snapshot object's data no longer matches its checksum: replica not restored")
-                    }
-                }
-            }
-            let Some(head) = head else {
-                skipped += 1;
-                continue;
-            };
-            let claim = ShardRequest::Claim {
-                key: object.key.clone(),
-                extents: kept.clone(),
-            };
-            let ShardReply::Claimed(true) = ctx.call_master(claim).await else {
-                skipped += 1;
-                continue;
-            };
-            let replicas = kept;
-            let link = LargeLink {
-                value_len: object.value_len,
-                checksum: object.checksum,
-                replicas,
-                head,
-            };
-            let mut store = ctx.shared.partitions.lock(partition);
-            let outcome = store.link_large(
-                StoreMode::Set,
-                &object.key,
-                object.flags,
-                object.expiry,
-                0,
-                now,
-                link,
-            );
-            let frees = store.take_pending_frees();
-            drop(store);
-            ctx.free_extents(frees);
-            match outcome {
-                StoreOutcome::Stored { .. } => restored += 1,
-                _ => skipped += 1,
-            }
+        if ctx.id == 0 {
+            let shown = || part.display().to_string();
+            warm.skip(Skip::RecordDamaged, bad_records, shown);
         }
+        restored += restore_large_part(ctx, &snap, &rows).await;
     }
-    if restored + skipped > 0 {
-        tracing::info!(
-            shard = ctx.id,
-            restored,
-            skipped,
-            "warm restart from the snapshot"
-        );
+    if restored > 0 {
+        tracing::info!(shard = ctx.id, restored, "warm restart: large values");
     }
     warm.restored.fetch_add(restored, Ordering::Relaxed);
-    warm.dropped.fetch_add(skipped, Ordering::Relaxed);
     warm.restore_ns
         .fetch_max(started.elapsed().as_nanos() as u64, Ordering::Relaxed);
     finish_restore(ctx, Some(&dir));
+}
+
+/// The mounted file segment a snapshot's target names, or why none is its segment now. A
+/// version 2 snapshot names a segment by the id in its label, wherever the file lies now; a
+/// version 1 snapshot by a hash of its path.
+fn segment_of<'r>(
+    snap: &Snapshot,
+    was: &SnapshotTarget,
+    rows: &'r [TargetRow],
+) -> Result<&'r TargetRow, (Skip, String)> {
+    let files = || rows.iter().filter(|r| r.spec.kind == TargetKind::File);
+    let id = |uuid: u128| format!("{uuid:032x}");
+    let found = match snap.ids {
+        TargetIds::SegmentId => files().find(|r| r.spec.uuid == was.uuid),
+        TargetIds::PathHash => {
+            files().find(|r| legacy_path_uuid(Path::new(&r.spec.name)) == was.uuid)
+        }
+    };
+    let Some(row) = found else {
+        let named = match snap.ids {
+            TargetIds::SegmentId => format!("{} (id {}) is not mounted", was.name, id(was.uuid)),
+            TargetIds::PathHash => format!(
+                "{} is not mounted at that path (a snapshot an older build wrote names it by its \
+                 path: start once with the segment there)",
+                was.name
+            ),
+        };
+        // Another segment where this one was: say so.
+        let there = files().find(|r| r.spec.name == was.name);
+        let detail = match there {
+            Some(r) if snap.ids == TargetIds::SegmentId => format!(
+                "{named}; {} now holds another segment, id {}",
+                was.name,
+                id(r.spec.uuid)
+            ),
+            _ => named,
+        };
+        return Err((Skip::SegmentMissing, detail));
+    };
+    if row.spec.size != was.size || row.spec.base != was.base {
+        return Err((
+            Skip::SegmentChanged,
+            format!(
+                "{} (id {}) is mounted with {} bytes at base {}, not the {} at base {} they \
+                 were written in",
+                row.spec.name,
+                id(row.spec.uuid),
+                row.spec.size,
+                row.spec.base,
+                was.size,
+                was.base
+            ),
+        ));
+    }
+    Ok(row)
+}
+
+/// Restores the large values of one snapshot part that belong to this shard's partitions and
+/// have not expired: each replica on its segment if that is mounted as it was and its bytes
+/// still check; what is not restored is counted by reason. Returns how many were restored.
+async fn restore_large_part(ctx: &Rc<ShardCtx>, snap: &Snapshot, rows: &[TargetRow]) -> u64 {
+    let warm = &ctx.shared.warm_restart;
+    let now = unix_now();
+    let head_bytes = ctx.shared.settings.arena.ram_head_bytes as usize;
+    let known: HashMap<u128, &SnapshotTarget> = snap.targets.iter().map(|t| (t.uuid, t)).collect();
+    let mut restored = 0;
+    for object in &snap.objects {
+        let partition = ctx.shared.partitions.of_key(&object.key);
+        if partition % ctx.shards != ctx.id {
+            continue;
+        }
+        if object.expiry != 0 && object.expiry <= now {
+            continue;
+        }
+        // Replicas whose segment is mounted as it was; else why not (the first replica's).
+        let mut replicas: Vec<(TargetId, Extent, &str)> = Vec::new();
+        let mut missing = None;
+        for (uuid, extent) in &object.replicas {
+            let found = known
+                .get(uuid)
+                .ok_or_else(|| {
+                    let why = format!("id {uuid:032x}, which the part does not describe");
+                    (Skip::RecordDamaged, why)
+                })
+                .and_then(|was| segment_of(snap, was, rows));
+            match found {
+                Ok(row) => replicas.push((row.id, *extent, &row.spec.name)),
+                Err(why) => {
+                    missing.get_or_insert(why);
+                }
+            }
+        }
+        // Every replica is read back: only those whose bytes still check are kept.
+        let mut kept = Vec::with_capacity(replicas.len());
+        let mut head = None;
+        for &(target, extent, segment) in &replicas {
+            match verify(ctx, target, extent, object, head_bytes).await {
+                Some(bytes) => {
+                    head.get_or_insert(bytes);
+                    kept.push((target, extent));
+                }
+                None => {
+                    tracing::debug!(key = %String::from_utf8_lossy(&object.key), %target, offset = extent.offset, "snapshot object's data no longer matches its checksum: replica not restored");
+                    missing.get_or_insert((Skip::DataChanged, segment.to_string()));
+                }
+            }
+        }
+        let Some(head) = head else {
+            let (why, example) = missing.unwrap_or((Skip::SegmentMissing, String::new()));
+            warm.skip(why, 1, || example);
+            continue;
+        };
+        let taken_in = replicas.first().map_or("", |r| r.2).to_string();
+        let claim = ShardRequest::Claim {
+            key: object.key.clone(),
+            extents: kept.clone(),
+        };
+        let ShardReply::Claimed(true) = ctx.call_master(claim).await else {
+            warm.skip(Skip::ExtentsTaken, 1, || taken_in);
+            continue;
+        };
+        let link = LargeLink {
+            value_len: object.value_len,
+            checksum: object.checksum,
+            replicas: kept,
+            head,
+        };
+        let mut store = ctx.shared.partitions.lock(partition);
+        let outcome = store.link_large(
+            StoreMode::Set,
+            &object.key,
+            object.flags,
+            object.expiry,
+            0,
+            now,
+            link,
+        );
+        let frees = store.take_pending_frees();
+        drop(store);
+        ctx.free_extents(frees);
+        match outcome {
+            StoreOutcome::Stored { .. } => restored += 1,
+            _ => warm.skip(Skip::NotStored, 1, String::new),
+        }
+    }
+    restored
 }
 
 /// Where a consumed snapshot waits for its removal (`snapshot.consumed-<ns>`).
@@ -886,6 +1019,7 @@ fn finish_restore(ctx: &ShardCtx, dir: Option<&Dir>) {
     if ctx.shared.restored.fetch_add(1, Ordering::AcqRel) + 1 != ctx.shards {
         return;
     }
+    ctx.shared.warm_restart.log_skips();
     let data_dir = Arc::clone(&ctx.shared.data_dir.dir);
     if dir.is_some() {
         let aside = format!("{CONSUMED_PREFIX}{}", started_ns());

@@ -258,3 +258,95 @@ pub fn free_port() -> u16 {
         .unwrap()
         .port()
 }
+
+/// An ext4 filesystem of `size_mib` MiB in an image file, loop-mounted for the test and
+/// unmounted on drop.
+pub struct TinyFs {
+    image: std::path::PathBuf,
+    pub mount: std::path::PathBuf,
+}
+
+impl TinyFs {
+    /// The mounted filesystem, or why it could not be made (no `mkfs.ext4`, no loop device).
+    pub fn new(size_mib: u64) -> Result<TinyFs, String> {
+        let image = fresh_temp_path("tinyfs-image");
+        let mount = fresh_temp_path("tinyfs");
+        std::fs::File::create(&image)
+            .and_then(|f| f.set_len(size_mib << 20))
+            .map_err(|err| format!("{}: {err}", image.display()))?;
+        let run = |program: &str, args: &[&std::ffi::OsStr]| {
+            let out = std::process::Command::new(program)
+                .args(args)
+                .output()
+                .map_err(|err| format!("{program}: {err}"))?;
+            if out.status.success() {
+                Ok(())
+            } else {
+                Err(format!(
+                    "{program} {args:?}: {}",
+                    String::from_utf8_lossy(&out.stderr).trim()
+                ))
+            }
+        };
+        run(
+            "mkfs.ext4",
+            &["-q".as_ref(), "-F".as_ref(), image.as_os_str()],
+        )?;
+        std::fs::create_dir(&mount).map_err(|err| format!("{}: {err}", mount.display()))?;
+        let fs = TinyFs { image, mount };
+        run(
+            "mount",
+            &[
+                "-o".as_ref(),
+                "loop".as_ref(),
+                fs.image.as_os_str(),
+                fs.mount.as_os_str(),
+            ],
+        )?;
+        Ok(fs)
+    }
+}
+
+impl Drop for TinyFs {
+    fn drop(&mut self) {
+        let _ = std::process::Command::new("umount")
+            .arg(&self.mount)
+            .status();
+        let _ = std::fs::remove_dir(&self.mount);
+        let _ = std::fs::remove_file(&self.image);
+    }
+}
+
+/// An exclusive `flock` on a file, held until dropped: for a test that needs a fixed path that
+/// another test process could be using at the same time.
+pub struct PathLock(#[allow(dead_code)] nix::fcntl::Flock<std::fs::File>);
+
+impl PathLock {
+    pub fn take(path: &std::path::Path) -> PathLock {
+        let file = std::fs::OpenOptions::new()
+            .create(true)
+            .truncate(false)
+            .write(true)
+            .open(path)
+            .unwrap_or_else(|err| panic!("{}: {err}", path.display()));
+        match nix::fcntl::Flock::lock(file, nix::fcntl::FlockArg::LockExclusive) {
+            Ok(lock) => PathLock(lock),
+            Err((_, err)) => panic!("flock {}: {err}", path.display()),
+        }
+    }
+}
+
+/// The body of `GET path` over HTTP/1.1 on a fresh connection (the metrics endpoint).
+pub fn http_get(addr: std::net::SocketAddr, path: &str) -> String {
+    use std::io::{Read, Write};
+    let mut stream = std::net::TcpStream::connect(addr).unwrap();
+    stream
+        .set_read_timeout(Some(std::time::Duration::from_secs(20)))
+        .unwrap();
+    let request = format!("GET {path} HTTP/1.1\r\nHost: test\r\n\r\n");
+    stream.write_all(request.as_bytes()).unwrap();
+    let mut reply = String::new();
+    stream.read_to_string(&mut reply).unwrap();
+    let (_, body) = reply.split_once("\r\n\r\n").expect("a whole response");
+    body.to_string()
+}

@@ -210,6 +210,16 @@ impl Server {
         nix::sys::signal::kill(nix::unistd::Pid::from_raw(self.pid() as i32), signal).unwrap();
     }
 
+    /// The metrics endpoint's address (`--metrics-listen`), from the start-up log line
+    /// `metrics on http://ADDR/metrics`.
+    pub fn metrics_addr(&self) -> SocketAddr {
+        assert!(self.logs("metrics on http://"), "{}", self.log_text());
+        let log = self.log_text();
+        let at = log.find("metrics on http://").unwrap() + "metrics on http://".len();
+        let addr = &log[at..];
+        addr[..addr.find('/').unwrap()].parse().unwrap()
+    }
+
     pub fn pid(&self) -> u32 {
         self.child.as_ref().unwrap().id()
     }
