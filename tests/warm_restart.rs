@@ -245,6 +245,14 @@ fn a_segment_mounted_with_another_size_is_not_trusted() {
         );
     }
     assert_eq!(c.segment_used(), 0);
+    // The segment kept its id, so the log can say what changed.
+    assert_eq!(c.stat("", "warm_restart_skipped_segment_changed"), 4);
+    assert!(
+        server.logs("4 large values not restored: their segment")
+            && server.logs("is mounted with 536870912 bytes at base 0, not the 1073741824"),
+        "{}",
+        server.log_text()
+    );
     drop(server);
     let _ = std::fs::remove_dir_all(&dir);
 }
