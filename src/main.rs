@@ -83,7 +83,7 @@ enum Phase {
 #[derive(Default)]
 struct Reloadable {
     log: Option<Log>,
-    tls: Option<Arc<headroom::server::tls::Tls>>,
+    tls: Option<Arc<headroom::server::shard::tls_config::Tls>>,
 }
 
 /// Handles signals for the life of the process. A stop signal while serving is passed to the

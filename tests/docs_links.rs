@@ -8,7 +8,7 @@
 //!   links reduced to their text), lowercased, every character that is not a letter, a digit,
 //!   a space, `-` or `_` dropped, spaces turned into `-`; a repeated heading gets `-1`, `-2`,
 //!   ... in order. `<a id="...">` / `<a name="...">` anchors count too.
-//! - A path into the repository written in a code span (`` `src/server/wire.rs` ``,
+//! - A path into the repository written in a code span (`` `src/server/shard/wire.rs` ``,
 //!   `` `docs/io.md` ``) names a file or directory that exists, relative to the repository's
 //!   root: those are the docs' other way of pointing at a file, and they go stale the same way.
 //!   Spans with glob or placeholder characters (`*`, `?`, `<`, `{`, `$`, `...`) are skipped.

@@ -6,39 +6,27 @@
 //! Start-up takes what can be refused cheaply first: the data directory's lock, the listening
 //! sockets, the admin socket and the password file; only then is the arena mapped and are the
 //! segments mounted, so a server that cannot serve never maps anything.
+//!
+//! Its layers, top first: a file imports only its own folder and the layers below it, and no
+//! two files of a folder import each other (`tests/layering.rs` checks both;
+//! `docs/architecture.md` says what each file owns). This file, the top, starts them.
+//!
+//! | layer | owns |
+//! | --- | --- |
+//! | [`net`] | connections: accept, the shell, the codecs, TLS sessions |
+//! | [`ops`] | STAT, metrics, the warm restart, the placement master, the admin socket |
+//! | [`exec`] | running commands against the store, large values streamed |
+//! | [`shard`] | what every task of a shard shares, and the leaf services it holds |
 
-mod admin;
-mod auth;
-mod binary;
-mod conn;
-pub mod data_dir;
-mod deferred;
-mod endpoint;
-mod event;
-mod execute;
-mod large;
-pub mod latency;
-mod limits;
-pub mod listen;
-mod log_limit;
-pub mod lookahead;
-mod master;
-pub mod metrics;
-mod part_file;
-mod replies;
-mod serve;
-mod shard;
-mod stats;
-mod tasks;
-mod text;
-mod text_reply;
-pub mod tls;
-mod unix_socket;
-pub mod user;
-mod warm;
-mod warm_report;
-mod watch;
-mod wire;
+pub mod exec;
+pub mod net;
+pub mod ops;
+pub mod shard;
+
+// What the binary, the benchmarks and the tests use by these names.
+pub use net::lookahead;
+pub use ops::metrics;
+pub use shard::{data_dir, latency, listen, user};
 
 use std::net::SocketAddr;
 use std::rc::Rc;
@@ -55,9 +43,13 @@ use crate::store::{KeyHasher, StoreConfig};
 use crate::topology::Topology;
 
 use crate::placement::Placer;
-use crate::segment::{mount_all, MountedTarget};
+use crate::segment::mount_all;
 
-use shard::{Message, Peers, ShardCtx};
+use net::tasks;
+use ops::{admin, master, warm};
+use shard::ctx::{self as shard_ctx, Message, ShardCtx};
+use shard::shared::{random_seed, Shared, STOP_WRITE_GRACE};
+use shard::{auth, tls_config, unix_socket, warm_report, watch, wire};
 
 /// Messages a mesh channel holds before a sender waits.
 const MESH_CHANNEL_MESSAGES: usize = 1024;
@@ -66,177 +58,8 @@ const EXECUTOR_IO_MEMORY_BYTES: usize = 64 << 10;
 /// How long start-up waits for every shard to report ready before it logs which have not (a
 /// large warm restore can take longer; it keeps waiting either way).
 const START_UP_PATIENCE: Duration = Duration::from_secs(10);
-/// How long a connection may go on writing its replies after the stop (its receive ended at
-/// once) before its socket is shut down both ways.
-pub(crate) const STOP_WRITE_GRACE: Duration = Duration::from_secs(1);
 /// This machine, as a failure domain (peers come with multi-host deployments).
 const LOCAL_HOST: crate::segment::HostId = 0;
-
-/// Seconds since the Unix epoch, as the protocol's expiry times count them.
-pub fn unix_now() -> u32 {
-    std::time::SystemTime::now()
-        .duration_since(std::time::UNIX_EPOCH)
-        .map_or(0, |d| d.as_secs() as u32)
-}
-
-/// Per-shard connection-level counters.
-#[derive(Clone, Debug, Default)]
-pub struct ConnCounters {
-    pub commands: u64,
-    pub bytes_read: u64,
-    pub bytes_written: u64,
-    pub bad_magic: u64,
-    pub body_too_short: u64,
-    pub key_too_long: u64,
-    pub invalid_frames: u64,
-    pub unknown_opcodes: u64,
-    pub too_large_frames: u64,
-    pub idle_closed: u64,
-    /// FLUSH commands (one per command, however many shards it reaches).
-    pub cmd_flush: u64,
-    /// SASL AUTH/STEP commands, and those that failed.
-    pub auth_cmds: u64,
-    pub auth_errors: u64,
-    /// Connections closed after `auth::AUTH_FAILURES_MAX` failed authentications, or after
-    /// one past the shard's failure budget.
-    pub auth_closed: u64,
-    /// Failed authentications past the shard's failure budget (each closed its connection).
-    pub auth_over_budget: u64,
-    /// Text and meta commands answered with an error line (or a close) by the decoder.
-    pub text_errors: u64,
-    /// Bytes examined by searches for a text line's end (each byte of a line once, however
-    /// many reads bring it), and passes over received bytes that ended inside an unfinished
-    /// line (about one per read while a long line arrives).
-    pub line_scan_bytes: u64,
-    pub line_incomplete_reads: u64,
-    /// The largest read buffer a connection has had (bytes; a high-water mark, the largest
-    /// shard's across shards).
-    pub read_buffer_max_bytes: u64,
-    /// Large GETs whose value failed its CRC32C as it streamed out (connection closed, item
-    /// dropped).
-    pub segment_read_crc_errors: u64,
-    /// Large SET bodies that brought less than `large::BODY_PROGRESS_MIN_BYTES` in a
-    /// `--body-timeout` window (dropped, connection closed).
-    pub body_timeouts: u64,
-    /// Large SETs whose segment write failed, and those of them for lack of space.
-    pub segment_write_errors: u64,
-    pub segment_write_no_space: u64,
-}
-
-impl ConnCounters {
-    pub fn add(&mut self, o: &ConnCounters) {
-        self.commands += o.commands;
-        self.bytes_read += o.bytes_read;
-        self.bytes_written += o.bytes_written;
-        self.bad_magic += o.bad_magic;
-        self.body_too_short += o.body_too_short;
-        self.key_too_long += o.key_too_long;
-        self.invalid_frames += o.invalid_frames;
-        self.unknown_opcodes += o.unknown_opcodes;
-        self.too_large_frames += o.too_large_frames;
-        self.idle_closed += o.idle_closed;
-        self.cmd_flush += o.cmd_flush;
-        self.auth_cmds += o.auth_cmds;
-        self.auth_errors += o.auth_errors;
-        self.auth_closed += o.auth_closed;
-        self.auth_over_budget += o.auth_over_budget;
-        self.text_errors += o.text_errors;
-        self.line_scan_bytes += o.line_scan_bytes;
-        self.line_incomplete_reads += o.line_incomplete_reads;
-        self.read_buffer_max_bytes = self.read_buffer_max_bytes.max(o.read_buffer_max_bytes);
-        self.segment_read_crc_errors += o.segment_read_crc_errors;
-        self.body_timeouts += o.body_timeouts;
-        self.segment_write_errors += o.segment_write_errors;
-        self.segment_write_no_space += o.segment_write_no_space;
-    }
-}
-
-/// State every shard sees: configuration, the partitions (each behind its own lock), and
-/// atomics touched on accept, close and STAT.
-pub struct Shared {
-    pub settings: Settings,
-    pub arena: Arc<Arena>,
-    /// The key space: every store, each behind its lock.
-    pub partitions: crate::store::partition::Partitions,
-    pub version: String,
-    pub started: Instant,
-    /// Every shard serves (set once start-up is done; `/health` answers 200 from then on).
-    pub(crate) serving: AtomicBool,
-    pub stop: AtomicBool,
-    /// One per shard, then the master's: rung to stop, and for the master when a shard finished.
-    pub(crate) doorbells: Vec<crate::ring::Doorbell>,
-    /// SASL PLAIN credentials (authentication is required when present).
-    pub(crate) credentials: Option<auth::Credentials>,
-    /// TLS on `--listen` (`--tls-cert`).
-    pub(crate) tls: Option<Arc<tls::Tls>>,
-    /// The address `--listen` bound (its port chosen when it asked for port 0).
-    pub listen_addr: SocketAddr,
-    pub curr_connections: AtomicUsize,
-    /// Connections that asked to `watch` fetches and stores.
-    pub watchers: watch::Watchers,
-    /// Connections each shard serves (a hand-off counts on the shard it goes to): the accept
-    /// loops even out what the kernel's SO_REUSEPORT hash spreads unevenly.
-    pub connections_by_shard: Box<[AtomicUsize]>,
-    pub total_connections: AtomicU64,
-    pub rejected_connections: AtomicU64,
-    /// Shards whose own connections have all finished (shutdown barrier).
-    pub(crate) drained: AtomicUsize,
-    /// Shards that are completely done (the placement master waits for them all).
-    pub(crate) finished: AtomicUsize,
-    /// Shards that have read the warm-restart snapshot (the last one deletes it).
-    pub(crate) restored: AtomicUsize,
-    /// Shards that have written their warm-restart parts (the last one writes the manifest).
-    pub(crate) snapshot_written: AtomicUsize,
-    /// Why parts of the warm-restart snapshot were not written (then there is no manifest,
-    /// and the stop exits non-zero): one sentence each.
-    pub(crate) snapshot_failures: std::sync::Mutex<Vec<String>>,
-    /// What the warm restart brought back (STAT `warm_restart_*`).
-    pub(crate) warm_restart: warm_report::WarmRestartFigures,
-    /// Every shard waits here after its restore: none serves before all partitions are back.
-    restore_done: std::sync::Barrier,
-    /// Whether a refused io_uring ring has been logged (it is said once).
-    pub(crate) io_fallback_said: std::sync::atomic::AtomicBool,
-    /// Whether a shard has said why its receives are not multishot (said once).
-    pub(crate) multishot_fallback_said: std::sync::atomic::AtomicBool,
-    /// The background expiry sweep runs (text `lru_crawler enable|disable`, memcached's name
-    /// for its crawler; `crawl` and `metadump` need it on, as memcached's do).
-    pub crawler_enabled: AtomicBool,
-    /// Store targets mounted at start, by placement target id.
-    pub targets: Vec<MountedTarget>,
-    /// The machine, for mounts at runtime.
-    pub topology: Topology,
-    /// Mesh peer ids, filled as executors join, and the barrier every executor passes once
-    /// all are known.
-    peers: Mutex<(Vec<Option<usize>>, Option<usize>)>,
-    joined: std::sync::Barrier,
-    /// The data directory, opened once and locked for the life of the process.
-    pub data_dir: Arc<data_dir::DataDir>,
-}
-
-impl Shared {
-    fn register_shard(&self, index: usize, peer: usize) -> Peers {
-        self.peers.lock().unwrap_or_else(|e| e.into_inner()).0[index] = Some(peer);
-        self.joined.wait();
-        self.peer_map()
-    }
-
-    fn register_master(&self, peer: usize) {
-        self.peers.lock().unwrap_or_else(|e| e.into_inner()).1 = Some(peer);
-        self.joined.wait();
-    }
-
-    fn peer_map(&self) -> Peers {
-        let peers = self.peers.lock().unwrap_or_else(|e| e.into_inner());
-        Peers {
-            shards: peers
-                .0
-                .iter()
-                .map(|p| p.expect("every shard joined"))
-                .collect(),
-            master: peers.1.expect("the master joined"),
-        }
-    }
-}
 
 #[derive(Debug)]
 pub enum ServerError {
@@ -295,7 +118,7 @@ pub struct Running {
 
 impl Running {
     /// TLS on `--listen`, for SIGHUP to reload.
-    pub fn tls(&self) -> Option<Arc<tls::Tls>> {
+    pub fn tls(&self) -> Option<Arc<tls_config::Tls>> {
         self.shared.tls.clone()
     }
 
@@ -324,20 +147,6 @@ impl Running {
             )),
         }
     }
-}
-
-/// FLUSH: every partition drops its items now, or marks them to die at `now + delay`.
-pub(crate) fn flush_all(shared: &Shared, delay: u32, now: u32) {
-    for index in 0..shared.partitions.len() {
-        shared.partitions.lock(index).flush(delay, now);
-    }
-}
-
-fn random_seed() -> u64 {
-    use std::hash::{BuildHasher, Hasher};
-    let mut h = std::collections::hash_map::RandomState::new().build_hasher();
-    h.write_u128(Instant::now().elapsed().as_nanos());
-    h.finish()
 }
 
 /// Takes the data directory, the listeners, the admin socket and the credentials, then maps
@@ -377,11 +186,11 @@ pub fn start(settings: Settings, topology: &Topology) -> Result<Running, ServerE
     let tls = match &settings.tls {
         Some(files) => {
             let timeout = Duration::from_secs(settings.tls_handshake_timeout_seconds);
-            let tls = tls::Tls::load(files.clone(), timeout).map_err(ServerError::Tls)?;
+            let tls = tls_config::Tls::load(files.clone(), timeout).map_err(ServerError::Tls)?;
             tracing::info!(
                 cert = %files.cert.display(),
                 client_certificates = files.ca.is_some(),
-                kernel_tls = tls::kernel_tls_offered(),
+                kernel_tls = tls_config::kernel_tls_offered(),
                 "TLS on --listen, in user space: sessions are relayed through a socket pair (ssl_kernel_tls no; docs/server.md)"
             );
             Some(Arc::new(tls))
@@ -660,7 +469,7 @@ async fn shard_main(
                 }
             }
             ctx.stop.fire();
-            shard::shut_connections(&ctx, nix::sys::socket::Shutdown::Read);
+            shard_ctx::shut_connections(&ctx, nix::sys::socket::Shutdown::Read);
         })
     };
     let admin =
@@ -697,7 +506,7 @@ async fn shard_main(
     while ctx.live_connections.get() > 0 {
         if !cut_off && stopping.elapsed() >= STOP_WRITE_GRACE {
             cut_off = true;
-            let writing = shard::shut_connections(&ctx, nix::sys::socket::Shutdown::Both);
+            let writing = shard_ctx::shut_connections(&ctx, nix::sys::socket::Shutdown::Both);
             if writing > 0 {
                 tracing::info!(
                     shard = id,
@@ -726,7 +535,7 @@ async fn shard_main(
         store.arena_mut().return_idle_blocks();
     }
     if !frees.is_empty() {
-        ctx.call_master(shard::ShardRequest::Free(frees)).await;
+        ctx.call_master(shard_ctx::ShardRequest::Free(frees)).await;
     }
     crate::arena::batch::retire_core_batch(shared.arena.pool());
     shared.finished.fetch_add(1, Ordering::AcqRel);

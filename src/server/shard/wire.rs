@@ -26,7 +26,7 @@ use crate::ring::buffers::FIXED_BUFFER_MAX_BYTES;
 use crate::ring::multishot::Inbox;
 use crate::ring::{Buf, FixedBuffers, ReapClock, Ring, Stamped, StreamPool, ZcReport};
 
-use super::Shared;
+use super::shared::Shared;
 
 /// Counters of the choices the data path made (STAT `io`, beside the ring's own).
 #[derive(Clone, Debug, Default)]
@@ -322,7 +322,7 @@ impl Wire {
     pub fn unix_now(&self) -> u32 {
         match &self.ring {
             Some(ring) => ring.reaped_at().unix_s(),
-            None => super::unix_now(),
+            None => super::shared::unix_now(),
         }
     }
 

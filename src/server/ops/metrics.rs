@@ -38,9 +38,9 @@ use prometheus_client::encoding::{DescriptorEncoder, NoLabelSet};
 use prometheus_client::metrics::MetricType;
 use prometheus_client::registry::Registry;
 
-use super::latency::{CommandKind, LatencySnapshot, BOUNDS_NS};
-use super::shard::{Calls, MasterSnapshot, Message, ShardReply, ShardRequest};
-use super::Shared;
+use crate::server::shard::ctx::{Calls, MasterSnapshot, Message, ShardReply, ShardRequest};
+use crate::server::shard::latency::{CommandKind, LatencySnapshot, BOUNDS_NS};
+use crate::server::shard::shared::Shared;
 
 /// Every metric's name starts with this (and `_`).
 pub const PREFIX: &str = "headroom";
@@ -1785,7 +1785,7 @@ pub(crate) fn spawn(listener: std::net::TcpListener, source: Source) {
         glommio::Latency::NotImportant,
         "metrics",
     );
-    let listener = super::listen::into_glommio(listener);
+    let listener = crate::server::shard::listen::into_glommio(listener);
     let source = Rc::new(source);
     let spawned = glommio::spawn_local_into(
         async move {
@@ -2073,8 +2073,8 @@ async fn respond(source: &Source, request: &RequestHead) -> Response {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::server::shard::{MasterSnapshot, TargetRow};
-    use crate::server::stats::{general_pairs, placement, segments, GeneralFigures};
+    use crate::server::ops::stats::{general_pairs, placement, segments, GeneralFigures};
+    use crate::server::shard::ctx::{MasterSnapshot, TargetRow};
 
     /// Every table, named.
     const TABLES: [(&str, &[(&str, Export)]); 5] = [
@@ -2136,7 +2136,7 @@ mod tests {
 
     #[test]
     fn every_io_segments_and_placement_stat_is_mapped() {
-        let io = crate::server::wire::IoSnapshot::default().pairs(0);
+        let io = crate::server::shard::wire::IoSnapshot::default().pairs(0);
         for (name, _) in &io {
             let field = name.strip_prefix("shard0_").unwrap();
             assert!(lookup(IO, field).is_some(), "io {field} has no row");
@@ -2241,7 +2241,7 @@ mod tests {
             }
         }
         let latency = {
-            let h = crate::server::latency::LatencyHistograms::new();
+            let h = crate::server::shard::latency::LatencyHistograms::new();
             h.record(CommandKind::Get, 1_500, 3);
             h.record(CommandKind::Get, 20_000_000_000, 1);
             h.snapshot()

@@ -20,7 +20,7 @@ use futures_lite::{AsyncReadExt, AsyncWriteExt};
 use crate::placement::TargetId;
 use crate::segment::SegmentSpec;
 
-use super::shard::{ShardCtx, ShardReply, ShardRequest};
+use crate::server::shard::ctx::{ShardCtx, ShardReply, ShardRequest};
 
 /// Every shard, this one included, runs `request` (made per shard); returns the replies.
 async fn broadcast(ctx: &Rc<ShardCtx>, make: impl Fn() -> ShardRequest) -> Vec<ShardReply> {
@@ -99,7 +99,7 @@ pub async fn run(ctx: &Rc<ShardCtx>, command: &[u8]) -> Result<String, String> {
         ["promote"] => {
             let (mut exchanges, mut bytes, mut skipped) = (0, 0, 0);
             for index in 0..ctx.shared.partitions.len() {
-                let report = super::shard::promote(&ctx.shared, index);
+                let report = crate::server::shard::ctx::promote(&ctx.shared, index);
                 exchanges += report.exchanged.len();
                 bytes += report.bytes_moved;
                 skipped += report.skipped_pinned;
@@ -109,7 +109,7 @@ pub async fn run(ctx: &Rc<ShardCtx>, command: &[u8]) -> Result<String, String> {
             ))
         }
         ["where", key] => {
-            ctx.shared.partitions.lock_key(key.as_bytes()).1.locate(key.as_bytes(), super::unix_now())
+            ctx.shared.partitions.lock_key(key.as_bytes()).1.locate(key.as_bytes(), crate::server::shard::shared::unix_now())
         }
         _ => Err(format!(
             "unknown command '{command}': use 'mount SPEC', 'unmount prepare TARGET', 'unmount commit TARGET', 'promote' or 'where KEY'"

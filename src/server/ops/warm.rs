@@ -26,12 +26,12 @@ use crate::store::{LargeLink, StoreOutcome};
 use crate::units::ByteSize;
 
 use super::part_file;
-use super::shard::{ShardCtx, ShardReply, ShardRequest, TargetRow};
-use super::unix_now;
-use super::warm_report::Skip;
+use crate::server::shard::ctx::{ShardCtx, ShardReply, ShardRequest, TargetRow};
+use crate::server::shard::shared::unix_now;
+use crate::server::shard::warm_report::Skip;
 
 /// The snapshot directory's name in the data directory.
-const SNAPSHOT_DIR: &str = super::data_dir::SNAPSHOT_DIR;
+const SNAPSHOT_DIR: &str = crate::server::shard::data_dir::SNAPSHOT_DIR;
 
 /// The snapshot directory, opened through the data directory (never through a link); `None`
 /// when there is none.

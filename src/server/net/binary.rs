@@ -12,12 +12,12 @@ use crate::proto::{
 use crate::store::{ArithOutcome, DeleteOutcome, StoreOutcome};
 
 use super::conn::{log_peer_error, After, Conn};
-use super::execute::{Counted, Found, Reply};
-use super::large::{self, LargeReply, LargeSet};
-use super::latency::CommandKind;
-use super::shard::ShardCtx;
-use super::stats::write_stats;
-use super::unix_now;
+use crate::server::exec::execute::{Counted, Found, Reply};
+use crate::server::exec::large::{self, LargeReply, LargeSet};
+use crate::server::ops::stats::write_stats;
+use crate::server::shard::ctx::ShardCtx;
+use crate::server::shard::latency::CommandKind;
+use crate::server::shard::shared::unix_now;
 
 /// The body of the refusal ADMIN gets on a data connection.
 const ADMIN_REFUSAL: &str =
@@ -47,7 +47,7 @@ fn count(ctx: &ShardCtx, error: FrameError) {
 /// Answers a SASL command (updating whether the connection is authenticated): the status and
 /// body of its reply.
 fn sasl(ctx: &ShardCtx, authenticated: &mut bool, request: &Request) -> (Status, String) {
-    use super::auth::{AuthOutcome, MECHANISMS};
+    use crate::server::shard::auth::{AuthOutcome, MECHANISMS};
     let Some(credentials) = &ctx.shared.credentials else {
         return (
             Status::UnknownCommand,
@@ -89,7 +89,7 @@ fn sasl(ctx: &ShardCtx, authenticated: &mut bool, request: &Request) -> (Status,
 
 /// Runs every whole binary frame buffered on `conn`, up to the output cap, and says what the
 /// connection does next. `now`: the time the requests run at, in Unix seconds.
-pub(super) async fn process(conn: &mut Conn, ctx: &Rc<ShardCtx>, now: u32) -> After {
+pub(crate) async fn process(conn: &mut Conn, ctx: &Rc<ShardCtx>, now: u32) -> After {
     let max_item = ctx.shared.settings.max_item_bytes as usize;
     // Values above ram_head live in segments: they are streamed, never buffered whole.
     let stream_from = ctx.shared.settings.arena.ram_head_bytes as usize;
@@ -175,7 +175,7 @@ pub(super) async fn process(conn: &mut Conn, ctx: &Rc<ShardCtx>, now: u32) -> Af
             }
             Request::Flush { delay, quiet } => {
                 ctx.counters.borrow_mut().cmd_flush += 1;
-                super::flush_all(&ctx.shared, *delay, now);
+                crate::server::shard::shared::flush_all(&ctx.shared, *delay, now);
                 if !quiet {
                     w.reply(opcode, opaque, Status::Ok, 0, &[], &[], &[]);
                 }

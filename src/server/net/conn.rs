@@ -3,34 +3,34 @@
 //! codecs (`binary.rs`, `text.rs`) take commands out of its buffer and put replies into its
 //! [`Replies`]; `serve.rs` moves the bytes between it and the socket.
 
-use super::large::LargeSet;
-use super::latency::BatchCounts;
 use super::lookahead::{Framing, Lookahead};
-use super::replies::Replies;
-use super::shard::ShardCtx;
-use super::unix_now;
+use crate::server::exec::large::LargeSet;
+use crate::server::exec::replies::Replies;
+use crate::server::shard::ctx::ShardCtx;
+use crate::server::shard::latency::BatchCounts;
+use crate::server::shard::shared::unix_now;
 use crate::store::partition::Partitions;
 
 /// Read buffer a connection starts with (and shrinks back to when idle). A frame or line that
 /// needs more doubles it (at least), so a long line takes a few reads of growing size, never
 /// one read per byte.
-pub(super) const READ_BUFFER_BYTES: usize = 16 << 10;
+pub(crate) const READ_BUFFER_BYTES: usize = 16 << 10;
 /// Geometric growth of a read buffer stops here: the longest text line accepted (a multiget
 /// line of `MULTIGET_LINE_MAX_BYTES`, newline included) fits, so doubling past it would only
 /// waste memory (4 MiB a connection). A frame or value block that needs more gets exactly
 /// what it needs.
-pub(super) const READ_BUFFER_GROWTH_MAX_BYTES: usize =
+pub(crate) const READ_BUFFER_GROWTH_MAX_BYTES: usize =
     crate::proto::text::MULTIGET_LINE_MAX_BYTES + 1;
 
 /// The size a read buffer of `len` bytes grows to so that it holds `needed`: at least twice
 /// its size (a frame arriving in pieces costs a few reads, not one per byte), but doubling
 /// stops at [`READ_BUFFER_GROWTH_MAX_BYTES`]; `needed` is always given.
-pub(super) fn grown_buffer_len(len: usize, needed: usize) -> usize {
+pub(crate) fn grown_buffer_len(len: usize, needed: usize) -> usize {
     needed.max(len.saturating_mul(2).min(READ_BUFFER_GROWTH_MAX_BYTES))
 }
 
 /// What the connection does after writing its replies.
-pub(super) enum After {
+pub(crate) enum After {
     /// Every whole frame is done: read more.
     Read,
     /// Stopped at the output cap with whole frames still buffered: write, then process again.
@@ -38,47 +38,47 @@ pub(super) enum After {
     /// A large value follows in the stream: receive it, then process again.
     LargeSet(LargeSet),
     /// `watch`: the connection streams log lines from now on.
-    Watch(std::sync::Arc<super::watch::Watcher>),
+    Watch(std::sync::Arc<crate::server::shard::watch::Watcher>),
     /// Close after the replies: a protocol error.
     Close,
     /// Close after the replies: the client asked (QUIT).
     Quit,
 }
 
-pub(super) struct Conn {
-    pub(super) buf: Vec<u8>,
+pub(crate) struct Conn {
+    pub(crate) buf: Vec<u8>,
     /// Bytes of `buf` holding received data, and how many of those are processed.
-    pub(super) filled: usize,
-    pub(super) consumed: usize,
+    pub(crate) filled: usize,
+    pub(crate) consumed: usize,
     /// Text: where the search for the unfinished line at `buf[consumed..]` resumes, relative
     /// to `consumed` (moved by [`Conn::consume`]), and the bytes it examined not yet added to
     /// the shard's counters. The decoder fuzz drives the same type the same way.
-    pub(super) line_scan: crate::proto::LineScan,
+    pub(crate) line_scan: crate::proto::LineScan,
     /// Passes that ended inside an unfinished line, not yet added to the shard's counters.
-    pub(super) line_incomplete_reads: u64,
+    pub(crate) line_incomplete_reads: u64,
     /// Prefetching for the received frames not yet run.
-    pub(super) lookahead: Lookahead,
+    pub(crate) lookahead: Lookahead,
     /// Stream bytes still to discard (the rest of a rejected or too-large frame).
-    pub(super) skip: u64,
+    pub(crate) skip: u64,
     /// The pass's replies, and the values sent in place among them.
-    pub(super) replies: Replies,
+    pub(crate) replies: Replies,
     /// SASL done, or not required (`--sasl-password-file` unset).
-    pub(super) authenticated: bool,
+    pub(crate) authenticated: bool,
     /// Failed authentications so far (`auth::after_failure`).
-    pub(super) auth_failures: u32,
+    pub(crate) auth_failures: u32,
     /// How its requests are framed: unknown until the first byte arrives.
-    pub(super) framing: Option<Framing>,
+    pub(crate) framing: Option<Framing>,
     /// Requests run since the last replies were handed to the kernel, by kind (latency).
-    pub(super) batch: BatchCounts,
+    pub(crate) batch: BatchCounts,
     /// The client's address, for log lines.
-    pub(super) peer: String,
+    pub(crate) peer: String,
     /// The socket, as `watch` lines and `stats conns` name the connection.
-    pub(super) fd: i32,
+    pub(crate) fd: i32,
 }
 
 /// Logs a protocol error a peer caused: one line per second per shard at most, so a flood
 /// cannot fill the disk (the STAT counters count every one).
-pub(super) fn log_peer_error(ctx: &ShardCtx, peer: &str, what: &str, closed: bool) {
+pub(crate) fn log_peer_error(ctx: &ShardCtx, peer: &str, what: &str, closed: bool) {
     if let Some(held_back) = ctx.peer_error_log.allow(unix_now()) {
         tracing::info!(
             shard = ctx.id,
@@ -93,13 +93,13 @@ pub(super) fn log_peer_error(ctx: &ShardCtx, peer: &str, what: &str, closed: boo
 impl Conn {
     /// Marks `bytes` more of the buffer processed; the line search's resume point, relative to
     /// the buffer's front, moves with it.
-    pub(super) fn consume(&mut self, bytes: usize) {
+    pub(crate) fn consume(&mut self, bytes: usize) {
         self.consumed += bytes;
         self.line_scan.consumed(bytes);
     }
 
     /// Drops buffered bytes still to be skipped; false while more are to come.
-    pub(super) fn skip_buffered(&mut self) -> bool {
+    pub(crate) fn skip_buffered(&mut self) -> bool {
         if self.skip > 0 {
             let drop = (self.skip as usize).min(self.filled - self.consumed);
             self.consume(drop);
@@ -110,7 +110,7 @@ impl Conn {
 
     /// Skips `skip` bytes of the stream from the current command's start: what is buffered
     /// now, the rest as it arrives.
-    pub(super) fn skip_stream(&mut self, skip: u64) {
+    pub(crate) fn skip_stream(&mut self, skip: u64) {
         let available = (self.filled - self.consumed) as u64;
         let now_dropped = skip.min(available);
         self.consume(now_dropped as usize);
@@ -121,7 +121,7 @@ impl Conn {
     /// discarding the rest of a refused request (`conn_swallow`), in the middle of a request
     /// whose command is in (its value still coming: `conn_nread`), or between requests
     /// (`conn_waiting`).
-    pub(super) fn waiting_state(&self) -> &'static str {
+    pub(crate) fn waiting_state(&self) -> &'static str {
         let buffered = &self.buf[self.consumed..self.filled];
         let command_in = match self.framing {
             Some(Framing::Binary) => buffered.len() >= crate::proto::HEADER_BYTES,
@@ -145,7 +145,7 @@ impl Conn {
     /// Makes the buffer able to hold a frame of `needed` bytes from `consumed`.
     /// The buffer grows geometrically ([`grown_buffer_len`]), so a frame or line that arrives
     /// in many pieces costs a few reads of growing size, not a read per byte.
-    pub(super) fn make_room(&mut self, needed: usize) {
+    pub(crate) fn make_room(&mut self, needed: usize) {
         self.lookahead.reset();
         if self.consumed > 0 {
             self.buf.copy_within(self.consumed..self.filled, 0);
@@ -160,7 +160,7 @@ impl Conn {
     /// Before a codec takes the next request: `Read` while the rest of a refused request is
     /// still to be skipped, `Process` when the replies are full (write them first); otherwise
     /// nothing, after looking ahead from here ([`Lookahead::before_frame`]).
-    pub(super) fn before_next(&mut self, partitions: &Partitions) -> Option<After> {
+    pub(crate) fn before_next(&mut self, partitions: &Partitions) -> Option<After> {
         if !self.skip_buffered() {
             return Some(After::Read);
         }
@@ -177,13 +177,13 @@ impl Conn {
 
     /// Runs the policy after a failed authentication (`auth::after_failure`): whether the
     /// connection must now close.
-    pub(super) async fn authentication_failed(&mut self, ctx: &ShardCtx) -> bool {
+    pub(crate) async fn authentication_failed(&mut self, ctx: &ShardCtx) -> bool {
         let (budget, counters) = (&ctx.auth_failure_budget, &ctx.counters);
-        super::auth::after_failure(budget, counters, &mut self.auth_failures).await
+        crate::server::shard::auth::after_failure(budget, counters, &mut self.auth_failures).await
     }
 
     /// Adds the line-scan counts gathered since the last call to the shard's counters.
-    pub(super) fn count_line_scans(&mut self, ctx: &ShardCtx) {
+    pub(crate) fn count_line_scans(&mut self, ctx: &ShardCtx) {
         let mut counters = ctx.counters.borrow_mut();
         counters.read_buffer_max_bytes = counters.read_buffer_max_bytes.max(self.buf.len() as u64);
         if self.line_scan.bytes_examined == 0 && self.line_incomplete_reads == 0 {
@@ -194,7 +194,7 @@ impl Conn {
     }
 
     /// Forgets processed bytes, and gives back a big buffer once it is empty.
-    pub(super) fn settle(&mut self) {
+    pub(crate) fn settle(&mut self) {
         if self.consumed == self.filled {
             self.lookahead.reset();
             self.consumed = 0;

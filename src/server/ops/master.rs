@@ -15,10 +15,10 @@ use std::collections::HashMap;
 use crate::placement::{PlacementError, Placer, TargetId, TargetStatus};
 use crate::segment::{mount_all, MountOrigin, MountedTarget, SegmentSpec, TargetSpec};
 
-use super::shard::{
+use crate::server::shard::ctx::{
     send_reply, Calls, MasterSnapshot, Message, ShardReply, ShardRequest, TargetRow, Victim,
 };
-use super::Shared;
+use crate::server::shard::shared::Shared;
 
 /// Most large values one placement may evict (`--segment-eviction lru`).
 const EVICTIONS_PER_PLACEMENT_MAX: usize = 64;

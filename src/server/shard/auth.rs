@@ -71,9 +71,9 @@ impl FailureBudget {
 /// times before: charges the shard's [`FailureBudget`], holds the connection back
 /// [`AUTH_FAILURE_DELAY`] (a timer, never the executor), counts the failure, and says whether
 /// the connection must now close (its last allowed failure, or the shard's budget spent).
-pub(super) async fn after_failure(
+pub(crate) async fn after_failure(
     budget: &RefCell<FailureBudget>,
-    counters: &RefCell<super::ConnCounters>,
+    counters: &RefCell<super::counters::ConnCounters>,
     failures: &mut u32,
 ) -> bool {
     *failures += 1;

@@ -88,7 +88,7 @@ pub fn bind(
     // An unpredictable name, made exclusively: nobody can take it first to block the start.
     let (private_name, private) = (0..16)
         .find_map(|_| {
-            let private_name = format!(".hr-{:016x}", super::random_seed());
+            let private_name = format!(".hr-{:016x}", super::shared::random_seed());
             match nix::sys::stat::mkdirat(dir.fd(), private_name.as_str(), Mode::S_IRWXU) {
                 Ok(()) => Some(Ok(private_name)),
                 Err(nix::errno::Errno::EEXIST) => None,

@@ -10,12 +10,13 @@ use crate::proto::{ResponseWriter, Status};
 use crate::store::detail::{self, PrefixCounts};
 use crate::store::{ItemClass, StoreStats};
 
-use super::shard::{
+use crate::server::shard::counters::ConnCounters;
+use crate::server::shard::ctx::{
     ConnRow, MasterSnapshot, ShardCtx, ShardReply, ShardRequest, ShardSnapshot, StatAnswer,
     StatQuery,
 };
-use super::warm_report::Skip;
-use super::{ConnCounters, Shared};
+use crate::server::shard::shared::Shared;
+use crate::server::shard::warm_report::Skip;
 
 /// Gathers every shard's snapshot (this one's directly, the others over the mesh).
 /// Every partition's figures, each read under its lock.
@@ -242,7 +243,7 @@ pub(crate) fn general_pairs(f: &GeneralFigures) -> Vec<(String, String)> {
     let mut pairs: Vec<(&str, String)> = vec![
         ("pid", std::process::id().to_string()),
         ("uptime", f.uptime_seconds.to_string()),
-        ("time", super::unix_now().to_string()),
+        ("time", crate::server::shard::shared::unix_now().to_string()),
         ("version", f.version.clone()),
         (
             "pointer_size",

@@ -16,14 +16,14 @@ use crate::proto::meta;
 use crate::proto::text::{self, errors, CrawlClasses, Crawler, TextCommand, TextDecoded};
 
 use super::conn::{log_peer_error, After, Conn};
-use super::large::{self, LargeSet};
-use super::latency::CommandKind;
-use super::replies::OUTPUT_CAP_BYTES;
-use super::shard::ShardCtx;
-use super::stats::group_pairs;
-use super::text_reply::{store_exptime, TextReply};
-use super::unix_now;
-use super::watch;
+use super::text_reply::{self, store_exptime, TextReply};
+use crate::server::exec::large::{self};
+use crate::server::exec::replies::OUTPUT_CAP_BYTES;
+use crate::server::ops::stats::group_pairs;
+use crate::server::shard::ctx::ShardCtx;
+use crate::server::shard::latency::CommandKind;
+use crate::server::shard::shared::unix_now;
+use crate::server::shard::watch;
 
 /// memcached's `stats` in text: `STAT name value` lines and `END`; `reset` answers `RESET`,
 /// `detail on|off` `OK`, `detail dump` the dump itself; an unknown group `ERROR`.
@@ -313,8 +313,8 @@ fn authenticate(ctx: &ShardCtx, command: &TextCommand) -> Auth {
     plain.extend_from_slice(parts.next().unwrap_or_default());
     plain.push(0);
     plain.extend_from_slice(parts.next().unwrap_or_default());
-    match credentials.authenticate(super::auth::MECHANISMS.as_bytes(), &plain) {
-        super::auth::AuthOutcome::Authenticated { user } => {
+    match credentials.authenticate(crate::server::shard::auth::MECHANISMS.as_bytes(), &plain) {
+        crate::server::shard::auth::AuthOutcome::Authenticated { user } => {
             tracing::debug!(shard = ctx.id, %user, "text authentication: authenticated");
             Auth::Accepted
         }
@@ -327,7 +327,7 @@ fn authenticate(ctx: &ShardCtx, command: &TextCommand) -> Auth {
 
 /// A text connection's state between passes.
 #[derive(Default)]
-pub(super) struct TextSession {
+pub(crate) struct TextSession {
     /// An `lru_crawler metadump` under way: it goes out a buffer at a time, before the
     /// commands after it.
     metadump: Option<Metadump>,
@@ -337,7 +337,7 @@ impl TextSession {
     /// Runs every whole text or meta command buffered on `conn`, up to the output cap, and
     /// says what the connection does next. `now`: the time the commands run at, in Unix
     /// seconds.
-    pub(super) async fn process(&mut self, conn: &mut Conn, ctx: &Rc<ShardCtx>, now: u32) -> After {
+    pub(crate) async fn process(&mut self, conn: &mut Conn, ctx: &Rc<ShardCtx>, now: u32) -> After {
         let max_item = ctx.shared.settings.max_item_bytes as usize;
         // Values above ram_head live in segments: they are streamed, never buffered whole.
         let stream_from = ctx.shared.settings.arena.ram_head_bytes as usize;
@@ -438,7 +438,7 @@ impl TextSession {
                         conn.skip += store.value_len as u64 + 2;
                         continue;
                     }
-                    return After::LargeSet(LargeSet::from_text(&store));
+                    return After::LargeSet(text_reply::large_set_of(&store));
                 }
                 TextDecoded::Command { command, consumed } => (command, consumed),
             };
@@ -483,7 +483,11 @@ impl TextSession {
                 }
                 TextCommand::FlushAll { delay, noreply } => {
                     ctx.counters.borrow_mut().cmd_flush += 1;
-                    super::flush_all(&ctx.shared, (*delay).max(0) as u32, now);
+                    crate::server::shard::shared::flush_all(
+                        &ctx.shared,
+                        (*delay).max(0) as u32,
+                        now,
+                    );
                     if !noreply {
                         conn.replies.out.extend_from_slice(text::OK);
                     }
@@ -559,7 +563,7 @@ impl TextSession {
                     let line_len = consumed - value.len() - 2;
                     conn.consumed += line_len;
                     conn.line_scan.consumed(line_len);
-                    return After::LargeSet(LargeSet::from_text(store));
+                    return After::LargeSet(text_reply::large_set_of(store));
                 }
                 keyed => {
                     let command = keyed.command().expect("keyed text commands are commands");

@@ -9,7 +9,7 @@ use crate::arena::SendPin;
 use crate::lent::Lent;
 
 use super::execute::{Deferred, LargeGet, LentGet};
-use super::shard::ShardCtx;
+use crate::server::shard::ctx::ShardCtx;
 
 pub enum Held {
     Large(HeldLarge),
@@ -49,6 +49,8 @@ impl HeldLent {
         }
     }
 
+    /// The pinned bytes' length (a pin is never empty: `is_empty` would always say no).
+    #[allow(clippy::len_without_is_empty)]
     pub fn len(&self) -> usize {
         self.pin.as_ref().map_or(0, SendPin::len)
     }
@@ -70,7 +72,7 @@ impl Drop for HeldLent {
 }
 
 /// Ends a send pin in the partition that made it.
-pub(super) fn unpin(ctx: &Rc<ShardCtx>, owner: usize, pin: SendPin) {
+pub(crate) fn unpin(ctx: &Rc<ShardCtx>, owner: usize, pin: SendPin) {
     ctx.shared.partitions.lock(owner).unpin_sent(pin);
 }
 
@@ -90,7 +92,7 @@ pub fn release(ctx: &Rc<ShardCtx>, get: &LargeGet) {
 /// A large GET waiting to be streamed: its lease ends when this is dropped, whether the value
 /// was sent or the connection died first.
 pub struct HeldLarge {
-    pub(super) get: LargeGet,
+    pub(crate) get: LargeGet,
     ctx: Rc<ShardCtx>,
 }
 

@@ -21,8 +21,10 @@ use glommio::channels::local_channel::{self, LocalSender};
 use crate::placement::{Placed, PlacementError, PlacementRequest, PlacementStats, TargetId};
 use crate::segment::{Extent, MountedTarget, SegmentSpec, TargetSpec, TargetStorage};
 
+use super::counters::ConnCounters;
 use super::event::LocalEvent;
-use super::{unix_now, ConnCounters, Shared};
+use super::shared::unix_now;
+use super::shared::{Peers, Shared};
 
 /// A STAT group every shard answers for its own core (its connections and counters).
 #[derive(Clone, Copy, Debug)]
@@ -158,13 +160,6 @@ pub struct TargetRow {
     pub largest_free: u64,
     pub objects: u64,
     pub draining: bool,
-}
-
-/// Mesh peer ids: each shard's (by index) and the placement master's.
-#[derive(Clone, Debug)]
-pub struct Peers {
-    pub shards: Vec<usize>,
-    pub master: usize,
 }
 
 /// Mesh messages a shard sent, by purpose (STAT `mesh_*`): requests never send any.

@@ -19,7 +19,7 @@ use crate::dir::Dir;
 use crate::ram_snapshot::ALIGN_BYTES;
 use crate::ring::{Ring, StreamPool};
 
-use super::wire::ShardIo;
+use crate::server::shard::wire::ShardIo;
 
 /// Pieces in flight at once (each holds one pool chunk).
 const DEPTH_MAX: usize = 4;

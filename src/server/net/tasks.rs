@@ -10,9 +10,9 @@ use std::time::Duration;
 use glommio::channels::channel_mesh::Receivers;
 use glommio::net::{TcpListener, TcpStream};
 
-use super::endpoint::{Endpoint, Transport};
-use super::shard::{promote, Message, ShardCtx, ShardReply, ShardRequest};
-use super::unix_now;
+use crate::server::shard::ctx::{promote, Message, ShardCtx, ShardReply, ShardRequest};
+use crate::server::shard::endpoint::{Endpoint, Transport};
+use crate::server::shard::shared::unix_now;
 
 /// Receives from every peer: runs requests, delivers replies.
 pub fn spawn_receivers(ctx: &Rc<ShardCtx>, mut receivers: Receivers<Message>) {
@@ -26,7 +26,11 @@ pub fn spawn_receivers(ctx: &Rc<ShardCtx>, mut receivers: Receivers<Message>) {
                         token,
                         request: ShardRequest::Adopt(fd, endpoint),
                     } => {
-                        spawn_connection(&ctx, super::listen::adopt_stream(fd), endpoint);
+                        spawn_connection(
+                            &ctx,
+                            crate::server::shard::listen::adopt_stream(fd),
+                            endpoint,
+                        );
                         ctx.reply_to(from, token, ShardReply::Adopted)
                     }
                     Message::Request {
@@ -34,7 +38,8 @@ pub fn spawn_receivers(ctx: &Rc<ShardCtx>, mut receivers: Receivers<Message>) {
                         token,
                         request: ShardRequest::StatQuery(query),
                     } => {
-                        let answer = ShardReply::StatAnswer(super::stats::answer(&ctx, query));
+                        let answer =
+                            ShardReply::StatAnswer(crate::server::ops::stats::answer(&ctx, query));
                         ctx.reply_to(from, token, answer)
                     }
                     Message::Request {
@@ -97,7 +102,10 @@ pub async fn accept_loop(ctx: Rc<ShardCtx>, listener: TcpListener, listening: Li
         if open > shared.settings.max_connections {
             shared.curr_connections.fetch_sub(1, Ordering::AcqRel);
             shared.rejected_connections.fetch_add(1, Ordering::Relaxed);
-            if let Some(held_back) = ctx.refusal_log.allow(super::unix_now()) {
+            if let Some(held_back) = ctx
+                .refusal_log
+                .allow(crate::server::shard::shared::unix_now())
+            {
                 let peer = match &listening {
                     Listening::Tcp => stream.peer_addr().map_or("?".into(), |a| a.to_string()),
                     Listening::Unix(path) => format!("a client of {}", path.display()),
@@ -113,7 +121,7 @@ pub async fn accept_loop(ctx: Rc<ShardCtx>, listener: TcpListener, listening: Li
             // memcached's refusal line is plaintext: a TLS client gets the close alone.
             match (&listening, &shared.tls) {
                 (Listening::Tcp, Some(_)) => drop(stream),
-                _ => super::listen::refuse_over_limit(stream),
+                _ => crate::server::shard::listen::refuse_over_limit(stream),
             }
             continue;
         }
@@ -147,7 +155,7 @@ fn fewer_connections_than_mine(by_shard: &[AtomicUsize], mine: usize) -> Option<
 /// the message and the descriptor in it are dropped, which closes the connection.
 fn hand_off(ctx: &Rc<ShardCtx>, stream: TcpStream, endpoint: Endpoint, to: usize) {
     let by_shard = &ctx.shared.connections_by_shard;
-    let fd = super::listen::detach_stream(stream);
+    let fd = crate::server::shard::listen::detach_stream(stream);
     // Counted on `to` at once, so the next accept (here or on another shard) sees it.
     by_shard[to].fetch_add(1, Ordering::AcqRel);
     let ctx = Rc::clone(ctx);

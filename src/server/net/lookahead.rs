@@ -22,7 +22,7 @@ use std::sync::Arc;
 use crate::proto::{command_keys, first_key, frame_keys, is_binary};
 use crate::ring::ReceiveWatch;
 
-use super::Shared;
+use crate::server::shard::shared::Shared;
 use crate::store::partition::Partitions;
 
 /// How the requests in a connection's buffer are framed.

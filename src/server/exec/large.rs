@@ -14,7 +14,7 @@ use glommio::net::TcpStream;
 use crate::config::VerifyReads;
 use crate::lent::Lent;
 use crate::placement::{LocalityHint, PlacementError, PlacementRequest, TargetId};
-use crate::proto::{PlacementHints, ResponseWriter, Status, StoreMode, TextStore};
+use crate::proto::{PlacementHints, ResponseWriter, Status, StoreMode};
 use crate::ring::PoolChunk;
 use crate::segment::storage::AlignedBuf;
 use crate::segment::{Extent, TargetStorage};
@@ -22,11 +22,10 @@ use crate::store::{ConcatBase, ConcatValue, LargeHit, LargeLink, StoreOutcome};
 
 use super::deferred::{unpin, HeldLarge};
 use super::execute::{watched_store, WatchedStore};
-use super::limits::{with_limits, Io};
-use super::shard::{ShardCtx, ShardReply, ShardRequest};
-use super::text_reply::{store_exptime, OwnedStoreReply};
-use super::unix_now;
-use super::wire::Wire;
+use crate::server::shard::ctx::{ShardCtx, ShardReply, ShardRequest};
+use crate::server::shard::limits::{with_limits, Io};
+use crate::server::shard::shared::unix_now;
+use crate::server::shard::wire::Wire;
 
 /// A SET, ADD or REPLACE whose value is being streamed to a segment.
 #[derive(Clone, Debug)]
@@ -62,7 +61,15 @@ pub enum LargeReply {
     },
     /// A text or `ms` command: its data block ends in `\r\n`, checked before the value is
     /// linked.
-    Text(Box<OwnedStoreReply>),
+    Text(Rc<dyn TextStoreAnswer>),
+}
+
+/// How a text or `ms` store is answered, as its codec writes it (`net::text_reply`).
+pub trait TextStoreAnswer: std::fmt::Debug {
+    /// The reply to an outcome; `None`: the data block did not end in `\r\n`.
+    fn write(&self, out: &mut Vec<u8>, outcome: Option<StoreOutcome>);
+    /// A `SERVER_ERROR` line (silenced by a classic `noreply`).
+    fn error(&self, out: &mut Vec<u8>, line: &[u8]);
 }
 
 /// How a large store ended.
@@ -130,7 +137,6 @@ impl LargeReply {
                 w.error(*opcode, *opaque, status);
             }
             LargeReply::Text(reply) => {
-                let reply = reply.borrow();
                 match answer {
                     Answer::Stored { cas, len, .. } => {
                         reply.write(out, Some(StoreOutcome::Stored { cas, len }));
@@ -349,7 +355,7 @@ where
     match with_limits(idle, io).await {
         Io::Done(n) => Ok(n),
         Io::TimedOut => {
-            super::limits::idle_closed(ctx);
+            crate::server::shard::limits::idle_closed(ctx);
             Err(io::ErrorKind::TimedOut.into())
         }
         Io::Closed => Err(io::ErrorKind::UnexpectedEof.into()),
@@ -449,7 +455,7 @@ where
             ))
         }
         Io::TimedOut => {
-            super::limits::idle_closed(ctx);
+            crate::server::shard::limits::idle_closed(ctx);
             Err(io::ErrorKind::TimedOut.into())
         }
         Io::Closed => Err(io::ErrorKind::UnexpectedEof.into()),
@@ -1297,24 +1303,5 @@ async fn send_file_ring(
                 .map(|()| len.max(1))
         })
         .await?;
-    }
-}
-
-impl LargeSet {
-    /// A text or `ms` storage command whose value is streamed to a segment.
-    pub(super) fn from_text(store: &TextStore) -> LargeSet {
-        LargeSet {
-            mode: store.mode,
-            key: store.key.to_vec(),
-            flags: store.flags,
-            expiry: store_exptime(store.exptime),
-            cas: store.compare_cas(),
-            new_cas: store.explicit_cas(),
-            vivify: store.vivify_expiry(),
-            value_len: store.value_len as u64,
-            hints: store.meta.as_ref().and_then(|ms| ms.hints.clone()),
-            drop_on_failure: store.drops_on_failure(),
-            reply: LargeReply::Text(Box::new(OwnedStoreReply::of(store))),
-        }
     }
 }

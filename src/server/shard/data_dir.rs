@@ -115,7 +115,7 @@ fn lock(dir: &Dir) -> Result<Arc<crate::lockfile::FileLock>, String> {
             match written.or(pid) {
                 Some(pid) => format!(
                     "in use by another Headroom ({}, pid {pid}); two servers on one data directory would hand out the same extents",
-                    crate::server::listen::process_name(pid)
+                    crate::server::shard::listen::process_name(pid)
                 ),
                 None => "in use by another process".to_string(),
             }

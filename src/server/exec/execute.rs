@@ -10,7 +10,7 @@ use crate::store::{
     ArithOutcome, DeleteOutcome, LargeHit, Lookup, MetaState, Store, StoreOutcome, CAS_NEVER_ISSUED,
 };
 
-use super::watch::{self, Fetched, Watchers};
+use crate::server::shard::watch::{self, Fetched, Watchers};
 
 /// A GET-family hit on a large item: its reply is streamed by the connection (head from RAM,
 /// the rest from the segment), in its place among the other replies.

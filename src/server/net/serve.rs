@@ -16,18 +16,18 @@ use glommio::net::TcpStream;
 
 use super::binary;
 use super::conn::{After, Conn, READ_BUFFER_BYTES};
-use super::deferred::Held;
-use super::endpoint::Endpoint;
-use super::large;
-use super::latency::BatchCounts;
-use super::limits::{idle_closed, with_limits, Io};
 use super::lookahead::{Framing, Lookahead};
-use super::replies::Replies;
-use super::shard::{ConnInfo, ShardCtx};
 use super::text::TextSession;
-use super::unix_now;
-use super::watch;
-use super::wire::Wire;
+use crate::server::exec::deferred::Held;
+use crate::server::exec::large;
+use crate::server::exec::replies::Replies;
+use crate::server::shard::ctx::{ConnInfo, ShardCtx};
+use crate::server::shard::endpoint::Endpoint;
+use crate::server::shard::latency::BatchCounts;
+use crate::server::shard::limits::{idle_closed, with_limits, Io};
+use crate::server::shard::shared::unix_now;
+use crate::server::shard::watch;
+use crate::server::shard::wire::Wire;
 
 /// The last replies of a pass, sent while the connection waits for its next bytes (ring path;
 /// with one-shot receives, queued together with its next receive).
@@ -35,7 +35,7 @@ enum Pending {
     /// Reply bytes.
     Bytes(Vec<u8>),
     /// The replies up to a lent value, then the value, sent from where it lies.
-    Lent(Vec<u8>, super::deferred::HeldLent),
+    Lent(Vec<u8>, crate::server::exec::deferred::HeldLent),
 }
 
 /// The protocol a connection speaks, chosen by its first byte as in memcached (`0x80` is
@@ -112,11 +112,11 @@ pub async fn serve(ctx: Rc<ShardCtx>, mut stream: TcpStream, endpoint: Endpoint)
     }
 }
 
-/// Waits, up to [`super::STOP_WRITE_GRACE`], until the peer has acknowledged every byte sent.
+/// Waits, up to [`crate::server::shard::shared::STOP_WRITE_GRACE`], until the peer has acknowledged every byte sent.
 /// At the stop a connection closes with requests it will not read still in its socket, and
 /// closing such a socket resets it, which throws away replies not yet delivered.
 async fn replies_landed(fd: i32) {
-    let deadline = std::time::Instant::now() + super::STOP_WRITE_GRACE;
+    let deadline = std::time::Instant::now() + crate::server::shard::shared::STOP_WRITE_GRACE;
     while crate::sys::unacknowledged_bytes(fd).is_ok_and(|bytes| bytes > 0)
         && std::time::Instant::now() < deadline
     {
@@ -445,13 +445,13 @@ async fn stream_watch(
     ctx: &ShardCtx,
     stream: &mut TcpStream,
     wire: &Wire,
-    watcher: &super::watch::Watcher,
+    watcher: &crate::server::shard::watch::Watcher,
 ) -> Ended {
     loop {
         if ctx.stop.fired() {
             return Ended::Cut;
         }
-        glommio::timer::sleep(super::watch::DRAIN_INTERVAL).await;
+        glommio::timer::sleep(crate::server::shard::watch::DRAIN_INTERVAL).await;
         let mut out = watcher.take();
         let end = out.len();
         if let Err(ended) = write_out(ctx, stream, wire, None, &mut out, 0, end).await {
@@ -468,7 +468,7 @@ async fn send_lent(
     wire: &Wire,
     idle: Option<Duration>,
     head: Vec<u8>,
-    lent: super::deferred::HeldLent,
+    lent: crate::server::exec::deferred::HeldLent,
 ) -> std::io::Result<()> {
     let (len, head_len) = (lent.len(), head.len());
     let lent = lent.into_lent();

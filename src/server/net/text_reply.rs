@@ -7,14 +7,15 @@ use crate::proto::text::{self, errors, TextCommand, TextStore};
 use crate::proto::{Key, MaFlags, MdFlags, MgFlags, StoreMode};
 use crate::store::{ArithOutcome, DeleteOutcome, StoreOutcome};
 
-use super::execute::{Counted, Found, Reply};
+use crate::server::exec::execute::{Counted, Found, Reply};
+use crate::server::exec::large::{LargeReply, LargeSet, TextStoreAnswer};
 
 pub use crate::command::store_exptime;
 
 /// What memcached's classic storage commands answer for an outcome: an ADD of a live key and
 /// a REPLACE of a missing one are `NOT_STORED` (binary says "exists" and "not found"); only a
 /// CAS names the missing key.
-pub(super) fn classic_store_reply(
+pub(crate) fn classic_store_reply(
     outcome: StoreOutcome,
     mode: StoreMode,
     cas: bool,
@@ -31,7 +32,7 @@ pub(super) fn classic_store_reply(
 }
 
 /// The same outcome as a meta status code (`None`: an error line instead).
-pub(super) fn meta_store_code(
+pub(crate) fn meta_store_code(
     outcome: StoreOutcome,
     mode: StoreMode,
     cas: bool,
@@ -148,7 +149,7 @@ impl OwnedStoreReply {
         }
     }
 
-    pub fn borrow(&self) -> StoreReply<'_> {
+    fn borrow(&self) -> StoreReply<'_> {
         StoreReply {
             mode: self.mode,
             key: &self.key,
@@ -165,7 +166,7 @@ impl OwnedStoreReply {
 }
 
 /// How a keyed text or meta command is answered.
-pub(super) enum TextReply<'a> {
+pub(crate) enum TextReply<'a> {
     /// One key of `get`/`gets`/`gat`/`gats`: its `VALUE` line (with the CAS for `gets`), and
     /// nothing on a miss.
     Value {
@@ -204,7 +205,7 @@ pub(super) enum TextReply<'a> {
 impl<'a> TextReply<'a> {
     /// The reply for a keyed command (`None`: `get`, one [`TextReply::Value`] per key, or a
     /// command that names no key).
-    pub(super) fn of(command: &'a TextCommand<'a>) -> Option<TextReply<'a>> {
+    pub(crate) fn of(command: &'a TextCommand<'a>) -> Option<TextReply<'a>> {
         Some(match command {
             TextCommand::Store { store, .. } => TextReply::Store(StoreReply::of(store)),
             TextCommand::Arith { noreply, .. } => TextReply::Arith { noreply: *noreply },
@@ -394,5 +395,32 @@ impl Reply for TextReply<'_> {
         if let TextReply::Refused(line) = self {
             out.extend_from_slice(line);
         }
+    }
+}
+
+impl TextStoreAnswer for OwnedStoreReply {
+    fn write(&self, out: &mut Vec<u8>, outcome: Option<StoreOutcome>) {
+        self.borrow().write(out, outcome);
+    }
+
+    fn error(&self, out: &mut Vec<u8>, line: &[u8]) {
+        self.borrow().error(out, line);
+    }
+}
+
+/// A text or `ms` storage command whose value is streamed to a segment.
+pub(crate) fn large_set_of(store: &TextStore) -> LargeSet {
+    LargeSet {
+        mode: store.mode,
+        key: store.key.to_vec(),
+        flags: store.flags,
+        expiry: store_exptime(store.exptime),
+        cas: store.compare_cas(),
+        new_cas: store.explicit_cas(),
+        vivify: store.vivify_expiry(),
+        value_len: store.value_len as u64,
+        hints: store.meta.as_ref().and_then(|ms| ms.hints.clone()),
+        drop_on_failure: store.drops_on_failure(),
+        reply: LargeReply::Text(std::rc::Rc::new(OwnedStoreReply::of(store))),
     }
 }

@@ -3,12 +3,12 @@
 
 use std::time::Duration;
 
-use super::shard::ShardCtx;
-use super::unix_now;
+use super::ctx::ShardCtx;
+use super::shared::unix_now;
 
 /// Counts a connection closed for idling past `--idle-timeout`, with a debug line (at most one
 /// per second per shard).
-pub(super) fn idle_closed(ctx: &ShardCtx) {
+pub(crate) fn idle_closed(ctx: &ShardCtx) {
     ctx.counters.borrow_mut().idle_closed += 1;
     if let Some(held_back) = ctx.idle_log.allow(unix_now()) {
         tracing::debug!(
@@ -20,7 +20,7 @@ pub(super) fn idle_closed(ctx: &ShardCtx) {
 }
 
 /// What a read or a write came back with.
-pub(super) enum Io {
+pub(crate) enum Io {
     Done(usize),
     /// The peer left, the socket failed, or the server stops (`shard::shut_connections` shut
     /// the socket down).
@@ -30,7 +30,7 @@ pub(super) enum Io {
 
 /// Runs one socket read or write, bounded by the idle timeout. Shutdown needs no waiter here:
 /// it shuts the socket down, which ends the read or fails the write.
-pub(super) async fn with_limits<F>(idle: Option<Duration>, io: F) -> Io
+pub(crate) async fn with_limits<F>(idle: Option<Duration>, io: F) -> Io
 where
     F: std::future::Future<Output = std::io::Result<usize>>,
 {

@@ -10,31 +10,31 @@ use crate::command::Command;
 
 use super::deferred::Held;
 use super::execute::{self, Deferred, Reply, Run};
-use super::shard::ShardCtx;
+use crate::server::shard::ctx::ShardCtx;
 
 /// Replies gathered before they are written, so a pipeline of large GETs stays bounded.
-pub(super) const OUTPUT_CAP_BYTES: usize = 1 << 20;
+pub(crate) const OUTPUT_CAP_BYTES: usize = 1 << 20;
 
 /// The replies of one pass, in request order: their bytes, and the values the connection sends
 /// itself (lent from the arena, or streamed from a segment) at their offsets in those bytes.
 #[derive(Default)]
-pub(super) struct Replies {
-    pub(super) out: Vec<u8>,
+pub(crate) struct Replies {
+    pub(crate) out: Vec<u8>,
     /// Values sent in place, each at its offset in `out` (each lease or pin ends when it is
     /// dropped).
-    pub(super) held: Vec<(usize, Held)>,
+    pub(crate) held: Vec<(usize, Held)>,
     /// Bytes `held` keeps in RAM until sent (they count against the output cap).
-    pub(super) held_bytes: usize,
+    pub(crate) held_bytes: usize,
 }
 
 impl Replies {
     /// Whether the pass should stop and write before running more requests.
-    pub(super) fn full(&self) -> bool {
+    pub(crate) fn full(&self) -> bool {
         self.out.len() + self.held_bytes > OUTPUT_CAP_BYTES
     }
 
     /// Whether no reply is waiting (a `watch` or a metadump must come first in its pass).
-    pub(super) fn is_empty(&self) -> bool {
+    pub(crate) fn is_empty(&self) -> bool {
         self.out.is_empty() && self.held.is_empty()
     }
 
@@ -59,7 +59,7 @@ impl Replies {
     /// of, and keeps a value sent in place in its order among the replies. A found value is
     /// lent rather than copied from `lend_from` bytes (none once one output cap of bytes is
     /// held).
-    pub(super) fn run<R: Reply>(
+    pub(crate) fn run<R: Reply>(
         &mut self,
         ctx: &Rc<ShardCtx>,
         command: &Command<'_>,

@@ -1,0 +1,10 @@
+//! Operating the server: STAT (`stats.rs`), the metrics endpoint (`metrics.rs`), the warm
+//! restart (`warm.rs`, its part files `part_file.rs`), the placement master (`master.rs`) and
+//! the admin socket (`admin.rs`). Imports `exec` and `shard`, never `net`.
+
+pub(crate) mod admin;
+pub(crate) mod master;
+pub mod metrics;
+pub(crate) mod part_file;
+pub(crate) mod stats;
+pub(crate) mod warm;

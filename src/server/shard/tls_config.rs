@@ -1,0 +1,198 @@
+//! TLS on the `--listen` port (`--tls-cert`, `--tls-key`, and `--tls-ca` for client
+//! certificates), with rustls.
+//!
+//! A TLS connection's handshake runs on the shard that serves it, within
+//! `--tls-handshake-timeout`. The session is then kept in user space: its task decrypts what
+//! the client sends and writes the plaintext into one end of a unix socket pair, and encrypts
+//! what comes back out of it; the other end is served as any client connection (`serve.rs`),
+//! so the three protocols, SASL and large values work unchanged. That costs a copy each way
+//! and a socket pair per connection. Kernel TLS (kTLS) would let the connection's own socket
+//! carry plaintext after the handshake, and so keep zero-copy sends; the kernels of the
+//! machines this was built on offer no `tls` ULP to test it with, so it is not used
+//! (`ssl_kernel_tls no`; the start-up line says whether the kernel offers it).
+//!
+//! SIGHUP reloads the certificate, the key and the CA: new connections get the new ones, and a
+//! file that does not load is logged and the pair in use kept.
+
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::{Arc, Mutex, RwLock};
+use std::time::{Duration, Instant, SystemTime};
+
+use rustls::pki_types::pem::PemObject;
+use rustls::pki_types::{CertificateDer, PrivateKeyDer};
+use rustls::server::WebPkiClientVerifier;
+use rustls::{RootCertStore, ServerConfig};
+
+use crate::config::TlsFiles;
+
+/// TLS for the whole server: the configuration new handshakes use, and its counters.
+pub struct Tls {
+    pub files: TlsFiles,
+    pub handshake_timeout: Duration,
+    config: RwLock<Arc<ServerConfig>>,
+    /// When the configuration in use was loaded (STAT `time_since_server_cert_refresh`).
+    loaded: Mutex<Instant>,
+    /// Handshakes that made a session (memcached's `ssl_new_sessions`), and that resumed one.
+    pub new_sessions: AtomicU64,
+    pub resumed_sessions: AtomicU64,
+    /// Handshakes that failed or timed out (memcached's `ssl_handshake_errors`).
+    pub handshake_errors: AtomicU64,
+    /// Sessions that ended on a TLS error after the handshake (memcached's `ssl_proto_errors`).
+    pub proto_errors: AtomicU64,
+    /// SIGHUP reloads that kept the old configuration.
+    pub reload_errors: AtomicU64,
+}
+
+impl Tls {
+    /// Loads the configuration at start: a file that does not load, a key that does not match
+    /// the certificate, or a certificate outside its validity is refused with one sentence.
+    pub fn load(files: TlsFiles, handshake_timeout: Duration) -> Result<Tls, String> {
+        let config = build_config(&files)?;
+        Ok(Tls {
+            files,
+            handshake_timeout,
+            config: RwLock::new(Arc::new(config)),
+            loaded: Mutex::new(Instant::now()),
+            new_sessions: AtomicU64::new(0),
+            resumed_sessions: AtomicU64::new(0),
+            handshake_errors: AtomicU64::new(0),
+            proto_errors: AtomicU64::new(0),
+            reload_errors: AtomicU64::new(0),
+        })
+    }
+
+    /// SIGHUP: loads the files again. New handshakes use the new configuration; on an error
+    /// the one in use stays and the error is returned (and counted).
+    pub fn reload(&self) -> Result<(), String> {
+        match build_config(&self.files) {
+            Ok(config) => {
+                *self.config.write().unwrap_or_else(|e| e.into_inner()) = Arc::new(config);
+                *self.loaded.lock().unwrap_or_else(|e| e.into_inner()) = Instant::now();
+                Ok(())
+            }
+            Err(err) => {
+                self.reload_errors.fetch_add(1, Ordering::Relaxed);
+                Err(err)
+            }
+        }
+    }
+
+    pub(crate) fn current(&self) -> Arc<ServerConfig> {
+        Arc::clone(&self.config.read().unwrap_or_else(|e| e.into_inner()))
+    }
+
+    /// Seconds since the configuration in use was loaded.
+    pub fn seconds_since_load(&self) -> u64 {
+        self.loaded
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .elapsed()
+            .as_secs()
+    }
+
+    /// memcached's `ssl_verify_mode` as its STAT prints it (OpenSSL's flags): 3 (the peer is
+    /// verified, and must present a certificate) with `--tls-ca`, else 0.
+    pub fn verify_mode(&self) -> u8 {
+        if self.files.ca.is_some() {
+            3
+        } else {
+            0
+        }
+    }
+}
+
+/// What this kernel offers for kernel TLS, for the start-up log: the `tls` ULP loaded (which
+/// Headroom does not use yet), or not.
+pub fn kernel_tls_offered() -> &'static str {
+    match std::fs::read_to_string("/proc/sys/net/ipv4/tcp_available_ulp") {
+        Ok(ulps) if ulps.split_whitespace().any(|ulp| ulp == "tls") => "offered, not used",
+        Ok(_) => "not offered by this kernel",
+        Err(_) => "unknown",
+    }
+}
+
+/// A rustls server configuration from `files`.
+fn build_config(files: &TlsFiles) -> Result<ServerConfig, String> {
+    let cert_flag = format!("--tls-cert {}", files.cert.display());
+    let chain: Vec<CertificateDer<'static>> = CertificateDer::pem_file_iter(&files.cert)
+        .and_then(|certs| certs.collect())
+        .map_err(|err| format!("{cert_flag}: {}", pem_error(err)))?;
+    let Some(leaf) = chain.first() else {
+        return Err(format!("{cert_flag}: holds no PEM certificate"));
+    };
+    check_validity(leaf).map_err(|why| format!("{cert_flag}: {why}"))?;
+    let key = PrivateKeyDer::from_pem_file(&files.key)
+        .map_err(|err| format!("--tls-key {}: {}", files.key.display(), pem_error(err)))?;
+    // ring, not rustls's default aws-lc-rs (whose build wants cmake): the cipher suites and
+    // key exchanges memcached's OpenSSL offers; no post-quantum key exchange, which is what
+    // rustls deprecates the ring provider for.
+    #[allow(deprecated)]
+    let provider = Arc::new(rustls::crypto::ring::default_provider());
+    let builder = ServerConfig::builder_with_provider(Arc::clone(&provider))
+        .with_safe_default_protocol_versions()
+        .map_err(|err| format!("TLS: {err}"))?;
+    let builder = match &files.ca {
+        None => builder.with_no_client_auth(),
+        Some(ca) => {
+            let ca_flag = format!("--tls-ca {}", ca.display());
+            let mut roots = RootCertStore::empty();
+            for cert in CertificateDer::pem_file_iter(ca)
+                .map_err(|err| format!("{ca_flag}: {}", pem_error(err)))?
+            {
+                let cert = cert.map_err(|err| format!("{ca_flag}: {}", pem_error(err)))?;
+                roots
+                    .add(cert)
+                    .map_err(|err| format!("{ca_flag}: not a CA certificate: {err}"))?;
+            }
+            let verifier = WebPkiClientVerifier::builder_with_provider(Arc::new(roots), provider)
+                .build()
+                .map_err(|err| format!("{ca_flag}: {err}"))?;
+            builder.with_client_cert_verifier(verifier)
+        }
+    };
+    builder.with_single_cert(chain, key).map_err(|err| {
+        let why = match err {
+            rustls::Error::InconsistentKeys(_) => {
+                "the key does not belong to the certificate".to_string()
+            }
+            other => other.to_string(),
+        };
+        format!(
+            "--tls-cert {} and --tls-key {}: {why}",
+            files.cert.display(),
+            files.key.display()
+        )
+    })
+}
+
+fn pem_error(err: rustls::pki_types::pem::Error) -> String {
+    match err {
+        rustls::pki_types::pem::Error::Io(err) => err.to_string(),
+        rustls::pki_types::pem::Error::NoItemsFound => "holds no PEM item of that kind".into(),
+        other => format!("not readable as PEM: {other:?}"),
+    }
+}
+
+/// Refuses a certificate that is not valid now: clients would refuse it anyway, and a server
+/// that starts with it serves nobody.
+fn check_validity(cert: &CertificateDer<'_>) -> Result<(), String> {
+    let (_, parsed) = x509_parser::parse_x509_certificate(cert.as_ref())
+        .map_err(|err| format!("the certificate cannot be parsed: {err}"))?;
+    let now = SystemTime::now()
+        .duration_since(SystemTime::UNIX_EPOCH)
+        .map_or(0, |d| d.as_secs() as i64);
+    let validity = parsed.validity();
+    if validity.not_after.timestamp() < now {
+        return Err(format!(
+            "the certificate expired on {}; renew it",
+            validity.not_after
+        ));
+    }
+    if validity.not_before.timestamp() > now {
+        return Err(format!(
+            "the certificate is not valid before {}; check the clock or the certificate",
+            validity.not_before
+        ));
+    }
+    Ok(())
+}
