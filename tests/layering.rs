@@ -241,9 +241,12 @@ fn server_layers_import_only_themselves_and_the_layers_below() {
             let shown = format!("src/server/{layer}/{}.rs", stem(file));
             let text = fs::read_to_string(file).unwrap();
             if stem(file) == "mod" {
-                let declares_only = text
-                    .lines()
-                    .all(|l| l.is_empty() || l.starts_with("//") || l.starts_with("pub mod "));
+                let declares_only = text.lines().all(|l| {
+                    l.is_empty()
+                        || l.starts_with("//")
+                        || l.starts_with("pub mod ")
+                        || l.starts_with("pub(crate) mod ")
+                });
                 if !declares_only {
                     problems.push(format!("{shown}: a layer's mod.rs only declares its files"));
                 }

@@ -4,6 +4,7 @@
 
 pub(crate) mod admin;
 pub(crate) mod master;
+pub mod metric_table;
 pub mod metrics;
 pub(crate) mod part_file;
 pub(crate) mod stats;
