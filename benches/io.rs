@@ -4,7 +4,11 @@
 //! real server, ring against plain path, for heads and for large-object GETs beside the
 //! device's sequential read bandwidth measured in the same run.
 //!
-//!   cargo bench --bench io [-- --rounds N] [-- --only primitives|offsets|heads|large]
+//!   cargo bench --bench io [-- --rounds N] [-- --only primitives|offsets|heads|large|depth]
+//!
+//! `depth`: large GETs from a file segment with 1, 4 and 16 in flight over as many
+//! connections, beside the device read by as many sequential readers in the same run, and
+//! the first byte of a 4 MiB and a 64 MiB GET while those stream.
 //!
 //! Every figure is measured in this run; timings are medians of `--rounds` interleaved rounds.
 //! Everything goes over loopback TCP, where the kernel copies a zero-copy send anyway (every
@@ -486,7 +490,7 @@ fn main() {
     if wants("offsets") {
         offsets(rounds, &memories);
     }
-    if wants("heads") || wants("large") {
+    if wants("heads") || wants("large") || wants("depth") {
         let dir = std::env::temp_dir().join(format!("headroom-io-bench-{}", std::process::id()));
         std::fs::create_dir_all(&dir).expect("bench directory");
         if wants("heads") {
@@ -494,6 +498,9 @@ fn main() {
         }
         if wants("large") {
             server_large(rounds, &dir);
+        }
+        if wants("depth") {
+            server_depth(rounds, &dir);
         }
         let _ = std::fs::remove_dir_all(&dir);
     }
@@ -872,5 +879,239 @@ fn server_large(rounds: usize, dir: &std::path::Path) {
         io_stat(server, "lent_sends_huge_pages"),
         io_stat(server, "lent_sends_kernel_copies"),
         io_stat(server, "in_flight_max"),
+    );
+}
+
+/// O_DIRECT read bandwidth of `path` by `streams` sequential readers at once, each over its
+/// own `region` bytes (reader `i` from `i * region`, again from its start at the end) with
+/// `depth` reads of `chunk` bytes in flight, all on one io_uring ring, for `seconds`: what the
+/// server's GETs ask of the device when `streams` of them read ahead at once, reading the
+/// same bytes again as GETs of the same objects do. GB/s over every reader's bytes.
+fn device_streams_gbps(
+    path: &std::path::Path,
+    streams: usize,
+    region: usize,
+    (chunk, depth): (usize, usize),
+    seconds: f64,
+) -> f64 {
+    use std::os::unix::fs::OpenOptionsExt;
+    let file = std::fs::OpenOptions::new()
+        .read(true)
+        .custom_flags(libc::O_DIRECT)
+        .open(path)
+        .expect("open the segment O_DIRECT");
+    let memory = Memory::map(chunk * depth * streams, Pages::Base).expect("buffers");
+    let mut ring = IoUring::new((streams * depth).next_power_of_two() as u32).unwrap();
+    // Per reader: the next offset in its region, reads in flight.
+    let mut next = vec![0usize; streams];
+    let mut in_flight = vec![0usize; streams];
+    let mut done = 0usize;
+    let started = Instant::now();
+    loop {
+        let reading = started.elapsed().as_secs_f64() < seconds;
+        if !reading && in_flight.iter().all(|&n| n == 0) {
+            break;
+        }
+        for s in 0..streams {
+            while reading && in_flight[s] < depth {
+                if next[s] >= region {
+                    next[s] = 0;
+                }
+                let slot = s * depth + (next[s] / chunk) % depth;
+                let entry = opcode::Read::new(
+                    types::Fd(file.as_raw_fd()),
+                    memory.ptr.wrapping_add(slot * chunk),
+                    chunk as u32,
+                )
+                .offset((s * region + next[s]) as u64)
+                .build()
+                .user_data(s as u64);
+                // SAFETY: a slot is not reused until its read completes.
+                unsafe { ring.submission().push(&entry).unwrap() };
+                next[s] += chunk;
+                in_flight[s] += 1;
+            }
+        }
+        ring.submit_and_wait(1).unwrap();
+        for cqe in ring.completion() {
+            assert!(cqe.result() > 0, "O_DIRECT read failed: {}", cqe.result());
+            done += chunk;
+            in_flight[cqe.user_data() as usize] -= 1;
+        }
+    }
+    done as f64 / started.elapsed().as_secs_f64() / 1e9
+}
+
+/// `connections` clients, one GET in flight each, each GETting its own objects of `keys`
+/// (client `c` takes keys `c`, `c + connections`, ...) for `seconds`: GB/s of values and the
+/// server's CPU per GB.
+fn get_window_parallel(
+    server: &Server,
+    keys: &[(Vec<u8>, Vec<u8>)],
+    connections: usize,
+    seconds: f64,
+) -> Window {
+    let cpu = server.cpu_seconds();
+    let started = Instant::now();
+    let totals: Vec<(usize, usize)> = std::thread::scope(|scope| {
+        let clients: Vec<_> = (0..connections)
+            .map(|c| {
+                let mine: Vec<&(Vec<u8>, Vec<u8>)> =
+                    keys.iter().skip(c).step_by(connections).collect();
+                let mut stream = server.connect();
+                scope.spawn(move || {
+                    let (mut bytes, mut ops, mut sink) = (0usize, 0usize, Vec::new());
+                    while started.elapsed().as_secs_f64() < seconds {
+                        let (key, value) = mine[ops % mine.len()];
+                        stream.write_all(&request(0x00, &[], key, &[])).unwrap();
+                        let (status, len) = response(&mut stream, &mut sink, Some(value));
+                        assert_eq!(status, 0, "GET {} missed", String::from_utf8_lossy(key));
+                        bytes += len;
+                        ops += 1;
+                    }
+                    (bytes, ops)
+                })
+            })
+            .collect();
+        clients.into_iter().map(|c| c.join().unwrap()).collect()
+    });
+    let elapsed = started.elapsed().as_secs_f64();
+    let cpu = server.cpu_seconds() - cpu;
+    let bytes: usize = totals.iter().map(|t| t.0).sum();
+    let ops: usize = totals.iter().map(|t| t.1).sum();
+    Window {
+        gbps: bytes as f64 / elapsed / 1e9,
+        cpu_s_per_gb: cpu / (bytes as f64 / 1e9),
+        ops_per_s: ops as f64 / elapsed,
+    }
+}
+
+/// Time to the first byte and to the last of one GET of `key` on a fresh connection (µs).
+fn first_and_last_byte_us(server: &Server, key: &[u8], len: usize) -> (f64, f64) {
+    let mut stream = server.connect();
+    let mut sink = vec![0u8; 1 << 20];
+    let started = Instant::now();
+    stream.write_all(&request(0x00, &[], key, &[])).unwrap();
+    let mut got = stream.read(&mut sink).expect("the reply's first bytes");
+    assert!(got > 0, "closed");
+    let first = started.elapsed().as_secs_f64() * 1e6;
+    let want = 24 + 4 + len;
+    while got < want {
+        let n = stream.read(&mut sink).expect("the reply");
+        assert!(n > 0, "closed mid-reply");
+        got += n;
+    }
+    (first, started.elapsed().as_secs_f64() * 1e6)
+}
+
+/// Large GETs from a file segment at several depths beside the device, then first-byte
+/// latency of a 4 MiB and a 64 MiB GET while other GETs stream.
+fn server_depth(rounds: usize, dir: &std::path::Path) {
+    const OBJECT_BYTES: usize = 48 * MIB;
+    const OBJECTS: usize = 16;
+    const DEPTHS: [usize; 3] = [1, 4, 16];
+    println!("\n## Large GETs from a file segment, 1, 4 and 16 in flight, beside the device\n");
+    println!("{OBJECTS} objects of 48 MiB on the default 1 GiB O_DIRECT file segment, a shard per");
+    println!("CPU; N connections with one GET in flight each, each GETting its own objects, 2 s");
+    println!("windows. Device: N sequential O_DIRECT readers at once for 2 s, each over 48 MiB of");
+    println!("the same file again and again (as GETs of the same objects read them), 1 MiB reads");
+    println!(
+        "4 in flight each (as each GET reads ahead), on one ring. {rounds} rounds interleaved,"
+    );
+    println!("medians; client, server and device reader share the CPUs.\n");
+    let server = Server::start(&dir.join("depth"), &[]);
+    let segment = dir.join("depth").join("segment-0");
+    let keys: Vec<(Vec<u8>, Vec<u8>)> = (0..OBJECTS)
+        .map(|i| (format!("deep-{i}").into_bytes(), value_of(OBJECT_BYTES, i)))
+        .collect();
+    {
+        let mut stream = server.connect();
+        for (key, value) in &keys {
+            set(&mut stream, key, value);
+        }
+    }
+    let mut device: Vec<Vec<f64>> = DEPTHS.iter().map(|_| Vec::new()).collect();
+    let mut gets: Vec<Vec<Window>> = DEPTHS.iter().map(|_| Vec::new()).collect();
+    for _ in 0..rounds {
+        for (d, &n) in DEPTHS.iter().enumerate() {
+            device[d].push(device_streams_gbps(
+                &segment,
+                n,
+                OBJECT_BYTES,
+                (MIB, 4),
+                2.0,
+            ));
+            gets[d].push(get_window_parallel(&server, &keys, n, 2.0));
+        }
+    }
+    println!("| GETs in flight | device GB/s | GET GB/s | GET / device | server CPU s/GB |");
+    println!("| --- | --- | --- | --- | --- |");
+    for (d, &n) in DEPTHS.iter().enumerate() {
+        let dev = median(device[d].clone());
+        let get = median(gets[d].iter().map(|w| w.gbps).collect());
+        println!(
+            "| {n} | {dev:.2} | {get:.2} | {:.2} | {:.3} |",
+            get / dev,
+            median(gets[d].iter().map(|w| w.cpu_s_per_gb).collect())
+        );
+    }
+    // First byte while 4 other GETs stream.
+    let probes: Vec<(Vec<u8>, usize)> = vec![
+        (b"probe-4m".to_vec(), 4 * MIB),
+        (b"probe-64m".to_vec(), 64 * MIB),
+    ];
+    {
+        let mut stream = server.connect();
+        for (i, (key, len)) in probes.iter().enumerate() {
+            set(&mut stream, key, &value_of(*len, 100 + i));
+        }
+    }
+    println!("\nFirst byte and last byte of one GET on a fresh connection while 4 connections");
+    println!(
+        "stream 48 MiB GETs from the same segment; 40 probes each per round ({rounds} rounds).\n"
+    );
+    println!("| value | first byte p50 µs | p99 µs | last byte p50 µs | p99 µs |");
+    println!("| --- | --- | --- | --- | --- |");
+    for (key, len) in &probes {
+        let stop = std::sync::atomic::AtomicBool::new(false);
+        let (mut firsts, mut lasts) = (Vec::new(), Vec::new());
+        std::thread::scope(|scope| {
+            for c in 0..4 {
+                let (server, keys, stop) = (&server, &keys, &stop);
+                scope.spawn(move || {
+                    let mut stream = server.connect();
+                    let mut sink = Vec::new();
+                    let mut k = c;
+                    while !stop.load(std::sync::atomic::Ordering::Relaxed) {
+                        let (key, value) = &keys[k % keys.len()];
+                        stream.write_all(&request(0x00, &[], key, &[])).unwrap();
+                        response(&mut stream, &mut sink, Some(value));
+                        k += 4;
+                    }
+                });
+            }
+            for _ in 0..rounds * 40 {
+                let (first, last) = first_and_last_byte_us(&server, key, *len);
+                firsts.push(first);
+                lasts.push(last);
+            }
+            stop.store(true, std::sync::atomic::Ordering::Relaxed);
+        });
+        firsts.sort_by(f64::total_cmp);
+        lasts.sort_by(f64::total_cmp);
+        println!(
+            "| {} | {:.0} | {:.0} | {:.0} | {:.0} |",
+            size_name(*len),
+            percentile(&firsts, 0.5),
+            percentile(&firsts, 0.99),
+            percentile(&lasts, 0.5),
+            percentile(&lasts, 0.99)
+        );
+    }
+    println!(
+        "\nring: read_fixed {} ops, GETs that waited for a pool chunk {}, at most {} operations in flight.",
+        io_stat(&server, "ops_read_fixed"),
+        io_stat(&server, "pool_waits"),
+        io_stat(&server, "in_flight_max"),
     );
 }

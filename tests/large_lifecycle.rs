@@ -343,3 +343,34 @@ fn a_reader_that_never_reads_is_cut_off_after_the_stop() {
     drop(c);
     assert!(stopped, "SIGTERM did not stop the server within 5 s");
 }
+
+/// With a streaming pool of two chunks and eight large GETs at once from a file segment, a GET
+/// that finds the pool dry waits for a chunk (never holding one while it waits, so no two
+/// GETs wait on each other): every value comes back whole, and the waits are counted.
+#[test]
+fn large_gets_wait_their_turn_for_a_dry_streaming_pool() {
+    let server = Server::start(&["--threads", "1", "--io-pool", "2M"]);
+    let values: Vec<Vec<u8>> = (0..8).map(|i| common::pattern(i, 6 << 20)).collect();
+    let mut c = server.client();
+    for (i, value) in values.iter().enumerate() {
+        let r = c.set_streamed(0x01, format!("pooled{i}").as_bytes(), value, 0);
+        assert_eq!(r.status, 0);
+    }
+    std::thread::scope(|scope| {
+        for (i, value) in values.iter().enumerate() {
+            let server = &server;
+            scope.spawn(move || {
+                let mut c = server.client();
+                for _ in 0..3 {
+                    let got = c.get(format!("pooled{i}").as_bytes());
+                    assert_eq!(got.status, 0);
+                    assert!(got.value == *value, "pooled{i} came back different");
+                }
+            });
+        }
+    });
+    let on_ring = std::env::var("HEADROOM_TEST_IO_RING").map_or(true, |v| v != "off");
+    if on_ring {
+        assert!(c.stat("io", "shard0_pool_waits") > 0, "no GET found the pool dry");
+    }
+}

@@ -1239,13 +1239,17 @@ async fn send_file_ring(
     let depth = READ_AHEAD_CHUNKS.min(pool.counts().0 / 2).max(1);
     let mut reads = std::collections::VecDeque::new();
     let mut next = rest.from;
-    loop {
-        while reads.len() < depth && next < rest.value_len {
-            let start = rest.extent.offset + next;
+    // Starts reads until `depth` are in flight, the value is all asked for, or the pool is
+    // dry; the first into `first` when given.
+    let start_reads = |reads: &mut std::collections::VecDeque<_>,
+                       next: &mut u64,
+                       mut first: Option<crate::ring::PoolChunk>| {
+        while reads.len() < depth && *next < rest.value_len {
+            let start = rest.extent.offset + *next;
             let aligned = start - start % align;
             let skip = (start - aligned) as usize;
-            let len = ((rest.value_len - next) as usize).min(chunk_bytes - skip);
-            let Some(chunk) = pool.try_take() else {
+            let len = ((rest.value_len - *next) as usize).min(chunk_bytes - skip);
+            let Some(chunk) = first.take().or_else(|| pool.try_take()) else {
                 break;
             };
             let read_len = (skip + len).next_multiple_of(align as usize);
@@ -1259,30 +1263,29 @@ async fn send_file_ring(
             })
             .detach();
             reads.push_back((read, skip, len));
-            next += len as u64;
+            *next += len as u64;
         }
+    };
+    loop {
+        start_reads(&mut reads, &mut next, None);
         let Some((read, skip, len)) = reads.pop_front() else {
             if next >= rest.value_len {
                 return Ok(());
             }
-            // The pool is dry and nothing is in flight: this chunk goes the plain way.
-            ctx.io.counters.borrow_mut().fallbacks += 1;
-            let len = ((rest.value_len - next) as usize).min(chunk_bytes);
-            let mut chunk = Vec::new();
-            SegmentFiles
-                .read_file(file, rest.extent.offset + next, len, &mut chunk)
-                .await?;
-            check.feed(&chunk)?;
-            step(ctx, idle, async {
-                wire.write(stream, chunk).await.map(|c| c.len().max(1))
-            })
-            .await?;
-            next += len as u64;
+            // The pool is dry and this GET holds none of it: it waits its turn for a chunk
+            // (it cannot deadlock: whoever holds one is reading or sending, and gives it
+            // back). Counted, as a GET that had to wait.
+            ctx.io.counters.borrow_mut().pool_waits += 1;
+            let chunk = pool.take().await;
+            start_reads(&mut reads, &mut next, Some(chunk));
             continue;
         };
         let (result, chunk) = read
             .await
             .ok_or_else(|| io::Error::other("a segment read was cancelled"))?;
+        // Topped up before this chunk is checked and sent: the device is never idle while
+        // the socket drains (the chunk in hand is the one more this GET holds).
+        start_reads(&mut reads, &mut next, None);
         match result {
             Ok(n) if n >= skip + len => {}
             Ok(n) => {

@@ -921,6 +921,14 @@ pub const IO: &[(&str, Export)] = &[
             "Times the ring path wanted a registered buffer and the memory was not registered.",
         )),
     ),
+    (
+        "pool_waits",
+        sample(counter(
+            "io_pool_waits",
+            N,
+            "Large GETs that waited for a streaming pool chunk (the pool dry).",
+        )),
+    ),
     ("ops_send", labelled(RING_OPERATIONS, &[("op", "send")])),
     ("bytes_send", labelled(RING_BYTES, &[("op", "send")])),
     (

@@ -37,6 +37,9 @@ pub struct PathCounters {
     pub head_bytes_lent: u64,
     /// Times the ring path wanted a fixed buffer and the memory was not registered.
     pub fallbacks: u64,
+    /// Large GETs that waited for a streaming pool chunk (the pool dry, the GET holding
+    /// none of it).
+    pub pool_waits: u64,
 }
 
 /// What STAT `io` shows of one shard.
@@ -63,6 +66,7 @@ impl IoSnapshot {
         put("heads_lent", self.counters.heads_lent.to_string());
         put("head_bytes_lent", self.counters.head_bytes_lent.to_string());
         put("fallbacks", self.counters.fallbacks.to_string());
+        put("pool_waits", self.counters.pool_waits.to_string());
         let ring = self.ring.clone().unwrap_or_default();
         for (i, kind) in crate::ring::OpKind::ALL.iter().enumerate() {
             put(&format!("ops_{}", kind.name()), ring.ops[i].to_string());
