@@ -50,9 +50,9 @@ pub struct MetaGet {
     pub unless_cas: Option<u64>,
 }
 
-/// One request that names a key, as every protocol asks it: binary, text and meta requests
-/// all become one of these, and one executor (`server::execute`) runs it against the key's
-/// store. Expiries are as the store takes them (relative seconds up to 30 days, else a Unix
+/// One request, as every protocol asks it: binary, text and meta requests all become one of
+/// these, and one executor runs it (`server::exec`: a keyed one against its key's store, the
+/// others against the server). Expiries are as the store takes them (relative seconds up to 30 days, else a Unix
 /// time; 0 never); a CAS of 0 compares nothing.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum Command<'a> {
@@ -128,11 +128,27 @@ pub enum Command<'a> {
         /// `E`: the CAS the counter takes after a success (0: a new one).
         new_cas: u64,
     },
+    /// NOOP, meta's `mn`: nothing, answered in its place in the pipeline.
+    Noop,
+    Version,
+    /// VERBOSITY: accepted; the log level is the server's (`--log-level`).
+    Verbosity,
+    /// FLUSH: every item dies now, or at `delay` seconds from now.
+    Flush {
+        delay: u32,
+    },
+    /// STAT: the figures of `group` (empty: the general ones).
+    Stats {
+        group: &'a [u8],
+    },
+    /// QUIT: the connection closes once the replies before it are out.
+    Quit,
 }
 
 impl<'a> Command<'a> {
-    /// The key whose partition runs the command.
-    pub fn key(&self) -> &'a [u8] {
+    /// The key whose partition runs the command; `None` for the commands that name no key
+    /// (the executor runs those against the whole server).
+    pub fn key(&self) -> Option<&'a [u8]> {
         match *self {
             Command::Get { key, .. }
             | Command::MetaGet { key, .. }
@@ -141,7 +157,13 @@ impl<'a> Command<'a> {
             | Command::Refuse { key, .. }
             | Command::Delete { key, .. }
             | Command::MetaDelete { key, .. }
-            | Command::Arith { key, .. } => key,
+            | Command::Arith { key, .. } => Some(key),
+            Command::Noop
+            | Command::Version
+            | Command::Verbosity
+            | Command::Flush { .. }
+            | Command::Stats { .. }
+            | Command::Quit => None,
         }
     }
 }

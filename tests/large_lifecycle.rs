@@ -371,6 +371,9 @@ fn large_gets_wait_their_turn_for_a_dry_streaming_pool() {
     });
     let on_ring = std::env::var("HEADROOM_TEST_IO_RING").map_or(true, |v| v != "off");
     if on_ring {
-        assert!(c.stat("io", "shard0_pool_waits") > 0, "no GET found the pool dry");
+        assert!(
+            c.stat("io", "shard0_pool_waits") > 0,
+            "no GET found the pool dry"
+        );
     }
 }

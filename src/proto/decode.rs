@@ -129,8 +129,8 @@ pub enum Request<'a> {
 }
 
 impl<'a> Request<'a> {
-    /// The keyed command this request asks of a store (none for the others, and for a
-    /// streamed store, which the server runs as its value arrives).
+    /// The command this request asks (none for SASL and ADMIN, which the connection answers,
+    /// and for a streamed store, which the server runs as its value arrives).
     pub fn command(&self) -> Option<Command<'a>> {
         Some(match *self {
             Request::Get {
@@ -177,6 +177,12 @@ impl<'a> Request<'a> {
                 new_cas: 0,
             },
             Request::TooLarge { key, drop_existing } => Command::Refuse { key, drop_existing },
+            Request::Noop => Command::Noop,
+            Request::Version => Command::Version,
+            Request::Verbosity { .. } => Command::Verbosity,
+            Request::Flush { delay, .. } => Command::Flush { delay },
+            Request::Stat { group } => Command::Stats { group },
+            Request::Quit { .. } => Command::Quit,
             _ => return None,
         })
     }

@@ -337,8 +337,9 @@ pub enum TextCommand<'a> {
 }
 
 impl TextCommand<'_> {
-    /// The keyed command this asks of a store: none for the commands that name no key, and
-    /// for `get`, whose every key is one [`Command::Get`].
+    /// The command this asks: none for `get`, whose every key is one [`Command::Get`], for
+    /// `stats`, whose group the session puts together from its words, and for what only the
+    /// text protocol has (`watch`, `lru_crawler`, `refresh_certs`, authentication).
     pub fn command(&self) -> Option<Command<'_>> {
         Some(match self {
             TextCommand::Store { store, value } => Command::Store {
@@ -412,6 +413,13 @@ impl TextCommand<'_> {
                 new_cas: flags.explicit_cas.unwrap_or(0),
             },
             TextCommand::MetaDebug { key } => Command::Inspect { key },
+            TextCommand::MetaNoop => Command::Noop,
+            TextCommand::Version => Command::Version,
+            TextCommand::Verbosity { .. } => Command::Verbosity,
+            TextCommand::FlushAll { delay, .. } => Command::Flush {
+                delay: (*delay).max(0) as u32,
+            },
+            TextCommand::Quit => Command::Quit,
             _ => return None,
         })
     }

@@ -1,5 +1,6 @@
-//! The one executor: runs a keyed [`Command`] against its partition's store (held by the
-//! caller) and hands each outcome to the protocol's [`Reply`], which writes the bytes. It
+//! The executor of keyed commands: runs a [`Command`] against its partition's store (held by
+//! the caller) and hands each outcome to the protocol's [`Reply`], which writes the bytes (the
+//! commands that name no key run in `control.rs`). It
 //! knows no protocol. How a found value leaves (copied into the reply, lent from the arena, or
 //! streamed from its segment) is decided here for every protocol: [`lends`], [`lend`] and
 //! [`deliver_large`].
@@ -361,6 +362,12 @@ pub fn run<R: Reply>(
             }
             reply.counted(out, outcome, counted);
         }
+        Command::Noop
+        | Command::Version
+        | Command::Verbosity
+        | Command::Flush { .. }
+        | Command::Stats { .. }
+        | Command::Quit => unreachable!("commands that name no key run in exec::control"),
     }
     None
 }

@@ -1,20 +1,18 @@
-//! Large values: a SET's body streamed from the socket into its segment extents, and a GET's
-//! head sent from RAM at once with the rest streamed from the segment. Memory segments are
-//! copied into and out of; file segments use positioned O_DIRECT calls on glommio's blocking
-//! pool (the io_uring data path issue moves them onto the shard's own ring). Every socket read
-//! and write here is bounded by `--idle-timeout` and cut short by shutdown.
+//! Large values: a SET's body streamed into its segment extents, and a GET's head sent from
+//! RAM at once with the rest streamed from the segment. Memory segments are copied into and
+//! out of; file segments are read and written with `READ_FIXED`/`WRITE_FIXED` on the shard's
+//! ring (positioned O_DIRECT calls on glommio's blocking pool on the plain path). The bytes
+//! come from a [`ValueSource`] and go to a [`ValueSink`]: the connection (`net/stream.rs`) is
+//! the one that touches the socket, under its time limits.
 
 use std::io;
 use std::rc::Rc;
 use std::sync::Arc;
-use std::time::Duration;
-
-use glommio::net::TcpStream;
 
 use crate::config::VerifyReads;
 use crate::lent::Lent;
 use crate::placement::{LocalityHint, PlacementError, PlacementRequest, TargetId};
-use crate::proto::{PlacementHints, ResponseWriter, Status, StoreMode};
+use crate::proto::{PlacementHints, StoreMode};
 use crate::ring::PoolChunk;
 use crate::segment::storage::AlignedBuf;
 use crate::segment::{Extent, TargetStorage};
@@ -23,9 +21,32 @@ use crate::store::{ConcatBase, ConcatValue, LargeHit, LargeLink, StoreOutcome};
 use super::deferred::{unpin, HeldLarge};
 use super::execute::{watched_store, WatchedStore};
 use crate::server::shard::ctx::{ShardCtx, ShardReply, ShardRequest};
-use crate::server::shard::limits::{with_limits, Io};
 use crate::server::shard::shared::unix_now;
-use crate::server::shard::wire::Wire;
+
+/// Where a streamed value's bytes come from: the connection (`net/stream.rs`), which owns the
+/// socket and its time limits. An error ends the connection.
+#[allow(async_fn_in_trait)] // one executor per thread: nothing here crosses threads
+pub trait ValueSource {
+    /// Fills part of `into` with the value's next bytes (never past its end): how many, 0
+    /// only when the value is all read.
+    async fn read(&mut self, into: &mut [u8]) -> io::Result<usize>;
+    /// After the value: reads what frames it (text's `\r\n`) and says whether it is intact.
+    async fn end(&mut self) -> io::Result<bool>;
+    /// Reads and drops the value's bytes not read yet, and what frames it.
+    async fn skip_rest(&mut self) -> io::Result<()>;
+}
+
+/// Where a large GET's reply goes: the connection, which owns the socket and its time limits.
+/// An error ends the connection.
+#[allow(async_fn_in_trait)] // one executor per thread: nothing here crosses threads
+pub trait ValueSink {
+    /// Writes `bytes` whole and hands the buffer back.
+    async fn write(&mut self, bytes: Vec<u8>) -> io::Result<Vec<u8>>;
+    /// Writes lent bytes from where they are (released when the kernel is done with them).
+    async fn write_lent(&mut self, lent: Lent) -> io::Result<()>;
+    /// Writes `head`, then the lent bytes.
+    async fn write_head_and_lent(&mut self, head: Vec<u8>, lent: Lent) -> io::Result<()>;
+}
 
 /// A SET, ADD or REPLACE whose value is being streamed to a segment.
 #[derive(Clone, Debug)]
@@ -48,32 +69,11 @@ pub struct LargeSet {
     /// (for an APPEND or PREPEND, only `ms`'s: the new bytes alone found no room, as when
     /// memcached cannot allocate them).
     pub drop_on_failure: bool,
-    pub reply: LargeReply,
 }
 
-/// How a large store is answered, in the protocol it came in.
-#[derive(Clone, Debug)]
-pub enum LargeReply {
-    Binary {
-        opcode: u8,
-        opaque: u32,
-        quiet: bool,
-    },
-    /// A text or `ms` command: its data block ends in `\r\n`, checked before the value is
-    /// linked.
-    Text(Rc<dyn TextStoreAnswer>),
-}
-
-/// How a text or `ms` store is answered, as its codec writes it (`net::text_reply`).
-pub trait TextStoreAnswer: std::fmt::Debug {
-    /// The reply to an outcome; `None`: the data block did not end in `\r\n`.
-    fn write(&self, out: &mut Vec<u8>, outcome: Option<StoreOutcome>);
-    /// A `SERVER_ERROR` line (silenced by a classic `noreply`).
-    fn error(&self, out: &mut Vec<u8>, line: &[u8]);
-}
-
-/// How a large store ended.
-enum Answer {
+/// How a large store ended, for the connection's codec to answer.
+#[derive(Debug)]
+pub enum LargeOutcome {
     Stored {
         cas: u64,
         len: u64,
@@ -88,78 +88,6 @@ enum Answer {
     },
     /// Text: the two bytes after the value were not `\r\n`.
     BadChunk,
-}
-
-impl LargeReply {
-    /// Bytes after the value that belong to it (text's `\r\n`).
-    fn trailer_bytes(&self) -> u64 {
-        match self {
-            LargeReply::Binary { .. } => 0,
-            LargeReply::Text(_) => 2,
-        }
-    }
-
-    fn write(&self, out: &mut Vec<u8>, answer: Answer, setx: bool) {
-        match self {
-            LargeReply::Binary {
-                opcode,
-                opaque,
-                quiet,
-            } => {
-                let mut w = ResponseWriter::new(out);
-                let status = match answer {
-                    Answer::Stored { cas, replicas, .. } => {
-                        if !quiet {
-                            // A SETX reply says how many replicas were placed (fewer than
-                            // asked: partial).
-                            let extras: &[u8] = if setx { &[replicas] } else { &[] };
-                            w.reply(*opcode, *opaque, Status::Ok, cas, extras, &[], &[]);
-                        }
-                        return;
-                    }
-                    Answer::Refused(outcome) => status_of(outcome),
-                    Answer::NotPlaced(PlacementError::Strict { .. }) => Status::StrictPlacement,
-                    Answer::NotPlaced(PlacementError::Invalid(_)) => Status::InvalidArguments,
-                    Answer::NotPlaced(PlacementError::NoSpace { .. }) => Status::OutOfMemory,
-                    // The binary protocol has no status for a failed disk write: memcached's
-                    // "not stored for lack of room" status, with a body that says what failed.
-                    Answer::SegmentFailed { no_space } => {
-                        let message: &[u8] = if no_space {
-                            b"Out of disk space"
-                        } else {
-                            b"I/O error"
-                        };
-                        w.reply(*opcode, *opaque, Status::OutOfMemory, 0, &[], &[], message);
-                        return;
-                    }
-                    Answer::BadChunk => unreachable!("binary values have no trailer"),
-                };
-                w.error(*opcode, *opaque, status);
-            }
-            LargeReply::Text(reply) => {
-                match answer {
-                    Answer::Stored { cas, len, .. } => {
-                        reply.write(out, Some(StoreOutcome::Stored { cas, len }));
-                    }
-                    Answer::Refused(outcome) => reply.write(out, Some(outcome)),
-                    Answer::NotPlaced(PlacementError::NoSpace { .. }) => {
-                        reply.error(out, b"SERVER_ERROR out of memory storing object\r\n");
-                    }
-                    // memcached's wording for a store that failed, with what failed.
-                    Answer::SegmentFailed { no_space: true } => {
-                        reply.error(out, b"SERVER_ERROR out of disk space storing object\r\n");
-                    }
-                    Answer::SegmentFailed { no_space: false } => {
-                        reply.error(out, b"SERVER_ERROR I/O error storing object\r\n");
-                    }
-                    Answer::NotPlaced(err) => {
-                        reply.error(out, format!("SERVER_ERROR {err}\r\n").as_bytes());
-                    }
-                    Answer::BadChunk => reply.write(out, None),
-                }
-            }
-        }
-    }
 }
 
 /// The placement request for a large value: the server's defaults (one replica, the serving
@@ -346,149 +274,6 @@ impl SegmentFiles {
     }
 }
 
-/// One bounded socket read or write; anything but progress is an error that ends the
-/// connection (a timeout is counted).
-async fn step<F>(ctx: &ShardCtx, idle: Option<Duration>, io: F) -> io::Result<usize>
-where
-    F: std::future::Future<Output = io::Result<usize>>,
-{
-    match with_limits(idle, io).await {
-        Io::Done(n) => Ok(n),
-        Io::TimedOut => {
-            crate::server::shard::limits::idle_closed(ctx);
-            Err(io::ErrorKind::TimedOut.into())
-        }
-        Io::Closed => Err(io::ErrorKind::UnexpectedEof.into()),
-    }
-}
-
-/// The least a large SET's body must bring within each `--body-timeout` window (or the rest of
-/// the body, if less): a body that brings less is dropped as stalled. One byte every few
-/// seconds would otherwise hold its whole value's segment space for ever; 64 KiB a window is
-/// 2 KiB/s at the default 30 s, far below any working link.
-pub const BODY_PROGRESS_MIN_BYTES: u64 = 64 << 10;
-
-/// The limits on a large SET's body: `--idle-timeout` bounds each read, and `--body-timeout`
-/// each window in which the body must bring [`BODY_PROGRESS_MIN_BYTES`] (a window starts when
-/// the body does and again each time the minimum is reached).
-#[derive(Clone, Copy, Debug)]
-struct BodyLimit {
-    idle: Option<Duration>,
-    body: Option<Duration>,
-    /// When the current window ends, and the bytes it has brought so far.
-    window_end: Option<std::time::Instant>,
-    window_bytes: u64,
-}
-
-impl BodyLimit {
-    fn new(ctx: &ShardCtx, idle: Option<Duration>) -> BodyLimit {
-        let body = match ctx.shared.settings.body_timeout_seconds {
-            0 => None,
-            seconds => Some(Duration::from_secs(seconds)),
-        };
-        BodyLimit {
-            idle,
-            body,
-            window_end: body.map(|body| std::time::Instant::now() + body),
-            window_bytes: 0,
-        }
-    }
-
-    /// The next read's wait, and whether it is the body window's (else the idle timeout's,
-    /// which wins when shorter).
-    fn wait(&self) -> (Option<Duration>, bool) {
-        let window_left = self
-            .window_end
-            .map(|end| end.saturating_duration_since(std::time::Instant::now()));
-        match (self.idle, window_left) {
-            (Some(idle), Some(left)) if idle < left => (Some(idle), false),
-            (idle, None) => (idle, false),
-            (_, Some(left)) => (Some(left), true),
-        }
-    }
-
-    /// A read brought `bytes`: once the window has its minimum, the next window starts.
-    fn progress(&mut self, bytes: usize) {
-        self.window_bytes += bytes as u64;
-        if let Some(body) = self.body {
-            if self.window_bytes >= BODY_PROGRESS_MIN_BYTES {
-                self.window_end = Some(std::time::Instant::now() + body);
-                self.window_bytes = 0;
-            }
-        }
-    }
-}
-
-/// One bounded read of a large SET's body. A body that brings less than
-/// [`BODY_PROGRESS_MIN_BYTES`] within a `--body-timeout` window ends the connection (and so the
-/// SET: its extents go back), counted and logged.
-async fn body_step<F>(ctx: &ShardCtx, limit: &mut BodyLimit, io: F) -> io::Result<usize>
-where
-    F: std::future::Future<Output = io::Result<usize>>,
-{
-    let (wait, body_window) = limit.wait();
-    match with_limits(wait, io).await {
-        Io::Done(n) => {
-            limit.progress(n);
-            Ok(n)
-        }
-        Io::TimedOut if body_window => {
-            ctx.counters.borrow_mut().body_timeouts += 1;
-            let seconds = ctx.shared.settings.body_timeout_seconds;
-            let brought = limit.window_bytes;
-            if let Some(held_back) = ctx.body_timeout_log.allow(unix_now()) {
-                tracing::warn!(
-                    shard = ctx.id,
-                    held_back,
-                    "a large SET's body brought {brought} bytes in --body-timeout ({seconds} s), \
-                     less than the {BODY_PROGRESS_MIN_BYTES} required: the value is dropped, its \
-                     segment space returned and the connection closed (one line per second per \
-                     shard at most)"
-                );
-            }
-            Err(io::Error::new(
-                io::ErrorKind::TimedOut,
-                format!(
-                    "the body brought {brought} bytes in --body-timeout ({seconds} s), less \
-                     than {BODY_PROGRESS_MIN_BYTES}"
-                ),
-            ))
-        }
-        Io::TimedOut => {
-            crate::server::shard::limits::idle_closed(ctx);
-            Err(io::ErrorKind::TimedOut.into())
-        }
-        Io::Closed => Err(io::ErrorKind::UnexpectedEof.into()),
-    }
-}
-
-/// Reads and drops `len` bytes of the stream (a value that will not be stored).
-async fn discard(
-    ctx: &ShardCtx,
-    limit: &mut BodyLimit,
-    (stream, wire): (&mut TcpStream, &Wire),
-    mut len: u64,
-) -> io::Result<()> {
-    let mut sink = vec![0u8; 64 << 10];
-    while len > 0 {
-        let want = (len as usize).min(sink.len());
-        let n = body_step(ctx, limit, wire.read_into(stream, &mut sink[..want])).await?;
-        len -= n as u64;
-    }
-    Ok(())
-}
-
-fn status_of(outcome: StoreOutcome) -> Status {
-    match outcome {
-        StoreOutcome::Stored { .. } => Status::Ok,
-        StoreOutcome::Exists => Status::Exists,
-        StoreOutcome::NotFound => Status::NotFound,
-        StoreOutcome::NotStored => Status::NotStored,
-        StoreOutcome::TooLarge => Status::TooLarge,
-        StoreOutcome::OutOfMemory => Status::OutOfMemory,
-    }
-}
-
 /// Places a large value. With `--segment-eviction lru` a full store answers with the least
 /// recently used large values to evict first: they leave their partitions, their extents go
 /// back, and the placement is asked once more.
@@ -661,27 +446,25 @@ fn segment_write_failed(ctx: &ShardCtx, target: TargetId, err: &io::Error, value
     no_space
 }
 
-/// Receives a large value: checks ADD/REPLACE/CAS with the owner, places it, streams it into
-/// its extents chunk by chunk (never more than one `--io-chunk` of it in memory), keeps its
-/// head, then links it on its owner (which checks the rules again). `buffered` holds value
-/// bytes that already arrived; returns how many of them it used. The reply, if any, is
-/// appended to `out`. The store is logged to `watch`ers as the connection on socket `fd`
-/// (when it is refused or linked; a value never linked for an I/O error is not). An error
-/// means the connection is to be closed.
 /// Whether `key` holds a live item now.
 fn key_is_live(ctx: &ShardCtx, key: &[u8]) -> bool {
     let (_, mut store) = ctx.shared.partitions.lock_key(key);
     store.meta_of(key, unix_now()).is_some()
 }
 
-pub async fn receive_set(
+/// Receives a large value from `source`: checks ADD/REPLACE/CAS with the owner, places it,
+/// streams it into its extents chunk by chunk (never more than one `--io-chunk` of it in
+/// memory), keeps its head, then links it (the rules checked again). A value refused before it
+/// is read is skipped. The store is logged to `watch`ers as the connection on socket `fd`
+/// (when it is refused or linked; a value never linked for an I/O error is not). An error
+/// means the connection is to be closed; a store whose body did not arrive whole leaves the
+/// key's item as it was.
+pub async fn receive_set<S: ValueSource>(
     ctx: &Rc<ShardCtx>,
-    (stream, wire): (&mut TcpStream, &Wire),
-    (idle, fd): (Option<Duration>, i32),
-    buffered: &[u8],
+    source: &mut S,
+    fd: i32,
     op: &LargeSet,
-    out: &mut Vec<u8>,
-) -> io::Result<usize> {
+) -> io::Result<LargeOutcome> {
     // `ms ... MA N<ttl>` onto a missing key: a SET of the value with that expiry. (An item
     // stored by another client before this one links is replaced, as by a SET after it.)
     let vivified;
@@ -704,16 +487,6 @@ pub async fn receive_set(
         exptime: op.expiry,
         bytes: op.value_len,
         now,
-    };
-    let mut limit = BodyLimit::new(ctx, idle);
-    let from_buffer = buffered.len().min(op.value_len as usize);
-    let rest = op.value_len - from_buffer as u64;
-    let setx = op.hints.is_some();
-    // A value refused before it is read is dropped with its trailer.
-    let (trailer_buffered, trailer_rest) = {
-        let t = op.reply.trailer_bytes();
-        let in_buffer = (buffered.len() - from_buffer).min(t as usize);
-        (in_buffer, t - in_buffer as u64)
     };
     // An ADD of a live key (say) is refused before a byte goes to a segment. An APPEND or
     // PREPEND starts from the live item's value (`base`), refused when it is missing or the
@@ -745,9 +518,8 @@ pub async fn receive_set(
         (refused, base)
     };
     if let Some(refused) = refused {
-        discard(ctx, &mut limit, (stream, wire), rest + trailer_rest).await?;
-        op.reply.write(out, Answer::Refused(refused), setx);
-        return Ok(from_buffer + trailer_buffered);
+        source.skip_rest().await?;
+        return Ok(LargeOutcome::Refused(refused));
     }
     // The whole value's bytes, and where the base's lie among them.
     let base_len = base.as_ref().map_or(0, |b| b.value.len());
@@ -755,11 +527,6 @@ pub async fn receive_set(
     let base_at = match op.mode {
         StoreMode::Prepend => op.value_len,
         _ => 0,
-    };
-    // Where the client's bytes end among them.
-    let new_end = match op.mode {
-        StoreMode::Prepend => op.value_len,
-        _ => value_len,
     };
     let replicas = match place(ctx, op, value_len).await {
         Ok(placed) => placed.replicas,
@@ -771,9 +538,8 @@ pub async fn receive_set(
             if !matches!(err, PlacementError::Invalid(_)) {
                 drop_stale(ctx, op);
             }
-            discard(ctx, &mut limit, (stream, wire), rest + trailer_rest).await?;
-            op.reply.write(out, Answer::NotPlaced(err), setx);
-            return Ok(from_buffer + trailer_buffered);
+            source.skip_rest().await?;
+            return Ok(LargeOutcome::NotPlaced(err));
         }
     };
     let chunk_bytes = ctx.shared.settings.arena.io_chunk_bytes as usize;
@@ -790,7 +556,6 @@ pub async fn receive_set(
         }
     };
     let mut received = 0u64;
-    let mut used = 0usize;
     let mut checksum = 0u32;
     let mut segment_error: Option<(TargetId, io::Error)> = None;
     let mut base_reader = BaseReader::new(base.as_ref());
@@ -806,21 +571,16 @@ pub async fn receive_set(
                     let into = &mut chunk[filled..filled + n];
                     base_reader.read(ctx, at - base_at, into).await;
                     filled += n;
-                } else if used < from_buffer {
-                    let n = (from_buffer - used).min(want - filled);
-                    chunk[filled..filled + n].copy_from_slice(&buffered[used..used + n]);
-                    used += n;
-                    filled += n;
                 } else {
-                    // Never past the new bytes: a PREPEND's base follows them.
-                    let end = filled + ((new_end - at) as usize).min(want - filled);
-                    filled += body_step(
-                        ctx,
-                        &mut limit,
-                        wire.read_into(stream, &mut chunk[filled..end]),
-                    )
-                    .await
-                    .map_err(Interrupted::Connection)?;
+                    // The source stops at the client's bytes' end: a PREPEND's base follows.
+                    let n = source
+                        .read(&mut chunk[filled..want])
+                        .await
+                        .map_err(Interrupted::Connection)?;
+                    if n == 0 {
+                        return Err(Interrupted::Connection(io::ErrorKind::UnexpectedEof.into()));
+                    }
+                    filled += n;
                 }
             }
             let chunk = &staging.bytes()[..filled];
@@ -846,27 +606,10 @@ pub async fn receive_set(
             received += filled as u64;
         }
         // Text: the data block's `\r\n` (the two bytes are consumed whatever they are).
-        let mut trailer = [0u8; 2];
-        let want = op.reply.trailer_bytes() as usize;
-        let mut filled = 0;
-        while filled < want {
-            if used < buffered.len() {
-                trailer[filled] = buffered[used];
-                used += 1;
-                filled += 1;
-            } else {
-                filled += body_step(
-                    ctx,
-                    &mut limit,
-                    wire.read_into(stream, &mut trailer[filled..want]),
-                )
-                .await
-                .map_err(Interrupted::Connection)?;
-            }
-        }
+        let framed = source.end().await.map_err(Interrupted::Connection)?;
         match segment_error.take() {
             Some((target, err)) => Err(Interrupted::Segment(target, err)),
-            None if want > 0 && trailer != *b"\r\n" => Err(Interrupted::BadChunk),
+            None if !framed => Err(Interrupted::BadChunk),
             None if !base_reader.intact() => Err(Interrupted::BaseDamaged),
             None => Ok(()),
         }
@@ -881,19 +624,10 @@ pub async fn receive_set(
             Interrupted::Segment(target, err) => {
                 let no_space = segment_write_failed(ctx, target, &err, op.value_len);
                 drop_stale(ctx, op);
-                op.reply
-                    .write(out, Answer::SegmentFailed { no_space }, setx);
-                Ok(used)
+                Ok(LargeOutcome::SegmentFailed { no_space })
             }
-            Interrupted::BadChunk => {
-                op.reply.write(out, Answer::BadChunk, setx);
-                Ok(used)
-            }
-            Interrupted::BaseDamaged => {
-                op.reply
-                    .write(out, Answer::Refused(StoreOutcome::NotStored), setx);
-                Ok(used)
-            }
+            Interrupted::BadChunk => Ok(LargeOutcome::BadChunk),
+            Interrupted::BaseDamaged => Ok(LargeOutcome::Refused(StoreOutcome::NotStored)),
         };
     }
     let placed_replicas = replicas.len() as u8;
@@ -933,16 +667,14 @@ pub async fn receive_set(
         (outcome, store.take_pending_frees())
     };
     ctx.free_extents(frees);
-    let answer = match outcome {
-        StoreOutcome::Stored { cas, len } => Answer::Stored {
+    Ok(match outcome {
+        StoreOutcome::Stored { cas, len } => LargeOutcome::Stored {
             cas,
             len,
             replicas: placed_replicas,
         },
-        refused => Answer::Refused(refused),
-    };
-    op.reply.write(out, answer, setx);
-    Ok(used)
+        refused => LargeOutcome::Refused(refused),
+    })
 }
 
 /// The CRC32C of a large value as its bytes go out (the head from RAM, the rest from its
@@ -1050,29 +782,25 @@ fn value_damaged(ctx: &Rc<ShardCtx>, hit: &LargeHit, got: u32) {
 /// rest of the value from the first replica, a chunk at a time, its CRC32C checked on the way
 /// (`--verify-reads`). The lease ends when `held` is dropped. A segment read failing midway, or
 /// a value failing its check (then dropped), leaves the reply short: the connection is closed.
-pub async fn send_get(
+pub async fn send_get<W: ValueSink>(
     ctx: &Rc<ShardCtx>,
-    stream: &mut TcpStream,
-    wire: &Wire,
-    idle: Option<Duration>,
+    sink: &mut W,
     mut held: HeldLarge,
 ) -> io::Result<()> {
     let mut check = ReadCheck::new(ctx, &held.get.hit);
     // A pinned head goes out lent, right after the header; its pin ends with the send.
     let head_pin = held.get.head_pin.take();
     let held = Rc::new(held);
-    let sent = send_value(ctx, (stream, wire), idle, &held, head_pin, &mut check).await;
+    let sent = send_value(ctx, sink, &held, head_pin, &mut check).await;
     if let Some(got) = check.failed {
         value_damaged(ctx, &held.get.hit, got);
     }
     sent
 }
 
-/// [`send_get`]'s reply, every byte of the value fed to `check` before it is sent.
-async fn send_value(
+async fn send_value<W: ValueSink>(
     ctx: &Rc<ShardCtx>,
-    (stream, wire): (&mut TcpStream, &Wire),
-    idle: Option<Duration>,
+    sink: &mut W,
     held: &Rc<HeldLarge>,
     head_pin: Option<crate::arena::SendPin>,
     check: &mut ReadCheck,
@@ -1097,19 +825,11 @@ async fn send_value(
             let (unpin_ctx, owner) = (Rc::clone(ctx), get.owner);
             let lent = pin.lend(move |pin| unpin(&unpin_ctx, owner, pin));
             check.feed_lent(&lent)?;
-            step(ctx, idle, async {
-                wire.write_head_and_lent(stream, header, lent)
-                    .await
-                    .map(|()| header_bytes as usize + len)
-            })
-            .await?;
+            sink.write_head_and_lent(header, lent).await?;
         }
         None => {
             check.feed(&hit.head)?;
-            step(ctx, idle, async {
-                wire.write(stream, header).await.map(|h| h.len())
-            })
-            .await?;
+            sink.write(header).await?;
         }
     }
     let (target, extent) = *hit.replicas.first().expect("a large item has a replica");
@@ -1119,40 +839,25 @@ async fn send_value(
         from,
         value_len,
     };
-    let sent = match (&ctx.io.ring, storage_of(ctx, target)?) {
+    match (&ctx.io.ring, storage_of(ctx, target)?) {
         (Some(ring), TargetStorage::File(file)) => {
-            send_file_ring(ctx, (stream, wire), idle, (ring, &file), rest, check).await
+            send_file_ring(ctx, sink, (ring, &file), rest, check).await?
         }
         (Some(_), TargetStorage::Mem(mem)) => {
             let mut at = from;
-            loop {
-                if at >= value_len {
-                    break Ok(());
-                }
+            while at < value_len {
                 let len = (value_len - at).min(MEM_SEND_MAX_BYTES) as usize;
                 let lent = mem.lend(extent.offset + at, len, Box::new(Rc::clone(held)));
-                if let Err(err) = check.feed_lent(&lent) {
-                    break Err(err);
-                }
-                if let Err(err) = step(ctx, idle, async {
-                    wire.write_lent(stream, lent).await.map(|()| len.max(1))
-                })
-                .await
-                {
-                    break Err(err);
-                }
+                check.feed_lent(&lent)?;
+                sink.write_lent(lent).await?;
                 at += len as u64;
             }
         }
-        (None, _) => send_copied(ctx, (stream, wire), idle, target, rest, check).await,
-    };
-    sent?;
+        (None, _) => send_copied(ctx, sink, target, rest, check).await?,
+    }
     let suffix = get.suffix;
     if !suffix.is_empty() {
-        step(ctx, idle, async {
-            wire.write(stream, suffix.to_vec()).await.map(|b| b.len())
-        })
-        .await?;
+        sink.write(suffix.to_vec()).await?;
     }
     ctx.counters.borrow_mut().bytes_written +=
         header_bytes + value_len - from + suffix.len() as u64;
@@ -1189,10 +894,9 @@ const READ_AHEAD_CHUNKS: usize = 4;
 
 /// Plain path: each chunk read (a blocking O_DIRECT read, or a copy from memory) into a heap
 /// buffer and written.
-async fn send_copied(
+async fn send_copied<W: ValueSink>(
     ctx: &Rc<ShardCtx>,
-    (stream, wire): (&mut TcpStream, &Wire),
-    idle: Option<Duration>,
+    sink: &mut W,
     target: TargetId,
     rest: Rest,
     check: &mut ReadCheck,
@@ -1206,15 +910,7 @@ async fn send_copied(
             tracing::error!(%err, "reading a large value from its segment failed; closing the connection");
         })?;
         check.feed(&chunk)?;
-        let mut back = None;
-        step(ctx, idle, async {
-            let sent = wire.write(stream, std::mem::take(&mut chunk)).await?;
-            let n = sent.len();
-            back = Some(sent);
-            Ok(n)
-        })
-        .await?;
-        chunk = back.unwrap_or_default();
+        chunk = sink.write(std::mem::take(&mut chunk)).await?;
         at += len as u64;
     }
     Ok(())
@@ -1225,10 +921,9 @@ async fn send_copied(
 /// (the chunk goes back to the pool at the send's notification). A read never waits for a
 /// chunk while this GET holds others (that could deadlock two GETs): when the pool is dry and
 /// nothing is in flight, that chunk is read the plain way (counted as a fallback).
-async fn send_file_ring(
+async fn send_file_ring<W: ValueSink>(
     ctx: &Rc<ShardCtx>,
-    (stream, wire): (&mut TcpStream, &Wire),
-    idle: Option<Duration>,
+    sink: &mut W,
     (ring, file): (&Rc<crate::ring::Ring>, &Arc<crate::segment::FileStorage>),
     rest: Rest,
     check: &mut ReadCheck,
@@ -1300,11 +995,6 @@ async fn send_file_ring(
             }
         }
         check.feed(&chunk.as_slice()[skip..skip + len])?;
-        step(ctx, idle, async {
-            wire.write_lent(stream, Lent::from_chunk(chunk, skip, len))
-                .await
-                .map(|()| len.max(1))
-        })
-        .await?;
+        sink.write_lent(Lent::from_chunk(chunk, skip, len)).await?;
     }
 }

@@ -68,7 +68,10 @@ impl Replies {
         reply: &mut R,
     ) {
         let lend_from = lend_from.filter(|_| self.held_bytes <= OUTPUT_CAP_BYTES);
-        let (owner, mut store) = ctx.shared.partitions.lock_key(command.key());
+        let key = command
+            .key()
+            .expect("commands that name no key run in exec::control");
+        let (owner, mut store) = ctx.shared.partitions.lock_key(key);
         let how = Run {
             owner,
             now,

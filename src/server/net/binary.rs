@@ -12,9 +12,10 @@ use crate::proto::{
 use crate::store::{ArithOutcome, DeleteOutcome, StoreOutcome};
 
 use super::conn::{log_peer_error, After, Conn};
+use super::large_reply::LargeReply;
+use crate::server::exec::control::{self, ControlOutcome};
 use crate::server::exec::execute::{Counted, Found, Reply};
-use crate::server::exec::large::{self, LargeReply, LargeSet};
-use crate::server::ops::stats::write_stats;
+use crate::server::exec::large::{self, LargeSet};
 use crate::server::shard::ctx::ShardCtx;
 use crate::server::shard::latency::CommandKind;
 use crate::server::shard::shared::unix_now;
@@ -156,36 +157,22 @@ pub(crate) async fn process(conn: &mut Conn, ctx: &Rc<ShardCtx>, now: u32) -> Af
             conn.consume(consumed);
             return After::Close;
         }
-        let mut w = ResponseWriter::new(&mut conn.replies.out);
-        match &request {
-            Request::Noop | Request::Version | Request::Verbosity { .. } => {
-                let value: &[u8] = if request == Request::Version {
-                    ctx.shared.version.as_bytes()
-                } else {
-                    &[]
-                };
-                w.reply(opcode, opaque, Status::Ok, 0, &[], &[], value);
-            }
-            Request::Quit { quiet } => {
-                if !quiet {
-                    w.reply(opcode, opaque, Status::Ok, 0, &[], &[], &[]);
-                }
-                conn.consume(consumed);
+        if let Some(command) = request.command().filter(|c| c.key().is_none()) {
+            let quiet = matches!(
+                request,
+                Request::Quit { quiet: true } | Request::Flush { quiet: true, .. }
+            );
+            let outcome = control::run(ctx, &command, now).await;
+            let out = &mut conn.replies.out;
+            let ended = write_control(out, outcome, (opcode, opaque, quiet));
+            conn.consume(consumed);
+            if ended {
                 return After::Quit;
             }
-            Request::Flush { delay, quiet } => {
-                ctx.counters.borrow_mut().cmd_flush += 1;
-                crate::server::shard::shared::flush_all(&ctx.shared, *delay, now);
-                if !quiet {
-                    w.reply(opcode, opaque, Status::Ok, 0, &[], &[], &[]);
-                }
-            }
-            Request::Stat { group } => {
-                let group = group.to_vec();
-                conn.consume(consumed);
-                write_stats(ctx, &group, opcode, opaque, &mut conn.replies.out).await;
-                continue;
-            }
+            continue;
+        }
+        let mut w = ResponseWriter::new(&mut conn.replies.out);
+        match &request {
             Request::Admin { .. } => w.reply(
                 opcode,
                 opaque,
@@ -236,14 +223,14 @@ pub(crate) async fn process(conn: &mut Conn, ctx: &Rc<ShardCtx>, now: u32) -> Af
                     new_cas: 0,
                     vivify: None,
                     value_len: *value_len,
-                    reply: LargeReply::Binary {
-                        opcode,
-                        opaque,
-                        quiet: *quiet,
-                    },
+                };
+                let reply = LargeReply::Binary {
+                    opcode,
+                    opaque,
+                    quiet: *quiet,
                 };
                 conn.consume(consumed);
-                return After::LargeSet(set);
+                return After::LargeSet(set, reply);
             }
             Request::Store {
                 mode: mode @ (StoreMode::Append | StoreMode::Prepend),
@@ -266,14 +253,14 @@ pub(crate) async fn process(conn: &mut Conn, ctx: &Rc<ShardCtx>, now: u32) -> Af
                     new_cas: 0,
                     vivify: None,
                     value_len: value.len() as u64,
-                    reply: LargeReply::Binary {
-                        opcode,
-                        opaque,
-                        quiet: *quiet,
-                    },
+                };
+                let reply = LargeReply::Binary {
+                    opcode,
+                    opaque,
+                    quiet: *quiet,
                 };
                 conn.consume(consumed - value.len());
-                return After::LargeSet(set);
+                return After::LargeSet(set, reply);
             }
             keyed => {
                 let command = keyed.command().expect("keyed requests are commands");
@@ -284,6 +271,39 @@ pub(crate) async fn process(conn: &mut Conn, ctx: &Rc<ShardCtx>, now: u32) -> Af
         }
         conn.consume(consumed);
     }
+}
+
+/// Writes what a command that names no key did (`None`: it was not one), as memcached's
+/// `proto_bin.c` answers it: NOOP, VERSION, VERBOSITY, FLUSH and QUIT with a success (the
+/// version in VERSION's body; nothing for FLUSHQ and QUITQ), STAT with one packet per figure
+/// and an empty terminator, or "not found" for an unknown group. Returns whether the
+/// connection closes (QUIT).
+fn write_control(
+    out: &mut Vec<u8>,
+    outcome: Option<ControlOutcome<'_>>,
+    (opcode, opaque, quiet): (u8, u32, bool),
+) -> bool {
+    let quit = matches!(outcome, Some(ControlOutcome::Quit));
+    let mut w = ResponseWriter::new(out);
+    match outcome {
+        Some(ControlOutcome::Done) | Some(ControlOutcome::Quit) if quiet => {}
+        Some(ControlOutcome::Done) | Some(ControlOutcome::Quit) => {
+            w.reply(opcode, opaque, Status::Ok, 0, &[], &[], &[])
+        }
+        Some(ControlOutcome::Version(version)) => {
+            w.reply(opcode, opaque, Status::Ok, 0, &[], &[], version.as_bytes())
+        }
+        Some(ControlOutcome::Stats(Some(pairs))) => {
+            for (name, value) in pairs {
+                let (name, value) = (name.as_bytes(), value.as_bytes());
+                w.reply(opcode, opaque, Status::Ok, 0, &[], name, value);
+            }
+            w.reply(opcode, opaque, Status::Ok, 0, &[], &[], &[]);
+        }
+        Some(ControlOutcome::Stats(None)) => w.error(opcode, opaque, Status::NotFound),
+        None => unreachable!("only commands that name no key come here"),
+    }
+    quit
 }
 
 /// How a binary request is answered, as memcached's `proto_bin.c` answers it: quiet requests

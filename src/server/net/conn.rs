@@ -3,6 +3,7 @@
 //! codecs (`binary.rs`, `text.rs`) take commands out of its buffer and put replies into its
 //! [`Replies`]; `serve.rs` moves the bytes between it and the socket.
 
+use super::large_reply::LargeReply;
 use super::lookahead::{Framing, Lookahead};
 use crate::server::exec::large::LargeSet;
 use crate::server::exec::replies::Replies;
@@ -36,7 +37,7 @@ pub(crate) enum After {
     /// Stopped at the output cap with whole frames still buffered: write, then process again.
     Process,
     /// A large value follows in the stream: receive it, then process again.
-    LargeSet(LargeSet),
+    LargeSet(LargeSet, LargeReply),
     /// `watch`: the connection streams log lines from now on.
     Watch(std::sync::Arc<crate::server::shard::watch::Watcher>),
     /// Close after the replies: a protocol error.

@@ -6,8 +6,10 @@
 
 pub(crate) mod binary;
 pub(crate) mod conn;
+pub(crate) mod large_reply;
 pub mod lookahead;
 pub(crate) mod serve;
+pub(crate) mod stream;
 pub(crate) mod tasks;
 pub(crate) mod text;
 pub(crate) mod text_reply;

@@ -17,6 +17,7 @@ use glommio::net::TcpStream;
 use super::binary;
 use super::conn::{After, Conn, READ_BUFFER_BYTES};
 use super::lookahead::{Framing, Lookahead};
+use super::stream::{SocketBody, SocketReply};
 use super::text::TextSession;
 use crate::server::exec::deferred::Held;
 use crate::server::exec::large;
@@ -323,7 +324,8 @@ async fn serve_frames(
                         {
                             return ended;
                         }
-                        large::send_get(ctx, stream, wire, idle, get).await
+                        large::send_get(ctx, &mut SocketReply::new(ctx, (stream, wire), idle), get)
+                            .await
                     }
                     // The replies before it, its header included, leave with it.
                     Held::Lent(lent) => {
@@ -373,20 +375,18 @@ async fn serve_frames(
             }
             conn.replies.out.clear();
             let after = match after {
-                After::LargeSet(set) => {
+                After::LargeSet(set, reply) => {
                     info.state.set("conn_nread");
                     let buffered = &conn.buf[conn.consumed..conn.filled];
-                    match large::receive_set(
-                        ctx,
-                        (stream, wire),
-                        (idle, conn.fd),
-                        buffered,
-                        &set,
-                        &mut conn.replies.out,
-                    )
-                    .await
-                    {
-                        Ok(used) => conn.consume(used),
+                    let framing = (set.value_len, reply.trailer_bytes() as usize);
+                    let mut body = SocketBody::new(ctx, (stream, wire), idle, buffered, framing);
+                    let outcome = large::receive_set(ctx, &mut body, conn.fd, &set).await;
+                    let used = body.used();
+                    match outcome {
+                        Ok(outcome) => {
+                            reply.write(&mut conn.replies.out, outcome, set.hints.is_some());
+                            conn.consume(used);
+                        }
                         Err(err) => {
                             tracing::debug!(%err, "large value not received");
                             return Ended::Cut;

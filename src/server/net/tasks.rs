@@ -39,7 +39,7 @@ pub fn spawn_receivers(ctx: &Rc<ShardCtx>, mut receivers: Receivers<Message>) {
                         request: ShardRequest::StatQuery(query),
                     } => {
                         let answer =
-                            ShardReply::StatAnswer(crate::server::ops::stats::answer(&ctx, query));
+                            ShardReply::StatAnswer(crate::server::exec::stats::answer(&ctx, query));
                         ctx.reply_to(from, token, answer)
                     }
                     Message::Request {

@@ -16,10 +16,12 @@ use crate::proto::meta;
 use crate::proto::text::{self, errors, CrawlClasses, Crawler, TextCommand, TextDecoded};
 
 use super::conn::{log_peer_error, After, Conn};
+use super::large_reply::LargeReply;
 use super::text_reply::{self, store_exptime, TextReply};
+use crate::server::exec::control::{self, ControlOutcome};
+use crate::server::exec::large::LargeSet;
 use crate::server::exec::large::{self};
 use crate::server::exec::replies::OUTPUT_CAP_BYTES;
-use crate::server::ops::stats::group_pairs;
 use crate::server::shard::ctx::ShardCtx;
 use crate::server::shard::latency::CommandKind;
 use crate::server::shard::shared::unix_now;
@@ -27,7 +29,7 @@ use crate::server::shard::watch;
 
 /// memcached's `stats` in text: `STAT name value` lines and `END`; `reset` answers `RESET`,
 /// `detail on|off` `OK`, `detail dump` the dump itself; an unknown group `ERROR`.
-async fn write_stats(ctx: &ShardCtx, args: &text::Words<'_>, out: &mut Vec<u8>) {
+async fn write_stats(ctx: &ShardCtx, args: &text::Words<'_>, now: u32, out: &mut Vec<u8>) {
     let mut group = Vec::with_capacity(args.as_bytes().len());
     for (i, word) in args.iter().enumerate() {
         if i > 0 {
@@ -39,7 +41,8 @@ async fn write_stats(ctx: &ShardCtx, args: &text::Words<'_>, out: &mut Vec<u8>) 
         write_cachedump(ctx, class, limit, out);
         return;
     }
-    let Some(pairs) = group_pairs(ctx, &group).await else {
+    let command = Command::Stats { group: &group };
+    let Some(ControlOutcome::Stats(Some(pairs))) = control::run(ctx, &command, now).await else {
         out.extend_from_slice(errors::ERROR);
         return;
     };
@@ -59,6 +62,29 @@ async fn write_stats(ctx: &ShardCtx, args: &text::Words<'_>, out: &mut Vec<u8>) 
             out.extend_from_slice(text::END);
         }
     }
+}
+
+/// Writes what a command that names no key did, as memcached's text and meta protocols answer
+/// it: `OK` (FLUSH, VERBOSITY; nothing under `noreply`), `MN`, `VERSION ...`. Returns whether
+/// the connection closes (`quit`).
+fn write_control(
+    out: &mut Vec<u8>,
+    command: &TextCommand,
+    outcome: Option<ControlOutcome>,
+) -> bool {
+    let noreply = match command {
+        TextCommand::FlushAll { noreply, .. } | TextCommand::Verbosity { noreply, .. } => *noreply,
+        _ => false,
+    };
+    match (command, outcome) {
+        (_, Some(ControlOutcome::Quit)) => return true,
+        (_, Some(ControlOutcome::Version(version))) => text::version(out, version),
+        (TextCommand::MetaNoop, Some(ControlOutcome::Done)) => out.extend_from_slice(meta::MN),
+        (_, Some(ControlOutcome::Done)) if !noreply => out.extend_from_slice(text::OK),
+        (_, Some(ControlOutcome::Done)) => {}
+        (_, outcome) => unreachable!("{outcome:?}: only FLUSH, VERSION, VERBOSITY, mn and quit"),
+    }
+    false
 }
 
 /// The most bytes a `stats cachedump` reply holds, `END` included (memcached's cap).
@@ -438,7 +464,8 @@ impl TextSession {
                         conn.skip += store.value_len as u64 + 2;
                         continue;
                     }
-                    return After::LargeSet(text_reply::large_set_of(&store));
+                    let (set, reply) = large_set_of(&store);
+                    return After::LargeSet(set, reply);
                 }
                 TextDecoded::Command { command, consumed } => (command, consumed),
             };
@@ -465,6 +492,15 @@ impl TextSession {
                 }
                 continue;
             }
+            if let Some(named) = command.command().filter(|c| c.key().is_none()) {
+                let outcome = control::run(ctx, &named, now).await;
+                let quit = write_control(&mut conn.replies.out, &command, outcome);
+                conn.consume(consumed);
+                if quit {
+                    return After::Quit;
+                }
+                continue;
+            }
             match &command {
                 TextCommand::Get { cas, touch, keys } => {
                     let touch = touch.map(store_exptime);
@@ -481,18 +517,6 @@ impl TextSession {
                     }
                     conn.replies.out.extend_from_slice(text::END);
                 }
-                TextCommand::FlushAll { delay, noreply } => {
-                    ctx.counters.borrow_mut().cmd_flush += 1;
-                    crate::server::shard::shared::flush_all(
-                        &ctx.shared,
-                        (*delay).max(0) as u32,
-                        now,
-                    );
-                    if !noreply {
-                        conn.replies.out.extend_from_slice(text::OK);
-                    }
-                }
-                TextCommand::Version => text::version(&mut conn.replies.out, &ctx.shared.version),
                 // memcached's answers, word for word.
                 TextCommand::RefreshCerts => match ctx.shared.tls.as_deref().map(|t| t.reload()) {
                     None => conn
@@ -506,20 +530,11 @@ impl TextSession {
                         conn.replies.out.extend_from_slice(line.as_bytes());
                     }
                 },
-                TextCommand::Verbosity { noreply, .. } => {
-                    if !noreply {
-                        conn.replies.out.extend_from_slice(text::OK);
-                    }
-                }
                 TextCommand::Stats { args } => {
                     let args = *args;
                     let mut out = std::mem::take(&mut conn.replies.out);
-                    write_stats(ctx, &args, &mut out).await;
+                    write_stats(ctx, &args, now, &mut out).await;
                     conn.replies.out = out;
-                }
-                TextCommand::Quit => {
-                    conn.consume(consumed);
-                    return After::Quit;
                 }
                 TextCommand::Watch { kinds } => {
                     // Checked in memcached's order: replies waiting first, then the kinds.
@@ -545,7 +560,6 @@ impl TextSession {
                     }
                     continue;
                 }
-                TextCommand::MetaNoop => conn.replies.out.extend_from_slice(meta::MN),
                 TextCommand::LruCrawler(crawler) => {
                     let pipelined = !conn.replies.is_empty();
                     let crawler = *crawler;
@@ -563,7 +577,8 @@ impl TextSession {
                     let line_len = consumed - value.len() - 2;
                     conn.consumed += line_len;
                     conn.line_scan.consumed(line_len);
-                    return After::LargeSet(text_reply::large_set_of(store));
+                    let (set, reply) = large_set_of(store);
+                    return After::LargeSet(set, reply);
                 }
                 keyed => {
                     let command = keyed.command().expect("keyed text commands are commands");
@@ -575,4 +590,25 @@ impl TextSession {
             conn.consume(consumed);
         }
     }
+}
+
+/// A text or `ms` storage command whose value is streamed to a segment, and how it is
+/// answered.
+pub(crate) fn large_set_of(store: &crate::proto::TextStore) -> (LargeSet, LargeReply) {
+    let set = LargeSet {
+        mode: store.mode,
+        key: store.key.to_vec(),
+        flags: store.flags,
+        expiry: store_exptime(store.exptime),
+        cas: store.compare_cas(),
+        new_cas: store.explicit_cas(),
+        vivify: store.vivify_expiry(),
+        value_len: store.value_len as u64,
+        hints: store.meta.as_ref().and_then(|ms| ms.hints.clone()),
+        drop_on_failure: store.drops_on_failure(),
+    };
+    (
+        set,
+        LargeReply::Text(Box::new(text_reply::OwnedStoreReply::of(store))),
+    )
 }

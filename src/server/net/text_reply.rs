@@ -8,7 +8,6 @@ use crate::proto::{Key, MaFlags, MdFlags, MgFlags, StoreMode};
 use crate::store::{ArithOutcome, DeleteOutcome, StoreOutcome};
 
 use crate::server::exec::execute::{Counted, Found, Reply};
-use crate::server::exec::large::{LargeReply, LargeSet, TextStoreAnswer};
 
 pub use crate::command::store_exptime;
 
@@ -149,7 +148,7 @@ impl OwnedStoreReply {
         }
     }
 
-    fn borrow(&self) -> StoreReply<'_> {
+    pub fn borrow(&self) -> StoreReply<'_> {
         StoreReply {
             mode: self.mode,
             key: &self.key,
@@ -395,32 +394,5 @@ impl Reply for TextReply<'_> {
         if let TextReply::Refused(line) = self {
             out.extend_from_slice(line);
         }
-    }
-}
-
-impl TextStoreAnswer for OwnedStoreReply {
-    fn write(&self, out: &mut Vec<u8>, outcome: Option<StoreOutcome>) {
-        self.borrow().write(out, outcome);
-    }
-
-    fn error(&self, out: &mut Vec<u8>, line: &[u8]) {
-        self.borrow().error(out, line);
-    }
-}
-
-/// A text or `ms` storage command whose value is streamed to a segment.
-pub(crate) fn large_set_of(store: &TextStore) -> LargeSet {
-    LargeSet {
-        mode: store.mode,
-        key: store.key.to_vec(),
-        flags: store.flags,
-        expiry: store_exptime(store.exptime),
-        cas: store.compare_cas(),
-        new_cas: store.explicit_cas(),
-        vivify: store.vivify_expiry(),
-        value_len: store.value_len as u64,
-        hints: store.meta.as_ref().and_then(|ms| ms.hints.clone()),
-        drop_on_failure: store.drops_on_failure(),
-        reply: LargeReply::Text(std::rc::Rc::new(OwnedStoreReply::of(store))),
     }
 }

@@ -415,14 +415,15 @@ impl Source {
                 _ => return None,
             }
         }
-        let figures = super::stats::general_figures(&self.shared, snapshots.len(), &snapshots);
+        let figures =
+            crate::server::exec::stats::general_figures(&self.shared, snapshots.len(), &snapshots);
         let master = (self.master)();
         let mut latency = LatencySnapshot::default();
         for s in &snapshots {
             latency.merge(&s.latency);
         }
         Some(Scrape {
-            general: super::stats::general_pairs(&figures),
+            general: crate::server::exec::stats::general_pairs(&figures),
             io: snapshots
                 .iter()
                 .enumerate()
@@ -434,8 +435,8 @@ impl Source {
                         .collect()
                 })
                 .collect(),
-            segments: super::stats::segments(&master),
-            placement: super::stats::placement(&master),
+            segments: crate::server::exec::stats::segments(&master),
+            placement: crate::server::exec::stats::placement(&master),
             latency,
         })
     }
@@ -752,7 +753,7 @@ async fn respond(source: &Source, request: &RequestHead) -> Response {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::server::ops::stats::{general_pairs, placement, segments, GeneralFigures};
+    use crate::server::exec::stats::{general_pairs, placement, segments, GeneralFigures};
     use crate::server::shard::ctx::{MasterSnapshot, TargetRow};
 
     /// Every table, named.

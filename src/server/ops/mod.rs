@@ -1,4 +1,4 @@
-//! Operating the server: STAT (`stats.rs`), the metrics endpoint (`metrics.rs`), the warm
+//! Operating the server: the metrics endpoint (`metrics.rs`), the warm
 //! restart (`warm.rs`, its part files `part_file.rs`), the placement master (`master.rs`) and
 //! the admin socket (`admin.rs`). Imports `exec` and `shard`, never `net`.
 
@@ -7,5 +7,4 @@ pub(crate) mod master;
 pub mod metric_table;
 pub mod metrics;
 pub(crate) mod part_file;
-pub(crate) mod stats;
 pub(crate) mod warm;

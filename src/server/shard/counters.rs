@@ -36,7 +36,7 @@ pub struct ConnCounters {
     /// Large GETs whose value failed its CRC32C as it streamed out (connection closed, item
     /// dropped).
     pub segment_read_crc_errors: u64,
-    /// Large SET bodies that brought less than `large::BODY_PROGRESS_MIN_BYTES` in a
+    /// Large SET bodies that brought less than `net::stream::BODY_PROGRESS_MIN_BYTES` in a
     /// `--body-timeout` window (dropped, connection closed).
     pub body_timeouts: u64,
     /// Large SETs whose segment write failed, and those of them for lack of space.

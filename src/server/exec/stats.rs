@@ -6,7 +6,6 @@ use std::collections::BTreeMap;
 use std::sync::atomic::Ordering;
 use std::time::Instant;
 
-use crate::proto::{ResponseWriter, Status};
 use crate::store::detail::{self, PrefixCounts};
 use crate::store::{ItemClass, StoreStats};
 
@@ -842,28 +841,6 @@ pub async fn group_pairs(ctx: &ShardCtx, group: &[u8]) -> Option<Vec<(String, St
             .pairs(),
         _ => return None,
     })
-}
-
-/// Writes the STAT reply for `group` (empty: the general counters): one packet per stat and
-/// an empty terminator, or "not found" for an unknown group, as memcached does.
-pub async fn write_stats(ctx: &ShardCtx, group: &[u8], opcode: u8, opaque: u32, out: &mut Vec<u8>) {
-    let Some(pairs) = group_pairs(ctx, group).await else {
-        ResponseWriter::new(out).error(opcode, opaque, Status::NotFound);
-        return;
-    };
-    let mut w = ResponseWriter::new(out);
-    for (name, value) in pairs {
-        w.reply(
-            opcode,
-            opaque,
-            Status::Ok,
-            0,
-            &[],
-            name.as_bytes(),
-            value.as_bytes(),
-        );
-    }
-    w.reply(opcode, opaque, Status::Ok, 0, &[], &[], &[]);
 }
 
 #[cfg(test)]
