@@ -1,6 +1,7 @@
-//! What a client can ask of a store, whatever protocol it speaks: the codecs (`proto`) parse
-//! into these words, the server turns each keyed request into one [`Command`], and the store
-//! (`store`) acts on them, so no protocol reaches the store and the store imports no protocol.
+//! What a client can ask, whatever protocol it speaks, and what came of it: the codecs
+//! (`proto`) parse into these words, every request becomes one [`Command`], the executor and the
+//! store act on it and answer with the outcomes below, which each codec writes in its own
+//! words; so no protocol reaches the store and the store imports no protocol.
 
 /// How a store command decides whether to store: SET always, ADD only a missing key, REPLACE
 /// only an existing one, APPEND and PREPEND onto an existing value.
@@ -166,4 +167,49 @@ impl<'a> Command<'a> {
             | Command::Quit => None,
         }
     }
+}
+
+// ---------------------------------------------------------------------------------------------
+// What running a command did, whatever its protocol: each codec writes these in its words.
+
+/// How a store ended.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum StoreOutcome {
+    /// Stored: the item's CAS and its value's length now (an append's sum).
+    Stored {
+        cas: u64,
+        len: u64,
+    },
+    /// ADD of a live key, or a CAS mismatch.
+    Exists,
+    /// REPLACE of a missing key, or CAS of a missing key.
+    NotFound,
+    /// APPEND/PREPEND of a missing key, or a result over the size limit.
+    NotStored,
+    TooLarge,
+    OutOfMemory,
+}
+
+impl StoreOutcome {
+    /// Refused for want of room, not by the store's rules: what drops a stale value
+    /// (`store::Store::drop_stale`).
+    pub fn for_want_of_room(&self) -> bool {
+        matches!(self, StoreOutcome::TooLarge | StoreOutcome::OutOfMemory)
+    }
+}
+
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum DeleteOutcome {
+    Deleted,
+    NotFound,
+    Exists,
+}
+
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum ArithOutcome {
+    Value { value: u64, cas: u64 },
+    NotFound,
+    Exists,
+    NonNumeric,
+    OutOfMemory,
 }

@@ -14,7 +14,7 @@ mod stats;
 use crate::arena::{
     AllocError, HeadClass, HeadLoc, Reserved, SendPin, ShardArena, SlotBytes, SlotWriter,
 };
-pub use crate::command::MetaGet;
+pub use crate::command::{ArithOutcome, DeleteOutcome, MetaGet, StoreOutcome};
 use crate::command::{StoreMode, ARITH_NO_CREATE};
 use crate::placement::TargetId;
 use crate::segment::Extent;
@@ -179,47 +179,6 @@ pub struct Hit<'a> {
     /// Where the value's bytes are: the arena allocation holding them and their offset in
     /// it (for [`Store::pin_for_send`]; a fixed slot's offset is logical).
     pub at: (HeadLoc, usize),
-}
-
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub enum StoreOutcome {
-    /// Stored: the item's CAS and its value's length now (an append's sum).
-    Stored {
-        cas: u64,
-        len: u64,
-    },
-    /// ADD of a live key, or a CAS mismatch.
-    Exists,
-    /// REPLACE of a missing key, or CAS of a missing key.
-    NotFound,
-    /// APPEND/PREPEND of a missing key, or a result over the size limit.
-    NotStored,
-    TooLarge,
-    OutOfMemory,
-}
-
-impl StoreOutcome {
-    /// Refused for want of room, not by the store's rules: what drops a stale value
-    /// ([`Store::drop_stale`]).
-    pub fn for_want_of_room(&self) -> bool {
-        matches!(self, StoreOutcome::TooLarge | StoreOutcome::OutOfMemory)
-    }
-}
-
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub enum DeleteOutcome {
-    Deleted,
-    NotFound,
-    Exists,
-}
-
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub enum ArithOutcome {
-    Value { value: u64, cas: u64 },
-    NotFound,
-    Exists,
-    NonNumeric,
-    OutOfMemory,
 }
 
 /// memcached's expiry rule: 0 never; up to 30 days relative; beyond, an absolute Unix time
