@@ -2,6 +2,7 @@
 //! and truncated frames cut at random points, never panic and always make progress; valid
 //! frames decode to what was encoded. `PROPTEST_CASES=N` runs longer (CI runs the default).
 
+use headroom::command::Command;
 use headroom::proto::{decode, frame_keys, Decoded, Request, KEY_MAX_BYTES};
 use proptest::prelude::*;
 
@@ -57,7 +58,11 @@ fn drive(stream: &[u8], chunk_sizes: &[usize]) -> usize {
                 if let Some(key) = request.key() {
                     assert!(key.len() <= KEY_MAX_BYTES);
                 }
-                if let Request::Store { value, .. } = request {
+                if let Request::Run {
+                    command: Command::Store { value, .. },
+                    ..
+                } = request
+                {
                     assert!(value.len() <= MAX_VALUE);
                 }
                 buffered.drain(..consumed);
@@ -179,7 +184,15 @@ proptest! {
         extras.extend_from_slice(&expiry.to_be_bytes());
         let bytes = frame(0x01, &extras, &key, &value, cas, 1);
         match decode(&bytes, MAX_VALUE) {
-            Decoded::Request { request: Request::Store { key: k, value: v, flags: f, expiry: e, cas: c, quiet, .. }, consumed, .. } => {
+            Decoded::Request {
+                request: Request::Run {
+                    command: Command::Store { key: k, value: v, flags: f, expiry: e, cas: c, .. },
+                    quiet,
+                    ..
+                },
+                consumed,
+                ..
+            } => {
                 prop_assert_eq!((k, v, f, e, c, quiet, consumed), (&key[..], &value[..], flags, expiry, cas, false, bytes.len()));
             }
             other => prop_assert!(false, "{:?}", other),

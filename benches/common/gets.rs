@@ -3,6 +3,7 @@
 //! `lookahead` and `cores` benches share.
 
 use headroom::arena::Arena;
+use headroom::command::Command;
 use headroom::proto::{decode_streaming, opcode, Decoded, Request, StoreMode};
 use headroom::server::lookahead::{Framing, Lookahead, FRAMES};
 use headroom::store::partition::Partitions;
@@ -114,14 +115,20 @@ pub fn run_batch(
             panic!("a whole frame");
         };
         match request {
-            Request::Get { key, .. } => {
+            Request::Run {
+                command: Command::Get { key, .. },
+                ..
+            } => {
                 let (_, mut store) = partitions.lock_key(key);
                 let Lookup::Small(hit) = store.lookup(key, None, 1, true) else {
                     panic!("every GET a hit");
                 };
                 out.extend_from_slice(&hit.value.contiguous());
             }
-            Request::Store { key, value, .. } => {
+            Request::Run {
+                command: Command::Store { key, value, .. },
+                ..
+            } => {
                 let (_, mut store) = partitions.lock_key(key);
                 let outcome = store.store(StoreMode::Set, key, value, 0, 0, 0, 1);
                 assert!(

@@ -45,44 +45,14 @@ fn parse_hints(extras: &[u8]) -> PlacementHints {
 /// A decoded request. Byte slices borrow the caller's buffer.
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub enum Request<'a> {
-    /// GET, GETQ, GETK, GETKQ; GAT, GATQ, GATK, GATKQ (with `touch`); TOUCH (`value: false`).
-    Get {
-        key: &'a [u8],
+    /// A command every protocol asks the same way, and how the binary protocol answers it:
+    /// `quiet` (the Q opcodes) answers only a failure, and the GETQ family only a hit;
+    /// `with_key` (GETK, GATK) puts the key in the reply. A store over the item size limit is
+    /// [`Command::Refuse`], its value skipped by the caller (`Decoded::Request::skip_after`).
+    Run {
+        command: Command<'a>,
         quiet: bool,
         with_key: bool,
-        touch: Option<u32>,
-        value: bool,
-    },
-    /// SET, ADD, REPLACE (with flags and expiry) and APPEND, PREPEND (without), quiet or not.
-    Store {
-        mode: StoreMode,
-        key: &'a [u8],
-        value: &'a [u8],
-        flags: u32,
-        expiry: u32,
-        cas: u64,
-        quiet: bool,
-    },
-    Delete {
-        key: &'a [u8],
-        cas: u64,
-        quiet: bool,
-    },
-    Arith {
-        incr: bool,
-        key: &'a [u8],
-        delta: u64,
-        initial: u64,
-        expiry: u32,
-        cas: u64,
-        quiet: bool,
-    },
-    /// A store whose value is over the item size limit: answer "too large" and, for SET, drop
-    /// the old value (so a stale copy never survives a failed overwrite, as memcached does).
-    /// The value bytes are skipped by the caller (`Decoded::Request::skip_after`).
-    TooLarge {
-        key: &'a [u8],
-        drop_existing: bool,
     },
     /// A SET, ADD, REPLACE, APPEND or PREPEND whose value the caller streams (it follows the
     /// consumed bytes): `value_len` bytes, stored whole in a segment.
@@ -99,25 +69,8 @@ pub enum Request<'a> {
         /// See [`Command::Store`]'s field of the name.
         drop_on_failure: bool,
     },
-    Quit {
-        quiet: bool,
-    },
-    Flush {
-        delay: u32,
-        quiet: bool,
-    },
-    Noop,
-    Version,
-    Stat {
-        group: &'a [u8],
-    },
     /// Extension: an administrative command (mount, unmount), its text in the key.
-    Admin {
-        command: &'a [u8],
-    },
-    Verbosity {
-        level: u32,
-    },
+    Admin { command: &'a [u8] },
     /// SASL: which mechanisms are offered.
     SaslListMechs,
     /// SASL AUTH (`step: false`) or STEP: the mechanism in the key, its data in the value.
@@ -129,73 +82,29 @@ pub enum Request<'a> {
 }
 
 impl<'a> Request<'a> {
+    /// A command, answered loudly with no key.
+    fn run(command: Command<'a>) -> Request<'a> {
+        Request::Run {
+            command,
+            quiet: false,
+            with_key: false,
+        }
+    }
+
     /// The command this request asks (none for SASL and ADMIN, which the connection answers,
     /// and for a streamed store, which the server runs as its value arrives).
     pub fn command(&self) -> Option<Command<'a>> {
-        Some(match *self {
-            Request::Get {
-                key, touch, value, ..
-            } => Command::Get { key, touch, value },
-            Request::Store {
-                mode,
-                key,
-                value,
-                flags,
-                expiry,
-                cas,
-                ..
-            } => Command::Store {
-                mode,
-                key,
-                value,
-                flags,
-                expiry,
-                cas,
-                invalidate: false,
-                explicit_cas: 0,
-                vivify: None,
-                drop_on_failure: drops_on_failure(mode),
-            },
-            Request::Delete { key, cas, .. } => Command::Delete { key, cas },
-            Request::Arith {
-                incr,
-                key,
-                delta,
-                initial,
-                expiry,
-                cas,
-                ..
-            } => Command::Arith {
-                incr,
-                key,
-                delta,
-                initial,
-                create: expiry,
-                cas,
-                ttl: None,
-                report: false,
-                new_cas: 0,
-            },
-            Request::TooLarge { key, drop_existing } => Command::Refuse { key, drop_existing },
-            Request::Noop => Command::Noop,
-            Request::Version => Command::Version,
-            Request::Verbosity { .. } => Command::Verbosity,
-            Request::Flush { delay, .. } => Command::Flush { delay },
-            Request::Stat { group } => Command::Stats { group },
-            Request::Quit { .. } => Command::Quit,
-            _ => return None,
-        })
+        match *self {
+            Request::Run { command, .. } => Some(command),
+            _ => None,
+        }
     }
 
-    /// The key that decides which shard owns the request, if any.
+    /// The key that decides which partition runs the request, if any.
     pub fn key(&self) -> Option<&[u8]> {
         match self {
-            Request::Get { key, .. }
-            | Request::Store { key, .. }
-            | Request::Delete { key, .. }
-            | Request::Arith { key, .. }
-            | Request::TooLarge { key, .. }
-            | Request::LargeStore { key, .. } => Some(key),
+            Request::Run { command, .. } => command.key(),
+            Request::LargeStore { key, .. } => Some(key),
             _ => None,
         }
     }
@@ -491,10 +400,10 @@ pub fn decode_streaming(
         }
         let key = &buf[HEADER_BYTES + extras_len..head];
         return Decoded::Request {
-            request: Request::TooLarge {
+            request: Request::run(Command::Refuse {
                 key,
                 drop_existing: drops_on_failure(store_mode(opcode)),
-            },
+            }),
             opcode,
             opaque,
             consumed: head,
@@ -526,21 +435,40 @@ pub fn decode_streaming(
             | op::GATKQ
             | op::SETXQ
     );
+    let run = |command, with_key: bool| Request::Run {
+        command,
+        quiet,
+        with_key,
+    };
+    let store = |flags: u32, expiry: u32| Command::Store {
+        mode: store_mode(opcode),
+        key,
+        value,
+        flags,
+        expiry,
+        cas,
+        invalidate: false,
+        explicit_cas: 0,
+        vivify: None,
+        drop_on_failure: drops_on_failure(store_mode(opcode)),
+    };
     let request = match opcode {
-        op::GET | op::GETQ | op::GETK | op::GETKQ => Request::Get {
-            key,
-            quiet,
-            with_key: matches!(opcode, op::GETK | op::GETKQ),
-            touch: None,
-            value: true,
-        },
-        op::TOUCH | op::GAT | op::GATQ | op::GATK | op::GATKQ => Request::Get {
-            key,
-            quiet,
-            with_key: matches!(opcode, op::GATK | op::GATKQ),
-            touch: Some(be32(extras)),
-            value: opcode != op::TOUCH,
-        },
+        op::GET | op::GETQ | op::GETK | op::GETKQ => run(
+            Command::Get {
+                key,
+                touch: None,
+                value: true,
+            },
+            matches!(opcode, op::GETK | op::GETKQ),
+        ),
+        op::TOUCH | op::GAT | op::GATQ | op::GATK | op::GATKQ => run(
+            Command::Get {
+                key,
+                touch: Some(be32(extras)),
+                value: opcode != op::TOUCH,
+            },
+            matches!(opcode, op::GATK | op::GATKQ),
+        ),
         // A SETX value small enough for RAM has no replicas to place: a plain SET.
         op::SET
         | op::SETQ
@@ -549,46 +477,37 @@ pub fn decode_streaming(
         | op::REPLACE
         | op::REPLACEQ
         | op::SETX
-        | op::SETXQ => Request::Store {
-            mode: store_mode(opcode),
-            key,
-            value,
-            flags: be32(extras),
-            expiry: be32(&extras[4..]),
-            cas,
-            quiet,
-        },
-        op::APPEND | op::APPENDQ | op::PREPEND | op::PREPENDQ => Request::Store {
-            mode: store_mode(opcode),
-            key,
-            value,
-            flags: 0,
-            expiry: 0,
-            cas,
-            quiet,
-        },
-        op::DELETE | op::DELETEQ => Request::Delete { key, cas, quiet },
-        op::INCREMENT | op::INCREMENTQ | op::DECREMENT | op::DECREMENTQ => Request::Arith {
-            incr: matches!(opcode, op::INCREMENT | op::INCREMENTQ),
-            key,
-            delta: be64(extras),
-            initial: be64(&extras[8..]),
-            expiry: be32(&extras[16..]),
-            cas,
-            quiet,
-        },
-        op::QUIT | op::QUITQ => Request::Quit { quiet },
-        op::FLUSH | op::FLUSHQ => Request::Flush {
-            delay: if extras_len == 4 { be32(extras) } else { 0 },
-            quiet,
-        },
-        op::NOOP => Request::Noop,
-        op::VERSION => Request::Version,
-        op::STAT => Request::Stat { group: key },
+        | op::SETXQ => run(store(be32(extras), be32(&extras[4..])), false),
+        // APPEND and PREPEND carry no extras: the item keeps its flags and expiry.
+        op::APPEND | op::APPENDQ | op::PREPEND | op::PREPENDQ => run(store(0, 0), false),
+        op::DELETE | op::DELETEQ => run(Command::Delete { key, cas }, false),
+        op::INCREMENT | op::INCREMENTQ | op::DECREMENT | op::DECREMENTQ => run(
+            Command::Arith {
+                incr: matches!(opcode, op::INCREMENT | op::INCREMENTQ),
+                key,
+                delta: be64(extras),
+                initial: be64(&extras[8..]),
+                create: be32(&extras[16..]),
+                cas,
+                ttl: None,
+                report: false,
+                new_cas: 0,
+            },
+            false,
+        ),
+        op::QUIT | op::QUITQ => run(Command::Quit, false),
+        op::FLUSH | op::FLUSHQ => run(
+            Command::Flush {
+                delay: if extras_len == 4 { be32(extras) } else { 0 },
+            },
+            false,
+        ),
+        op::NOOP => Request::run(Command::Noop),
+        op::VERSION => Request::run(Command::Version),
+        op::STAT => Request::run(Command::Stats { group: key }),
+        // The level is the log's, set by --log-level: accepted and answered.
+        op::VERBOSITY => Request::run(Command::Verbosity),
         op::ADMIN => Request::Admin { command: key },
-        op::VERBOSITY => Request::Verbosity {
-            level: be32(extras),
-        },
         op::SASL_LIST_MECHS => Request::SaslListMechs,
         op::SASL_AUTH | op::SASL_STEP => Request::SaslAuth {
             mechanism: key,
@@ -632,14 +551,21 @@ mod tests {
                 assert_eq!(opaque, 0xdead_beef);
                 assert_eq!(
                     request,
-                    Request::Store {
-                        mode: StoreMode::Set,
-                        key: b"k",
-                        value: b"value",
-                        flags: 7,
-                        expiry: 60,
-                        cas: 9,
-                        quiet: true
+                    Request::Run {
+                        command: Command::Store {
+                            mode: StoreMode::Set,
+                            key: b"k",
+                            value: b"value",
+                            flags: 7,
+                            expiry: 60,
+                            cas: 9,
+                            invalidate: false,
+                            explicit_cas: 0,
+                            vivify: None,
+                            drop_on_failure: true,
+                        },
+                        quiet: true,
+                        with_key: false,
                     }
                 );
             }
@@ -708,7 +634,11 @@ mod tests {
         let bytes = frame(op::SET, &extras, b"big", &[0u8; 100], 0);
         match decode(&bytes[..40], 50) {
             Decoded::Request {
-                request: Request::TooLarge { key, drop_existing },
+                request:
+                    Request::Run {
+                        command: Command::Refuse { key, drop_existing },
+                        ..
+                    },
                 consumed,
                 skip_after,
                 ..

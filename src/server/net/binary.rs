@@ -6,6 +6,7 @@
 
 use std::rc::Rc;
 
+use crate::command::Command;
 use crate::proto::{
     decode_streaming, Decoded, FrameError, Request, ResponseWriter, Status, StoreMode,
 };
@@ -29,7 +30,11 @@ const ADMIN_REFUSAL: &str =
 fn allowed_before_auth(request: &Request) -> bool {
     matches!(
         request,
-        Request::Version | Request::SaslListMechs | Request::SaslAuth { .. }
+        Request::Run {
+            command: Command::Version,
+            ..
+        } | Request::SaslListMechs
+            | Request::SaslAuth { .. }
     )
 }
 
@@ -158,10 +163,7 @@ pub(crate) async fn process(conn: &mut Conn, ctx: &Rc<ShardCtx>, now: u32) -> Af
             return After::Close;
         }
         if let Some(command) = request.command().filter(|c| c.key().is_none()) {
-            let quiet = matches!(
-                request,
-                Request::Quit { quiet: true } | Request::Flush { quiet: true, .. }
-            );
+            let quiet = matches!(request, Request::Run { quiet: true, .. });
             let outcome = control::run(ctx, &command, now).await;
             let out = &mut conn.replies.out;
             let ended = write_control(out, outcome, (opcode, opaque, quiet));
@@ -232,11 +234,15 @@ pub(crate) async fn process(conn: &mut Conn, ctx: &Rc<ShardCtx>, now: u32) -> Af
                 conn.consume(consumed);
                 return After::LargeSet(set, reply);
             }
-            Request::Store {
-                mode: mode @ (StoreMode::Append | StoreMode::Prepend),
-                key,
-                value,
-                cas,
+            Request::Run {
+                command:
+                    Command::Store {
+                        mode: mode @ (StoreMode::Append | StoreMode::Prepend),
+                        key,
+                        value,
+                        cas,
+                        ..
+                    },
                 quiet,
                 ..
             } if large::concat_needs_segment(ctx, key, value.len(), now) => {
@@ -319,12 +325,9 @@ struct BinaryReply<'k> {
 impl<'k> BinaryReply<'k> {
     fn of(request: &'k Request<'k>, opcode: u8, opaque: u32) -> BinaryReply<'k> {
         let (quiet, with_key) = match *request {
-            Request::Get {
+            Request::Run {
                 quiet, with_key, ..
             } => (quiet, with_key),
-            Request::Store { quiet, .. }
-            | Request::Delete { quiet, .. }
-            | Request::Arith { quiet, .. } => (quiet, false),
             _ => (false, false),
         };
         BinaryReply {
