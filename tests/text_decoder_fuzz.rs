@@ -453,9 +453,9 @@ fn check(command: &TextCommand) {
             assert!(value.len() <= STREAM_FROM);
             assert!(store.key.len() <= KEY_MAX_BYTES);
         }
-        TextCommand::Arith { key, .. }
-        | TextCommand::Delete { key, .. }
-        | TextCommand::Touch { key, .. } => assert!(key.len() <= KEY_MAX_BYTES),
+        TextCommand::Run { command, .. } => {
+            assert!(command.key().is_none_or(|key| key.len() <= KEY_MAX_BYTES))
+        }
         TextCommand::MetaGet { key, .. }
         | TextCommand::MetaDelete { key, .. }
         | TextCommand::MetaArith { key, .. }

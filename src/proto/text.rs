@@ -269,69 +269,26 @@ pub enum TextCommand<'a> {
         store: TextStore<'a>,
         value: &'a [u8],
     },
-    /// `incr`/`decr`.
-    Arith {
-        incr: bool,
-        key: &'a [u8],
-        delta: u64,
-        noreply: bool,
-    },
-    /// `delete <key> [0] [noreply]`.
-    Delete {
-        key: &'a [u8],
-        noreply: bool,
-    },
-    /// `touch <key> <exptime> [noreply]`.
-    Touch {
-        key: &'a [u8],
-        exptime: i32,
-        noreply: bool,
-    },
-    /// `flush_all [delay] [noreply]`: `delay` as memcached parses it (0 or negative: now).
-    FlushAll {
-        delay: i32,
-        noreply: bool,
-    },
-    Version,
+    /// A command every protocol asks the same way (`incr`, `decr`, `delete`, `touch`,
+    /// `flush_all`, `version`, `verbosity`, `quit`, `mn`), and `noreply`: whether a classic
+    /// command's answer is left out.
+    Run { command: Command<'a>, noreply: bool },
     /// `refresh_certs`: reload the TLS certificate, key and CA (as SIGHUP does).
     RefreshCerts,
     /// `watch [kinds...]`: the connection becomes a log stream of the kinds named.
-    Watch {
-        kinds: Words<'a>,
-    },
-    /// `verbosity <level> [noreply]` (memcached caps the level at 2).
-    Verbosity {
-        level: u32,
-        noreply: bool,
-    },
+    Watch { kinds: Words<'a> },
     /// `stats [args...]`: the words after `stats` (empty for the general group; `detail` with a
     /// word other than on/off/dump was refused already). Unknown groups are the server's to
     /// answer (`ERROR`, as memcached).
-    Stats {
-        args: Words<'a>,
-    },
-    Quit,
+    Stats { args: Words<'a> },
     /// `mg`.
-    MetaGet {
-        key: Key<'a>,
-        flags: MgFlags<'a>,
-    },
+    MetaGet { key: Key<'a>, flags: MgFlags<'a> },
     /// `md`.
-    MetaDelete {
-        key: Key<'a>,
-        flags: MdFlags<'a>,
-    },
+    MetaDelete { key: Key<'a>, flags: MdFlags<'a> },
     /// `ma`.
-    MetaArith {
-        key: Key<'a>,
-        flags: MaFlags<'a>,
-    },
+    MetaArith { key: Key<'a>, flags: MaFlags<'a> },
     /// `me <key> [b]`.
-    MetaDebug {
-        key: Key<'a>,
-    },
-    /// `mn`: answer `MN\r\n` (and flush).
-    MetaNoop,
+    MetaDebug { key: Key<'a> },
     /// `lru_crawler crawl|metadump|enable|disable`.
     LruCrawler(Crawler),
 }
@@ -354,25 +311,7 @@ impl TextCommand<'_> {
                 vivify: store.vivify_expiry(),
                 drop_on_failure: store.drops_on_failure(),
             },
-            TextCommand::Arith {
-                incr, key, delta, ..
-            } => Command::Arith {
-                incr: *incr,
-                key,
-                delta: *delta,
-                initial: 0,
-                create: ARITH_NO_CREATE,
-                cas: 0,
-                ttl: None,
-                report: false,
-                new_cas: 0,
-            },
-            TextCommand::Delete { key, .. } => Command::Delete { key, cas: 0 },
-            TextCommand::Touch { key, exptime, .. } => Command::Get {
-                key,
-                touch: Some(store_exptime(*exptime)),
-                value: false,
-            },
+            TextCommand::Run { command, .. } => *command,
             TextCommand::MetaGet { key, flags } => Command::MetaGet {
                 key,
                 options: MetaGet {
@@ -413,13 +352,6 @@ impl TextCommand<'_> {
                 new_cas: flags.explicit_cas.unwrap_or(0),
             },
             TextCommand::MetaDebug { key } => Command::Inspect { key },
-            TextCommand::MetaNoop => Command::Noop,
-            TextCommand::Version => Command::Version,
-            TextCommand::Verbosity { .. } => Command::Verbosity,
-            TextCommand::FlushAll { delay, .. } => Command::Flush {
-                delay: (*delay).max(0) as u32,
-            },
-            TextCommand::Quit => Command::Quit,
             _ => return None,
         })
     }
@@ -848,9 +780,9 @@ fn decode_line<'a>(
             b"replace" => storage(StoreMode::Replace, false),
             b"prepend" => storage(StoreMode::Prepend, false),
             b"flush_all" => flush_all(&tokens, line_len),
-            b"version" => command(TextCommand::Version, line_len),
+            b"version" => run(Command::Version, false, line_len),
             b"refresh_certs" => command(TextCommand::RefreshCerts, line_len),
-            b"quit" => command(TextCommand::Quit, line_len),
+            b"quit" => run(Command::Quit, false, line_len),
             // memcached reads the kinds from its (at most 23) tokens.
             b"watch" => {
                 let kinds = Words::new(after_words(text, 1));
@@ -969,6 +901,11 @@ fn update<'a>(
     finish_store(buf, line_len, store, max_value_bytes, stream_from)
 }
 
+/// A command every protocol asks the same way, decoded from a line of `line_len` bytes.
+fn run(command: Command<'_>, noreply: bool, line_len: usize) -> TextDecoded<'_> {
+    self::command(TextCommand::Run { command, noreply }, line_len)
+}
+
 /// A storage line that passed its checks: too large, streamed, waiting, or whole.
 fn finish_store<'a>(
     buf: &'a [u8],
@@ -1019,15 +956,18 @@ fn arith<'a>(tokens: &Tokens<'a>, line_len: usize, incr: bool) -> TextDecoded<'a
     let Some(delta) = safe_strtoull(tokens.toks[2]) else {
         return error_unless(noreply, errors::INVALID_DELTA, line_len);
     };
-    command(
-        TextCommand::Arith {
-            incr,
-            key,
-            delta,
-            noreply,
-        },
-        line_len,
-    )
+    let arith = Command::Arith {
+        incr,
+        key,
+        delta,
+        initial: 0,
+        create: ARITH_NO_CREATE,
+        cas: 0,
+        ttl: None,
+        report: false,
+        new_cas: 0,
+    };
+    run(arith, noreply, line_len)
 }
 
 /// `delete <key> [anything ...] [noreply]`: 1.6.45 ignores the tokens after the key (the old
@@ -1042,7 +982,7 @@ fn delete<'a>(tokens: &Tokens<'a>, line_len: usize) -> TextDecoded<'a> {
     if key.len() > KEY_MAX_BYTES {
         return error_unless(noreply, errors::BAD_FORMAT, line_len);
     }
-    command(TextCommand::Delete { key, noreply }, line_len)
+    run(Command::Delete { key, cas: 0 }, noreply, line_len)
 }
 
 fn touch<'a>(tokens: &Tokens<'a>, line_len: usize) -> TextDecoded<'a> {
@@ -1057,14 +997,12 @@ fn touch<'a>(tokens: &Tokens<'a>, line_len: usize) -> TextDecoded<'a> {
     let Some(exptime) = safe_strtol(tokens.toks[2]) else {
         return error_unless(noreply, errors::INVALID_EXPTIME, line_len);
     };
-    command(
-        TextCommand::Touch {
-            key,
-            exptime,
-            noreply,
-        },
-        line_len,
-    )
+    let touch = Command::Get {
+        key,
+        touch: Some(store_exptime(exptime)),
+        value: false,
+    };
+    run(touch, noreply, line_len)
 }
 
 fn flush_all<'a>(tokens: &Tokens<'a>, line_len: usize) -> TextDecoded<'a> {
@@ -1077,7 +1015,11 @@ fn flush_all<'a>(tokens: &Tokens<'a>, line_len: usize) -> TextDecoded<'a> {
             None => return error_unless(noreply, errors::INVALID_EXPTIME, line_len),
         }
     }
-    command(TextCommand::FlushAll { delay, noreply }, line_len)
+    // memcached's delay: 0 or negative is now.
+    let flush = Command::Flush {
+        delay: delay.max(0) as u32,
+    };
+    run(flush, noreply, line_len)
 }
 
 fn verbosity<'a>(tokens: &Tokens<'a>, line_len: usize) -> TextDecoded<'a> {
@@ -1086,7 +1028,8 @@ fn verbosity<'a>(tokens: &Tokens<'a>, line_len: usize) -> TextDecoded<'a> {
     }
     let noreply = tokens.noreply();
     match safe_strtoul(tokens.toks[1]) {
-        Some(level) => command(TextCommand::Verbosity { level, noreply }, line_len),
+        // The level is the log's (`--log-level`): checked as memcached checks it, then left.
+        Some(_) => run(Command::Verbosity, noreply, line_len),
         None => error_unless(noreply, errors::BAD_FORMAT, line_len),
     }
 }
@@ -1227,7 +1170,7 @@ fn meta_command<'a>(
             Ok((key, flags)) => command(TextCommand::MetaArith { key, flags }, line_len),
             Err(reply) => error(reply, line_len),
         },
-        b'n' => command(TextCommand::MetaNoop, line_len),
+        b'n' => run(Command::Noop, false, line_len),
         b'e' => match meta::parse_me(t) {
             Ok(key) => command(TextCommand::MetaDebug { key }, line_len),
             Err(reply) => error(reply, line_len),

@@ -72,17 +72,17 @@ fn write_control(
     command: &TextCommand,
     outcome: Option<ControlOutcome>,
 ) -> bool {
-    let noreply = match command {
-        TextCommand::FlushAll { noreply, .. } | TextCommand::Verbosity { noreply, .. } => *noreply,
-        _ => false,
+    let (noop, noreply) = match command {
+        TextCommand::Run { command, noreply } => (matches!(command, Command::Noop), *noreply),
+        _ => (false, false),
     };
-    match (command, outcome) {
-        (_, Some(ControlOutcome::Quit)) => return true,
-        (_, Some(ControlOutcome::Version(version))) => text::version(out, version),
-        (TextCommand::MetaNoop, Some(ControlOutcome::Done)) => out.extend_from_slice(meta::MN),
-        (_, Some(ControlOutcome::Done)) if !noreply => out.extend_from_slice(text::OK),
-        (_, Some(ControlOutcome::Done)) => {}
-        (_, outcome) => unreachable!("{outcome:?}: only FLUSH, VERSION, VERBOSITY, mn and quit"),
+    match outcome {
+        Some(ControlOutcome::Quit) => return true,
+        Some(ControlOutcome::Version(version)) => text::version(out, version),
+        Some(ControlOutcome::Done) if noop => out.extend_from_slice(meta::MN),
+        Some(ControlOutcome::Done) if !noreply => out.extend_from_slice(text::OK),
+        Some(ControlOutcome::Done) => {}
+        outcome => unreachable!("{outcome:?}: only FLUSH, VERSION, VERBOSITY, mn and quit"),
     }
     false
 }

@@ -2,6 +2,7 @@
 //! keyed command the executor runs, [`StoreReply`] for storage commands (also for a value
 //! streamed to a segment, `large.rs`).
 
+use crate::command::Command;
 use crate::proto::meta::{self, MetaCode, MetaValues};
 use crate::proto::text::{self, errors, TextCommand, TextStore};
 use crate::proto::{Key, MaFlags, MdFlags, MgFlags, StoreMode};
@@ -207,9 +208,15 @@ impl<'a> TextReply<'a> {
     pub(crate) fn of(command: &'a TextCommand<'a>) -> Option<TextReply<'a>> {
         Some(match command {
             TextCommand::Store { store, .. } => TextReply::Store(StoreReply::of(store)),
-            TextCommand::Arith { noreply, .. } => TextReply::Arith { noreply: *noreply },
-            TextCommand::Delete { noreply, .. } => TextReply::Delete { noreply: *noreply },
-            TextCommand::Touch { noreply, .. } => TextReply::Touch { noreply: *noreply },
+            TextCommand::Run { command, noreply } => {
+                let noreply = *noreply;
+                match command {
+                    Command::Arith { .. } => TextReply::Arith { noreply },
+                    Command::Delete { .. } => TextReply::Delete { noreply },
+                    Command::Get { .. } => TextReply::Touch { noreply },
+                    _ => return None,
+                }
+            }
             TextCommand::MetaGet { key, flags } => TextReply::MetaGet { key, flags },
             TextCommand::MetaDelete { key, flags } => TextReply::MetaDelete { key, flags },
             TextCommand::MetaArith { key, flags } => TextReply::MetaArith { key, flags },

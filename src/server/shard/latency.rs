@@ -136,22 +136,20 @@ impl CommandKind {
         match command {
             T::Get { .. } => CommandKind::Get,
             T::Store { store, .. } => CommandKind::of_text_store(store),
-            T::Arith { .. } => CommandKind::IncrDecr,
-            T::Delete { .. } => CommandKind::Delete,
-            T::Touch { .. } => CommandKind::Touch,
-            T::FlushAll { .. } => CommandKind::Flush,
+            T::Run { command, .. } => match command {
+                crate::command::Command::Arith { .. } => CommandKind::IncrDecr,
+                crate::command::Command::Delete { .. } => CommandKind::Delete,
+                crate::command::Command::Get { .. } => CommandKind::Touch,
+                crate::command::Command::Flush { .. } => CommandKind::Flush,
+                _ => CommandKind::Other,
+            },
             T::Stats { .. } => CommandKind::Stats,
             T::MetaGet { .. } => CommandKind::MetaGet,
             T::MetaDelete { .. } => CommandKind::MetaDelete,
             T::MetaArith { .. } => CommandKind::MetaArith,
-            T::Version
-            | T::RefreshCerts
-            | T::Verbosity { .. }
-            | T::Quit
-            | T::Watch { .. }
-            | T::MetaDebug { .. }
-            | T::MetaNoop
-            | T::LruCrawler(_) => CommandKind::Other,
+            T::RefreshCerts | T::Watch { .. } | T::MetaDebug { .. } | T::LruCrawler(_) => {
+                CommandKind::Other
+            }
         }
     }
 
