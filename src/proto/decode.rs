@@ -222,7 +222,7 @@ pub fn frame_keys<'a>(buf: &'a [u8], most: usize, mut key: impl FnMut(&'a [u8]))
 }
 
 /// Decodes the first frame of `buf`. Values longer than `max_value_bytes` are never buffered:
-/// they come back as [`Request::TooLarge`] or a [`Decoded::Reject`] with the bytes to skip.
+/// they come back as a [`Command::Refuse`] or a [`Decoded::Reject`] with the bytes to skip.
 pub fn decode(buf: &[u8], max_value_bytes: usize) -> Decoded<'_> {
     decode_streaming(buf, max_value_bytes, usize::MAX)
 }
