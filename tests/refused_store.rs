@@ -6,67 +6,15 @@
 mod common;
 
 use std::io::{BufRead, BufReader, Read, Write};
-use std::net::{SocketAddr, TcpListener, TcpStream};
-use std::process::{Child, Command, Stdio};
+use std::net::{SocketAddr, TcpStream};
 use std::time::{Duration, Instant};
 
+use common::memcached::{peers_memcached, Memcached};
 use common::pattern;
 use common::server::{frame, set_extras, Client, Server};
 
 const KIB: usize = 1 << 10;
 const MIB: usize = 1 << 20;
-
-/// memcached 1.6.45 from the peers directory, where `scripts/install-deps` builds it.
-fn memcached_1_6_45() -> Option<std::path::PathBuf> {
-    let dir = std::env::var_os("HEADROOM_PEERS_DIR")
-        .map(std::path::PathBuf::from)
-        .or_else(|| {
-            std::env::var_os("HOME").map(|h| std::path::Path::new(&h).join(".cache/headroom-peers"))
-        })?;
-    Some(dir.join("memcached")).filter(|path| path.is_file())
-}
-
-/// Stock memcached with 8 MiB and `-M`, killed on drop.
-struct Memcached {
-    child: Child,
-    addr: SocketAddr,
-}
-
-impl Memcached {
-    fn start(program: &std::path::Path) -> Memcached {
-        let port = TcpListener::bind("127.0.0.1:0")
-            .unwrap()
-            .local_addr()
-            .unwrap()
-            .port();
-        let mut command = Command::new(program);
-        command.args(["-p", &port.to_string(), "-U", "0", "-l", "127.0.0.1"]);
-        command.args(["-t", "1", "-m", "8", "-M"]);
-        if nix::unistd::geteuid().is_root() {
-            command.args(["-u", "nobody"]);
-        }
-        let child = command
-            .stdin(Stdio::null())
-            .stdout(Stdio::null())
-            .stderr(Stdio::null())
-            .spawn()
-            .expect("start memcached");
-        let addr = SocketAddr::from(([127, 0, 0, 1], port));
-        let deadline = Instant::now() + Duration::from_secs(10);
-        while TcpStream::connect(addr).is_err() {
-            assert!(Instant::now() < deadline, "memcached did not start");
-            std::thread::sleep(Duration::from_millis(20));
-        }
-        Memcached { child, addr }
-    }
-}
-
-impl Drop for Memcached {
-    fn drop(&mut self) {
-        let _ = self.child.kill();
-        let _ = self.child.wait();
-    }
-}
 
 /// A text-protocol connection that reads replies line by line.
 struct Text {
@@ -366,7 +314,7 @@ fn segments_empty(server: &Server) {
 }
 
 fn memcached_or_skip() -> Option<Memcached> {
-    let Some(program) = memcached_1_6_45() else {
+    let Some(program) = peers_memcached() else {
         assert!(
             std::env::var_os("HEADROOM_REQUIRE_ROOT_TESTS").is_none(),
             "memcached 1.6.45 is not built (scripts/install-deps builds it)"
@@ -374,7 +322,7 @@ fn memcached_or_skip() -> Option<Memcached> {
         println!("skipped: memcached 1.6.45 is not built");
         return None;
     };
-    Some(Memcached::start(&program))
+    Some(Memcached::start(&program, &["-t", "1", "-m", "8", "-M"]))
 }
 
 /// Every path side by side with no room: memcached 1.6.45 with 8 MiB and `-M` (its 64 KiB slab

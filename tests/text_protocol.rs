@@ -10,8 +10,8 @@
 mod common;
 
 use std::io::{ErrorKind, Read, Write};
-use std::net::{SocketAddr, TcpListener, TcpStream};
-use std::process::{Child, Command, Stdio};
+use std::net::{SocketAddr, TcpStream};
+use std::process::Command;
 use std::time::{Duration, Instant};
 
 use common::pattern;
@@ -30,19 +30,10 @@ const PREFIX_MARK: u8 = b'@';
 const TOO_LARGE: usize = 2_000_000;
 const FITS: usize = 1_000_000;
 
-/// The memcached the replies are compared with: 1.6.45 from the peers directory
-/// (`$HEADROOM_PEERS_DIR`, else `~/.cache/headroom-peers`, where `../shared/peers/build` and
-/// `scripts/install-deps` put it) when it is there, else Debian's (1.6.18) from PATH.
+/// The memcached the replies are compared with: 1.6.45 from the peers directory when it is
+/// there (`common::memcached::peers_memcached`), else Debian's (1.6.18) from PATH.
 fn reference_memcached() -> std::path::PathBuf {
-    let dir = std::env::var_os("HEADROOM_PEERS_DIR")
-        .map(std::path::PathBuf::from)
-        .or_else(|| {
-            std::env::var_os("HOME").map(|h| std::path::Path::new(&h).join(".cache/headroom-peers"))
-        });
-    match dir.map(|d| d.join("memcached")) {
-        Some(path) if path.is_file() => path,
-        _ => "memcached".into(),
-    }
+    common::memcached::peers_memcached().unwrap_or_else(|| "memcached".into())
 }
 
 /// Cases where Headroom answers otherwise than memcached 1.6.45, on purpose, and why
@@ -97,10 +88,7 @@ const CHANGED_SINCE_1_6_18: &[(&str, &str)] = &[
 ];
 
 /// A memcached child, killed on drop.
-struct Memcached {
-    child: Child,
-    addr: SocketAddr,
-}
+struct Memcached(common::memcached::Memcached);
 
 impl Memcached {
     /// `None` (after saying so) when memcached is not installed and the root tests are not
@@ -115,34 +103,12 @@ impl Memcached {
             println!("skipped: memcached is not installed");
             return None;
         }
-        let port = TcpListener::bind("127.0.0.1:0")
-            .unwrap()
-            .local_addr()
-            .unwrap()
-            .port();
-        let mut command = Command::new(&program);
-        command.args(["-p", &port.to_string(), "-U", "0", "-l", "127.0.0.1"]);
-        command.args(["-t", "1", "-m", "64"]);
-        // memcached refuses to run as root without a user to switch to.
-        if nix::unistd::geteuid().is_root() {
-            command.args(["-u", "nobody"]);
-        }
-        let child = command
-            .stdin(Stdio::null())
-            .stdout(Stdio::null())
-            .stderr(Stdio::null())
-            .spawn()
-            .expect("start memcached");
-        let memcached = Memcached {
-            child,
-            addr: SocketAddr::from(([127, 0, 0, 1], port)),
-        };
-        let deadline = Instant::now() + Duration::from_secs(10);
-        while TcpStream::connect(memcached.addr).is_err() {
-            assert!(Instant::now() < deadline, "memcached did not start");
-            std::thread::sleep(Duration::from_millis(20));
-        }
-        Some(memcached)
+        let started = common::memcached::Memcached::start(&program, &["-t", "1", "-m", "64"]);
+        Some(Memcached(started))
+    }
+
+    fn addr(&self) -> SocketAddr {
+        self.0.addr
     }
 }
 
@@ -158,13 +124,6 @@ impl Memcached {
             .nth(1)
             .unwrap_or("unknown")
             .to_string()
-    }
-}
-
-impl Drop for Memcached {
-    fn drop(&mut self) {
-        let _ = self.child.kill();
-        let _ = self.child.wait();
     }
 }
 
@@ -960,7 +919,7 @@ fn text_and_meta_replies_equal_memcached() {
     let started = Instant::now();
     // Both servers run the whole table at once, each on its own thread.
     let (expected, got) = std::thread::scope(|s| {
-        let theirs = s.spawn(|| run_all(memcached.addr, &cases));
+        let theirs = s.spawn(|| run_all(memcached.addr(), &cases));
         let ours = s.spawn(|| run_all(headroom.addr, &cases));
         (theirs.join().unwrap(), ours.join().unwrap())
     });

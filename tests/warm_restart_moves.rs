@@ -233,25 +233,9 @@ fn another_segment_at_the_old_path_restores_none_of_its_values_and_says_so() {
 
 #[test]
 fn a_stop_that_cannot_write_its_snapshot_exits_non_zero_and_the_next_start_serves() {
-    if !nix::unistd::geteuid().is_root() {
-        assert!(
-            std::env::var_os("HEADROOM_REQUIRE_ROOT_TESTS").is_none(),
-            "HEADROOM_REQUIRE_ROOT_TESTS is set but this is not root"
-        );
-        println!("skipped: loop-mounting a small filesystem needs root");
-        return;
-    }
     // The data directory on an 8 MiB filesystem; about 30 MiB of values in RAM.
-    let fs = match common::TinyFs::new(8) {
-        Ok(fs) => fs,
-        Err(why) => {
-            assert!(
-                std::env::var_os("HEADROOM_REQUIRE_ROOT_TESTS").is_none(),
-                "HEADROOM_REQUIRE_ROOT_TESTS is set but no small filesystem could be mounted: {why}"
-            );
-            println!("skipped: no small filesystem could be mounted: {why}");
-            return;
-        }
+    let Some(fs) = common::TinyFs::or_skip(8) else {
+        return;
     };
     let dir = fs.mount.join("data");
     let args = ["--threads", "2", "--segment", "mem:size=16M,numa=0"];

@@ -2,6 +2,7 @@
 #![allow(dead_code)]
 
 pub mod certs;
+pub mod memcached;
 pub mod server;
 pub mod stress;
 
@@ -267,6 +268,31 @@ pub struct TinyFs {
 }
 
 impl TinyFs {
+    /// The mounted filesystem, or `None` after saying why the test is skipped (not root, or
+    /// no loop device): a failure instead under `HEADROOM_REQUIRE_ROOT_TESTS`.
+    pub fn or_skip(size_mib: u64) -> Option<TinyFs> {
+        let required = std::env::var_os("HEADROOM_REQUIRE_ROOT_TESTS").is_some();
+        if !nix::unistd::geteuid().is_root() {
+            assert!(
+                !required,
+                "HEADROOM_REQUIRE_ROOT_TESTS is set but this is not root"
+            );
+            println!("skipped: loop-mounting a small filesystem needs root");
+            return None;
+        }
+        match TinyFs::new(size_mib) {
+            Ok(fs) => Some(fs),
+            Err(why) => {
+                assert!(
+                    !required,
+                    "HEADROOM_REQUIRE_ROOT_TESTS is set but no small filesystem could be mounted: {why}"
+                );
+                println!("skipped: no small filesystem could be mounted: {why}");
+                None
+            }
+        }
+    }
+
     /// The mounted filesystem, or why it could not be made (no `mkfs.ext4`, no loop device).
     pub fn new(size_mib: u64) -> Result<TinyFs, String> {
         let image = fresh_temp_path("tinyfs-image");
