@@ -51,6 +51,29 @@ pub struct MetaGet {
     pub unless_cas: Option<u64>,
 }
 
+/// A store's value, as the codec found it.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Value<'a> {
+    /// Whole, in the connection's buffer.
+    Whole(&'a [u8]),
+    /// This many bytes follow the request on the connection, too many to buffer: the
+    /// connection hands them to the executor as they arrive (`server::exec::large`).
+    Streamed(u64),
+}
+
+impl Value<'_> {
+    pub fn len(&self) -> u64 {
+        match self {
+            Value::Whole(bytes) => bytes.len() as u64,
+            Value::Streamed(len) => *len,
+        }
+    }
+
+    pub fn is_empty(&self) -> bool {
+        self.len() == 0
+    }
+}
+
 /// One request, as every protocol asks it: binary, text and meta requests all become one of
 /// these, and one executor runs it (`server::exec`: a keyed one against its key's store, the
 /// others against the server). Expiries are as the store takes them (relative seconds up to 30 days, else a Unix
@@ -78,7 +101,7 @@ pub enum Command<'a> {
     Store {
         mode: StoreMode,
         key: &'a [u8],
-        value: &'a [u8],
+        value: Value<'a>,
         flags: u32,
         expiry: u32,
         cas: u64,

@@ -2,7 +2,7 @@
 //! and truncated frames cut at random points, never panic and always make progress; valid
 //! frames decode to what was encoded. `PROPTEST_CASES=N` runs longer (CI runs the default).
 
-use headroom::command::Command;
+use headroom::command::{Command, Value};
 use headroom::proto::{decode, frame_keys, Decoded, Request, KEY_MAX_BYTES};
 use proptest::prelude::*;
 
@@ -63,7 +63,7 @@ fn drive(stream: &[u8], chunk_sizes: &[usize]) -> usize {
                     ..
                 } = request
                 {
-                    assert!(value.len() <= MAX_VALUE);
+                    assert!(value.len() <= MAX_VALUE as u64);
                 }
                 buffered.drain(..consumed);
                 skip = skip_after;
@@ -193,7 +193,7 @@ proptest! {
                 consumed,
                 ..
             } => {
-                prop_assert_eq!((k, v, f, e, c, quiet, consumed), (&key[..], &value[..], flags, expiry, cas, false, bytes.len()));
+                prop_assert_eq!((k, v, f, e, c, quiet, consumed), (&key[..], Value::Whole(&value[..]), flags, expiry, cas, false, bytes.len()));
             }
             other => prop_assert!(false, "{:?}", other),
         }

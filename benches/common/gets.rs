@@ -3,7 +3,7 @@
 //! `lookahead` and `cores` benches share.
 
 use headroom::arena::Arena;
-use headroom::command::Command;
+use headroom::command::{Command, Value};
 use headroom::proto::{decode_streaming, opcode, Decoded, Request, StoreMode};
 use headroom::server::lookahead::{Framing, Lookahead, FRAMES};
 use headroom::store::partition::Partitions;
@@ -126,7 +126,12 @@ pub fn run_batch(
                 out.extend_from_slice(&hit.value.contiguous());
             }
             Request::Run {
-                command: Command::Store { key, value, .. },
+                command:
+                    Command::Store {
+                        key,
+                        value: Value::Whole(value),
+                        ..
+                    },
                 ..
             } => {
                 let (_, mut store) = partitions.lock_key(key);

@@ -4,7 +4,7 @@
 //! vbucket (u16), total body length (u32), opaque (u32), CAS (u64)`, all big-endian, followed by
 //! extras, key and value. Shape rules (extras and key lengths per opcode) are memcached's.
 
-use crate::command::{Command, StoreMode};
+use crate::command::{Command, StoreMode, Value};
 
 use super::{
     opcode as op, Status, HEADER_BYTES, KEY_MAX_BYTES, REQUEST_MAGIC, SASL_DATA_MAX_BYTES,
@@ -48,26 +48,15 @@ pub enum Request<'a> {
     /// A command every protocol asks the same way, and how the binary protocol answers it:
     /// `quiet` (the Q opcodes) answers only a failure, and the GETQ family only a hit;
     /// `with_key` (GETK, GATK) puts the key in the reply. A store over the item size limit is
-    /// [`Command::Refuse`], its value skipped by the caller (`Decoded::Request::skip_after`).
+    /// [`Command::Refuse`], its value skipped by the caller (`Decoded::Request::skip_after`);
+    /// one whose value is too large to buffer is a [`Command::Store`] with a
+    /// [`Value::Streamed`], its value following the consumed bytes.
     Run {
         command: Command<'a>,
         quiet: bool,
         with_key: bool,
-    },
-    /// A SET, ADD, REPLACE, APPEND or PREPEND whose value the caller streams (it follows the
-    /// consumed bytes): `value_len` bytes, stored whole in a segment.
-    LargeStore {
-        mode: StoreMode,
-        key: &'a [u8],
-        flags: u32,
-        expiry: u32,
-        cas: u64,
-        quiet: bool,
-        value_len: u64,
-        /// From a SETX: where the replicas should go.
+        /// From a SETX whose value is streamed: where its replicas should go.
         hints: Option<PlacementHints>,
-        /// See [`Command::Store`]'s field of the name.
-        drop_on_failure: bool,
     },
     /// Extension: an administrative command (mount, unmount), its text in the key.
     Admin { command: &'a [u8] },
@@ -88,11 +77,11 @@ impl<'a> Request<'a> {
             command,
             quiet: false,
             with_key: false,
+            hints: None,
         }
     }
 
-    /// The command this request asks (none for SASL and ADMIN, which the connection answers,
-    /// and for a streamed store, which the server runs as its value arrives).
+    /// The command this request asks (none for SASL and ADMIN, which the connection answers).
     pub fn command(&self) -> Option<Command<'a>> {
         match *self {
             Request::Run { command, .. } => Some(command),
@@ -104,7 +93,6 @@ impl<'a> Request<'a> {
     pub fn key(&self) -> Option<&[u8]> {
         match self {
             Request::Run { command, .. } => command.key(),
-            Request::LargeStore { key, .. } => Some(key),
             _ => None,
         }
     }
@@ -227,10 +215,9 @@ pub fn decode(buf: &[u8], max_value_bytes: usize) -> Decoded<'_> {
     decode_streaming(buf, max_value_bytes, usize::MAX)
 }
 
-/// [`decode`], except that SET, ADD and REPLACE values longer than `stream_from_bytes` (and
-/// within `max_value_bytes`) come back as [`Request::LargeStore`] once the header, extras and
-/// key are buffered: the caller streams the value itself. APPEND and PREPEND of such a value
-/// are refused as too large.
+/// [`decode`], except that store values longer than `stream_from_bytes` (and within
+/// `max_value_bytes`) come back as a [`Command::Store`] with a [`Value::Streamed`] once the
+/// header, extras and key are buffered: the caller streams the value itself.
 pub fn decode_streaming(
     buf: &[u8],
     max_value_bytes: usize,
@@ -366,20 +353,28 @@ pub fn decode_streaming(
         } else {
             (be32(extras), be32(&extras[4..]))
         };
+        let mode = store_mode(opcode);
+        let store = Command::Store {
+            mode,
+            key: &buf[HEADER_BYTES + extras_len..head],
+            value: Value::Streamed(value_len as u64),
+            flags,
+            expiry,
+            cas,
+            invalidate: false,
+            explicit_cas: 0,
+            vivify: None,
+            drop_on_failure: drops_on_failure(mode),
+        };
         return Decoded::Request {
-            request: Request::LargeStore {
-                mode: store_mode(opcode),
-                key: &buf[HEADER_BYTES + extras_len..head],
-                flags,
-                expiry,
-                cas,
+            request: Request::Run {
+                command: store,
                 quiet: matches!(
                     opcode,
                     op::SETQ | op::ADDQ | op::REPLACEQ | op::SETXQ | op::APPENDQ | op::PREPENDQ
                 ),
-                value_len: value_len as u64,
+                with_key: false,
                 hints: matches!(opcode, op::SETX | op::SETXQ).then(|| parse_hints(extras)),
-                drop_on_failure: drops_on_failure(store_mode(opcode)),
             },
             opcode,
             opaque,
@@ -439,11 +434,12 @@ pub fn decode_streaming(
         command,
         quiet,
         with_key,
+        hints: None,
     };
     let store = |flags: u32, expiry: u32| Command::Store {
         mode: store_mode(opcode),
         key,
-        value,
+        value: Value::Whole(value),
         flags,
         expiry,
         cas,
@@ -555,7 +551,7 @@ mod tests {
                         command: Command::Store {
                             mode: StoreMode::Set,
                             key: b"k",
-                            value: b"value",
+                            value: Value::Whole(b"value"),
                             flags: 7,
                             expiry: 60,
                             cas: 9,
@@ -566,6 +562,7 @@ mod tests {
                         },
                         quiet: true,
                         with_key: false,
+                        hints: None,
                     }
                 );
             }

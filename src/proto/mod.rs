@@ -30,7 +30,7 @@ pub const RESPONSE_MAGIC: u8 = 0x81;
 pub const KEY_MAX_BYTES: usize = 250;
 /// Longest SASL AUTH/STEP data accepted (PLAIN carries two names and a password).
 pub const SASL_DATA_MAX_BYTES: usize = 1024;
-pub use crate::command::{StoreMode, ARITH_NO_CREATE};
+pub use crate::command::{StoreMode, Value, ARITH_NO_CREATE};
 
 /// The memcached release whose protocols Headroom speaks: what VERSION and `STAT version`
 /// answer, since clients parse them as memcached's (the npm `memcached` package takes the

@@ -70,7 +70,7 @@ use std::fmt;
 use super::meta::{self, push_number, Key, MaFlags, MdFlags, MgFlags, MsFlags};
 use super::{KEY_MAX_BYTES, REQUEST_MAGIC};
 use crate::command::{
-    store_exptime, Command, MetaGet, StoreMode, ARITH_NO_CREATE, CAS_NEVER_ISSUED,
+    store_exptime, Command, MetaGet, StoreMode, Value, ARITH_NO_CREATE, CAS_NEVER_ISSUED,
 };
 use crate::numbers::{safe_strtol, safe_strtoul, safe_strtoull};
 
@@ -299,18 +299,7 @@ impl TextCommand<'_> {
     /// text protocol has (`watch`, `lru_crawler`, `refresh_certs`, authentication).
     pub fn command(&self) -> Option<Command<'_>> {
         Some(match self {
-            TextCommand::Store { store, value } => Command::Store {
-                mode: store.mode,
-                key: &store.key,
-                value,
-                flags: store.flags,
-                expiry: store_exptime(store.exptime),
-                cas: store.compare_cas(),
-                invalidate: store.meta.as_ref().is_some_and(|ms| ms.invalidate),
-                explicit_cas: store.explicit_cas(),
-                vivify: store.vivify_expiry(),
-                drop_on_failure: store.drops_on_failure(),
-            },
+            TextCommand::Store { store, value } => store.command(Value::Whole(value)),
             TextCommand::Run { command, .. } => *command,
             TextCommand::MetaGet { key, flags } => Command::MetaGet {
                 key,
@@ -424,6 +413,22 @@ impl TextStore<'_> {
             // A `cas` (or `ms C0`) with unique 0 still compares, and fails.
             (StoreMode::Set | StoreMode::Replace, Some(0)) => CAS_NEVER_ISSUED,
             (_, cas) => cas.unwrap_or(0),
+        }
+    }
+
+    /// The store as every protocol asks it, with its value whole or streamed.
+    pub fn command<'s>(&'s self, value: Value<'s>) -> Command<'s> {
+        Command::Store {
+            mode: self.mode,
+            key: &self.key,
+            value,
+            flags: self.flags,
+            expiry: store_exptime(self.exptime),
+            cas: self.compare_cas(),
+            invalidate: self.meta.as_ref().is_some_and(|ms| ms.invalidate),
+            explicit_cas: self.explicit_cas(),
+            vivify: self.vivify_expiry(),
+            drop_on_failure: self.drops_on_failure(),
         }
     }
 

@@ -6,7 +6,7 @@
 //! [`deliver_large`].
 
 use crate::arena::SendPin;
-use crate::command::{Command, MetaGet, StoreMode};
+use crate::command::{Command, MetaGet, StoreMode, Value};
 use crate::store::{
     ArithOutcome, DeleteOutcome, LargeHit, Lookup, MetaState, Store, StoreOutcome, CAS_NEVER_ISSUED,
 };
@@ -261,6 +261,9 @@ pub fn run<R: Reply>(
             vivify,
             drop_on_failure,
         } => {
+            let Value::Whole(value) = value else {
+                unreachable!("a streamed store runs in exec::large as its value arrives")
+            };
             let what = WatchedStore {
                 key,
                 mode,
@@ -515,7 +518,7 @@ fn store_stale(store: &mut Store, command: &Command<'_>, now: u32) -> Option<Sto
     let Command::Store {
         mode,
         key,
-        value,
+        value: Value::Whole(value),
         flags,
         cas,
         ..

@@ -9,6 +9,7 @@ use std::io;
 use std::rc::Rc;
 use std::sync::Arc;
 
+use crate::command::Command;
 use crate::config::VerifyReads;
 use crate::lent::Lent;
 use crate::placement::{LocalityHint, PlacementError, PlacementRequest, TargetId};
@@ -48,7 +49,8 @@ pub trait ValueSink {
     async fn write_head_and_lent(&mut self, head: Vec<u8>, lent: Lent) -> io::Result<()>;
 }
 
-/// A SET, ADD or REPLACE whose value is being streamed to a segment.
+/// A store whose value is streamed to a segment, as the executor holds it while the value
+/// arrives (its key copied: the connection moves on from the line that named it).
 #[derive(Clone, Debug)]
 pub struct LargeSet {
     pub mode: StoreMode,
@@ -69,6 +71,41 @@ pub struct LargeSet {
     /// (for an APPEND or PREPEND, only `ms`'s: the new bytes alone found no room, as when
     /// memcached cannot allocate them).
     pub drop_on_failure: bool,
+}
+
+impl LargeSet {
+    /// The streamed form of `command`, a store whose value goes to a segment (streamed, or an
+    /// APPEND or PREPEND whose sum outgrows RAM), with a SETX's or an `ms`'s placement hints.
+    /// `None` for any other command.
+    pub fn of(command: &Command<'_>, hints: Option<PlacementHints>) -> Option<LargeSet> {
+        let Command::Store {
+            mode,
+            key,
+            value,
+            flags,
+            expiry,
+            cas,
+            explicit_cas,
+            vivify,
+            drop_on_failure,
+            ..
+        } = *command
+        else {
+            return None;
+        };
+        Some(LargeSet {
+            mode,
+            key: key.to_vec(),
+            flags,
+            expiry,
+            cas,
+            new_cas: explicit_cas,
+            vivify,
+            value_len: value.len(),
+            hints,
+            drop_on_failure,
+        })
+    }
 }
 
 /// How a large store ended, for the connection's codec to answer.

@@ -6,7 +6,7 @@
 
 use std::rc::Rc;
 
-use crate::command::Command;
+use crate::command::{Command, Value};
 use crate::proto::{
     decode_streaming, Decoded, FrameError, Request, ResponseWriter, Status, StoreMode,
 };
@@ -203,69 +203,33 @@ pub(crate) async fn process(conn: &mut Conn, ctx: &Rc<ShardCtx>, now: u32) -> Af
                     continue;
                 }
             }
-            Request::LargeStore {
-                mode,
-                key,
-                flags,
-                expiry,
-                cas,
-                quiet,
-                value_len,
-                hints,
-                drop_on_failure,
-            } => {
-                let set = LargeSet {
-                    hints: hints.clone(),
-                    drop_on_failure: *drop_on_failure,
-                    mode: *mode,
-                    key: key.to_vec(),
-                    flags: *flags,
-                    expiry: *expiry,
-                    cas: *cas,
-                    new_cas: 0,
-                    vivify: None,
-                    value_len: *value_len,
-                };
-                let reply = LargeReply::Binary {
-                    opcode,
-                    opaque,
-                    quiet: *quiet,
-                };
-                conn.consume(consumed);
-                return After::LargeSet(set, reply);
-            }
             Request::Run {
                 command:
-                    Command::Store {
-                        mode: mode @ (StoreMode::Append | StoreMode::Prepend),
-                        key,
-                        value,
-                        cas,
-                        ..
+                    store @ Command::Store {
+                        mode, key, value, ..
                     },
                 quiet,
+                hints,
                 ..
-            } if large::concat_needs_segment(ctx, key, value.len(), now) => {
-                // The sum outgrows RAM (or the value is in a segment already): the new value
-                // is built in a segment, the appended bytes read from the buffer.
-                let set = LargeSet {
-                    hints: None,
-                    drop_on_failure: false,
-                    mode: *mode,
-                    key: key.to_vec(),
-                    flags: 0,
-                    expiry: 0,
-                    cas: *cas,
-                    new_cas: 0,
-                    vivify: None,
-                    value_len: value.len() as u64,
-                };
+            } if matches!(value, Value::Streamed(_))
+                || (matches!(mode, StoreMode::Append | StoreMode::Prepend)
+                    && large::concat_needs_segment(ctx, key, value.len() as usize, now)) =>
+            {
+                // A value too large to buffer streams in; an APPEND or PREPEND whose sum
+                // outgrows RAM (or whose value is in a segment already) is built in a
+                // segment, its bytes read from the buffer. Either way the executor reads the
+                // value as the body that follows the request.
+                let set = LargeSet::of(store, hints.clone()).expect("a store");
                 let reply = LargeReply::Binary {
                     opcode,
                     opaque,
                     quiet: *quiet,
                 };
-                conn.consume(consumed - value.len());
+                let buffered = match value {
+                    Value::Whole(bytes) => bytes.len(),
+                    Value::Streamed(_) => 0,
+                };
+                conn.consume(consumed - buffered);
                 return After::LargeSet(set, reply);
             }
             keyed => {

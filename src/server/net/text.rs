@@ -11,7 +11,7 @@
 use std::rc::Rc;
 use std::sync::atomic::Ordering;
 
-use crate::command::{Command, StoreMode};
+use crate::command::{Command, StoreMode, Value};
 use crate::proto::meta;
 use crate::proto::text::{self, errors, CrawlClasses, Crawler, TextCommand, TextDecoded};
 
@@ -464,7 +464,8 @@ impl TextSession {
                         conn.skip += store.value_len as u64 + 2;
                         continue;
                     }
-                    let (set, reply) = large_set_of(&store);
+                    let (set, reply) =
+                        large_set_of(&store, Value::Streamed(store.value_len as u64));
                     return After::LargeSet(set, reply);
                 }
                 TextDecoded::Command { command, consumed } => (command, consumed),
@@ -577,7 +578,7 @@ impl TextSession {
                     let line_len = consumed - value.len() - 2;
                     conn.consumed += line_len;
                     conn.line_scan.consumed(line_len);
-                    let (set, reply) = large_set_of(store);
+                    let (set, reply) = large_set_of(store, Value::Whole(value));
                     return After::LargeSet(set, reply);
                 }
                 keyed => {
@@ -592,21 +593,14 @@ impl TextSession {
     }
 }
 
-/// A text or `ms` storage command whose value is streamed to a segment, and how it is
-/// answered.
-pub(crate) fn large_set_of(store: &crate::proto::TextStore) -> (LargeSet, LargeReply) {
-    let set = LargeSet {
-        mode: store.mode,
-        key: store.key.to_vec(),
-        flags: store.flags,
-        expiry: store_exptime(store.exptime),
-        cas: store.compare_cas(),
-        new_cas: store.explicit_cas(),
-        vivify: store.vivify_expiry(),
-        value_len: store.value_len as u64,
-        hints: store.meta.as_ref().and_then(|ms| ms.hints.clone()),
-        drop_on_failure: store.drops_on_failure(),
-    };
+/// A text or `ms` storage command whose value goes to a segment (`value`: streamed, or a
+/// whole APPEND or PREPEND whose sum outgrows RAM), and how it is answered.
+pub(crate) fn large_set_of(
+    store: &crate::proto::TextStore,
+    value: Value<'_>,
+) -> (LargeSet, LargeReply) {
+    let hints = store.meta.as_ref().and_then(|ms| ms.hints.clone());
+    let set = LargeSet::of(&store.command(value), hints).expect("a store");
     (
         set,
         LargeReply::Text(Box::new(text_reply::OwnedStoreReply::of(store))),
