@@ -416,61 +416,181 @@ fn sasl_guessing_ends_with_a_close_after_three_failures() {
     assert_eq!(ok.stat("", "auth_closed"), 2);
 }
 
-/// Many connections guessing at once share each shard's failure budget (a burst of 30, then
-/// 10 a second: `auth::AUTH_SHARD_FAILURE_BURST`, `AUTH_SHARD_FAILURES_PER_SECOND`): failures
-/// within it are bounded by the budget over the run, and past it a connection is closed at
-/// its first failure (`auth_over_budget`), so the guesses answered are far fewer than the
-/// 3 per connection that per-connection throttling alone allows.
+/// A client of `server` whose connection comes from `source` (a loopback address of its own:
+/// another source as the failure budget counts them).
+fn client_from(server: &Server, source: [u8; 4]) -> common::server::Client {
+    let socket = socket2::Socket::new(socket2::Domain::IPV4, socket2::Type::STREAM, None).unwrap();
+    let from = std::net::SocketAddr::from((source, 0));
+    socket.bind(&from.into()).expect("bind a loopback source");
+    socket.connect(&server.addr.into()).unwrap();
+    let stream: std::net::TcpStream = socket.into();
+    stream
+        .set_read_timeout(Some(Duration::from_secs(20)))
+        .unwrap();
+    stream.set_nodelay(true).unwrap();
+    common::server::Client { stream }
+}
+
+/// Many connections from one source guessing for several seconds share that source's
+/// budget (`auth_gate`: 30 failures at once, then 10 a second): the guesses answered stay
+/// within it however many connections there are, a connection whose attempt is held gets
+/// nothing (no answer, no close) until it gives up, and the right password from another
+/// source (127.0.0.2) is answered at once throughout.
 #[test]
-fn sasl_guessing_over_many_connections_is_bounded_per_shard() {
-    const CONNECTIONS: usize = 80;
-    const SHARDS: u64 = 2;
+fn sasl_guessing_over_many_connections_stays_within_the_source_budget() {
+    const GUESSERS: usize = 60;
+    const SECONDS: f64 = 4.0;
     const BURST: u64 = 30;
-    const PER_SECOND: u64 = 10;
+    const PER_SECOND: f64 = 10.0;
     let (server, _dir) = sasl_server();
     let wrong = frame(SASL_AUTH, &[], b"PLAIN", b"\0alice\0rabbit", 0, 0);
+    let stop = std::sync::atomic::AtomicBool::new(false);
     let started = std::time::Instant::now();
-    let mut guessers: Vec<_> = (0..CONNECTIONS)
-        .map(|_| {
-            let mut c = server.client();
-            c.send(&wrong.repeat(3));
-            c
-        })
-        .collect();
-    let mut answered = 0;
-    let mut closed_at_first = 0;
-    for c in &mut guessers {
-        let mut replies = 0;
-        while let Some(r) = c.recv() {
-            assert_eq!(r.status, STATUS_AUTH_ERROR);
-            replies += 1;
+    let (answered, gave_up, slowest_right) = std::thread::scope(|scope| {
+        let guessers: Vec<_> = (0..GUESSERS)
+            .map(|_| {
+                let (server, wrong, stop) = (&server, &wrong, &stop);
+                scope.spawn(move || {
+                    let (mut answered, mut gave_up) = (0u64, 0u64);
+                    while !stop.load(std::sync::atomic::Ordering::Relaxed) {
+                        // One guess a connection: answered, or given up after 300 ms.
+                        let mut c = server.client();
+                        c.stream
+                            .set_read_timeout(Some(Duration::from_millis(300)))
+                            .unwrap();
+                        c.send(wrong);
+                        let mut header = [0u8; 24];
+                        match std::io::Read::read_exact(&mut c.stream, &mut header) {
+                            Ok(()) => {
+                                let status = u16::from_be_bytes([header[6], header[7]]);
+                                assert_eq!(status, STATUS_AUTH_ERROR);
+                                answered += 1;
+                            }
+                            Err(err) => {
+                                assert!(
+                                    matches!(
+                                        err.kind(),
+                                        std::io::ErrorKind::WouldBlock
+                                            | std::io::ErrorKind::TimedOut
+                                    ),
+                                    "a held attempt was closed, not held: {err}"
+                                );
+                                gave_up += 1;
+                            }
+                        }
+                    }
+                    (answered, gave_up)
+                })
+            })
+            .collect();
+        // Meanwhile the right password from another source, every 50 ms.
+        let mut slowest = Duration::ZERO;
+        while started.elapsed().as_secs_f64() < SECONDS {
+            let mut c = client_from(&server, [127, 0, 0, 2]);
+            let asked = std::time::Instant::now();
+            assert_eq!(
+                c.call(&alice_login()).status,
+                0,
+                "the right password refused"
+            );
+            slowest = slowest.max(asked.elapsed());
+            std::thread::sleep(Duration::from_millis(50));
         }
-        assert!((1..=3).contains(&replies), "{replies} replies");
-        answered += replies;
-        closed_at_first += u64::from(replies == 1);
+        stop.store(true, std::sync::atomic::Ordering::Relaxed);
+        let (answered, gave_up) = guessers
+            .into_iter()
+            .map(|g| g.join().unwrap())
+            .fold((0, 0), |(a, g), (a2, g2)| (a + a2, g + g2));
+        (answered, gave_up, slowest)
+    });
+    let seconds = started.elapsed().as_secs_f64();
+    let budget = BURST + (PER_SECOND * seconds).ceil() as u64;
+    println!(
+        "{GUESSERS} connections guessing for {seconds:.1} s: {answered} guesses answered \
+         (budget {budget}), {gave_up} given up while held; the right password from 127.0.0.2 \
+         answered in {slowest_right:?} at the slowest"
+    );
+    assert!(
+        answered <= budget,
+        "{answered} guesses answered, over the {budget} budget"
+    );
+    assert!(answered >= BURST, "the burst was not answered: {answered}");
+    assert!(gave_up > 0, "no attempt was ever held");
+    // Held attempts from 127.0.0.1 queue for seconds; another source's never wait on them.
+    assert!(
+        slowest_right < Duration::from_millis(500),
+        "the right password from another source took {slowest_right:?}"
+    );
+    let mut ok = client_from(&server, [127, 0, 0, 3]);
+    assert_eq!(ok.call(&alice_login()).status, 0);
+    assert!(ok.stat("", "auth_held") >= gave_up);
+    assert!(ok.stat("", "auth_errors") >= answered);
+    assert!(server.logs("SASL attempts held"), "{}", server.log_text());
+    // A held attempt whose client gave up does not keep its connection until a token comes
+    // (or the guessers would fill --max-connections for every source): once they are gone,
+    // only this one is left, soon.
+    let deadline = std::time::Instant::now() + Duration::from_secs(2);
+    loop {
+        let open = ok.stat("", "curr_connections");
+        if open <= 2 {
+            break;
+        }
+        assert!(
+            std::time::Instant::now() < deadline,
+            "{open} connections still open 2 s after every guesser gave up"
+        );
+        std::thread::sleep(Duration::from_millis(50));
     }
-    let seconds = started.elapsed().as_secs() + 1;
-    let mut ok = server.client();
-    let right = alice_login();
-    assert_eq!(ok.call(&right).status, 0, "the right password is refused");
-    let over_budget = ok.stat("", "auth_over_budget");
-    let errors = ok.stat("", "auth_errors");
-    assert_eq!(errors, answered, "every answered failure is counted");
-    let budget = SHARDS * (BURST + PER_SECOND * seconds);
+}
+
+/// Past its budget, a source's right password waits its turn as a wrong one does: neither
+/// is answered (nor closed) before a token comes, so the timing says nothing.
+#[test]
+fn past_the_budget_a_right_password_waits_as_a_wrong_one_does() {
+    let (server, _dir) = sasl_server();
+    let wrong = frame(SASL_AUTH, &[], b"PLAIN", b"\0alice\0rabbit", 0, 0);
+    // Spend the burst and then some at once: 40 guesses on 40 connections; the last 10 are
+    // held, and by the time they are answered the budget is spent.
+    let mut guessers: Vec<_> = (0..40).map(|_| server.client()).collect();
+    for c in &mut guessers {
+        c.send(&wrong);
+    }
+    for c in &mut guessers {
+        assert_eq!(c.recv().expect("an answer").status, STATUS_AUTH_ERROR);
+    }
+    // STAT from another source, logged in.
+    let mut probe = client_from(&server, [127, 0, 0, 3]);
+    assert_eq!(probe.call(&alice_login()).status, 0);
+    let held_before = probe.stat("", "auth_held");
+    // The budget is spent but for what refilled meanwhile: five more guesses take it, and the
+    // right password comes after them.
+    let mut more: Vec<_> = (0..5).map(|_| server.client()).collect();
+    for c in &mut more {
+        c.send(&wrong);
+    }
+    std::thread::sleep(Duration::from_millis(20));
+    let mut right = server.client();
+    let asked = std::time::Instant::now();
+    assert_eq!(
+        right.call(&alice_login()).status,
+        0,
+        "the right password refused"
+    );
+    let right_took = asked.elapsed();
+    for c in &mut more {
+        assert_eq!(c.recv().expect("an answer").status, STATUS_AUTH_ERROR);
+    }
+    let held = probe.stat("", "auth_held") - held_before;
+    // At least four guesses and the right password waited for tokens, which come every
+    // 100 ms once the budget is spent: the right one was not answered at once.
     assert!(
-        errors - over_budget <= budget,
-        "{} failures within budget, more than {budget} in about {seconds} s",
-        errors - over_budget
+        held >= 5,
+        "{held} attempts held, not the right one among them"
     );
     assert!(
-        closed_at_first > 0 && over_budget >= closed_at_first,
-        "{closed_at_first} connections closed at their first failure, {over_budget} over budget"
+        right_took >= Duration::from_millis(30),
+        "the right password was answered in {right_took:?} past the budget"
     );
-    assert!(
-        answered < 3 * CONNECTIONS as u64,
-        "every connection was answered three guesses"
-    );
-    assert_eq!(ok.stat("", "auth_closed"), CONNECTIONS as u64);
 }
 
 /// Over text, nothing is served before authentication but memcached's `set user password`:

@@ -283,6 +283,7 @@ pub fn start(settings: Settings, topology: &Topology) -> Result<Running, ServerE
         stop: AtomicBool::new(false),
         doorbells,
         credentials,
+        auth_gate: Default::default(),
         tls,
         listen_addr: listeners.addr,
         curr_connections: AtomicUsize::new(0),

@@ -124,6 +124,8 @@ pub(crate) struct GeneralFigures {
     pub curr_connections: usize,
     pub total_connections: u64,
     pub rejected_connections: u64,
+    /// Sources whose failure budget is spent now (`auth_gate`).
+    pub auth_sources_held: u64,
     /// What the server listens on: `--listen`'s address, `tls` (`user` or `off`) and the unix
     /// socket's path (`off` without one).
     pub listen: String,
@@ -193,6 +195,10 @@ pub(crate) fn general_figures(
         curr_connections: shared.curr_connections.load(Ordering::Relaxed),
         total_connections: shared.total_connections.load(Ordering::Relaxed),
         rejected_connections: shared.rejected_connections.load(Ordering::Relaxed),
+        auth_sources_held: shared
+            .auth_gate
+            .held_sources(std::time::Instant::now(), 0)
+            .1 as u64,
         listen: shared.listen_addr.to_string(),
         warm_restart: [
             shared.warm_restart.restored.load(Ordering::Relaxed),
@@ -352,7 +358,8 @@ pub(crate) fn general_pairs(f: &GeneralFigures) -> Vec<(String, String)> {
         ("auth_cmds", conn.auth_cmds.to_string()),
         ("auth_errors", conn.auth_errors.to_string()),
         ("auth_closed", conn.auth_closed.to_string()),
-        ("auth_over_budget", conn.auth_over_budget.to_string()),
+        ("auth_held", conn.auth_held.to_string()),
+        ("auth_sources_held", f.auth_sources_held.to_string()),
         ("large_evictions", store.large_evictions.to_string()),
         ("headroom_version", env!("CARGO_PKG_VERSION").to_string()),
         ("partitions", f.partitions.to_string()),

@@ -12,7 +12,7 @@ use crate::proto::{
 };
 use crate::store::{ArithOutcome, DeleteOutcome, StoreOutcome};
 
-use super::conn::{log_peer_error, After, Conn};
+use super::conn::{log_peer_error, within_auth_budget, After, Conn};
 use super::large_reply::LargeReply;
 use crate::server::exec::control::{self, ControlOutcome};
 use crate::server::exec::execute::{Counted, Found, Reply};
@@ -185,7 +185,27 @@ pub(crate) async fn process(conn: &mut Conn, ctx: &Rc<ShardCtx>, now: u32) -> Af
                 ADMIN_REFUSAL.as_bytes(),
             ),
             Request::SaslListMechs | Request::SaslAuth { .. } => {
-                let (status, body) = sasl(ctx, &mut conn.authenticated, &request);
+                let gated =
+                    ctx.shared.credentials.is_some() && matches!(request, Request::SaslAuth { .. });
+                let (status, body) = if gated {
+                    let mut answer = None;
+                    let authenticated = &mut conn.authenticated;
+                    let attempt = || {
+                        let done = sasl(ctx, authenticated, &request);
+                        let ok = done.0 == Status::Ok;
+                        answer = Some(done);
+                        ok
+                    };
+                    if within_auth_budget(ctx, &conn.peer, conn.fd, attempt)
+                        .await
+                        .is_none()
+                    {
+                        return After::Close;
+                    }
+                    answer.expect("the attempt ran")
+                } else {
+                    sasl(ctx, &mut conn.authenticated, &request)
+                };
                 ResponseWriter::new(&mut conn.replies.out).reply(
                     opcode,
                     opaque,

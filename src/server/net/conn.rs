@@ -3,10 +3,16 @@
 //! codecs (`binary.rs`, `text.rs`) take commands out of its buffer and put replies into its
 //! [`Replies`]; `serve.rs` moves the bytes between it and the socket.
 
+use std::sync::atomic::Ordering;
+use std::time::{Duration, Instant};
+
 use super::large_reply::LargeReply;
 use super::lookahead::{Framing, Lookahead};
 use crate::server::exec::large::LargeSet;
 use crate::server::exec::replies::Replies;
+use crate::server::shard::auth_gate::{
+    AuthGate, Source, AUTH_SOURCE_FAILURES_PER_SECOND, AUTH_SOURCE_FAILURE_BURST,
+};
 use crate::server::shard::ctx::ShardCtx;
 use crate::server::shard::latency::BatchCounts;
 use crate::server::shard::shared::unix_now;
@@ -75,6 +81,99 @@ pub(crate) struct Conn {
     pub(crate) peer: String,
     /// The socket, as `watch` lines and `stats conns` name the connection.
     pub(crate) fd: i32,
+}
+
+/// Runs one authentication attempt from the client at `peer` within its source's budget
+/// (`auth_gate.rs`): holds it, right password or wrong, until the source has a token (saying
+/// nothing to the client meanwhile), runs `attempt` (whether it authenticated), and gives the
+/// token back on success. `None`: the server stops or the client closes its end (`fd`) while
+/// the attempt is held, and the connection closes without an answer.
+pub(crate) async fn within_auth_budget(
+    ctx: &ShardCtx,
+    peer: &str,
+    fd: i32,
+    attempt: impl FnOnce() -> bool,
+) -> Option<bool> {
+    let source = Source::of_peer(peer);
+    let gate = &ctx.shared.auth_gate;
+    let mut held: Option<Held<'_>> = None;
+    let token = loop {
+        let taken = gate.try_take(source, Instant::now());
+        let wait = match taken {
+            Ok(token) => break Some(token),
+            Err(wait) => wait,
+        };
+        if held.is_none() {
+            gate.hold(source, Instant::now());
+            held = Some(Held { gate, source });
+            ctx.counters.borrow_mut().auth_held += 1;
+            log_held_sources(ctx);
+        }
+        // The server stops, or the client gave up (nothing to tell it, and its connection
+        // must not keep a slot of `--max-connections` until a token comes).
+        if ctx.shared.stop.load(Ordering::Acquire) || peer_gone(fd) {
+            break None;
+        }
+        // Rechecked at least this often, for the stop.
+        glommio::timer::sleep(wait.min(AUTH_HOLD_RECHECK)).await;
+    };
+    drop(held);
+    let token = token?;
+    let authenticated = attempt();
+    if authenticated {
+        gate.succeeded(token);
+    } else {
+        gate.failed(token);
+    }
+    Some(authenticated)
+}
+
+/// Whether the client at the far end of `fd` has closed or reset its connection (looked at
+/// without taking any byte it sent).
+fn peer_gone(fd: i32) -> bool {
+    use nix::errno::Errno;
+    use nix::sys::socket::{recv, MsgFlags};
+    let mut byte = [0u8; 1];
+    match recv(fd, &mut byte, MsgFlags::MSG_PEEK | MsgFlags::MSG_DONTWAIT) {
+        Ok(0) => true,
+        Ok(_) | Err(Errno::EAGAIN) | Err(Errno::EINTR) => false,
+        Err(_) => true,
+    }
+}
+
+/// An attempt counted as held (`AuthGate::hold`): released when dropped, so a connection
+/// dropped mid-wait (its task cancelled at the stop) still gives its place back.
+struct Held<'a> {
+    gate: &'a AuthGate,
+    source: Source,
+}
+
+impl Drop for Held<'_> {
+    fn drop(&mut self) {
+        self.gate.released(self.source);
+    }
+}
+
+/// How often a held authentication looks again at the stop, at the longest.
+const AUTH_HOLD_RECHECK: Duration = Duration::from_millis(250);
+
+/// Says which sources have attempts held: one line per second per shard at most.
+fn log_held_sources(ctx: &ShardCtx) {
+    let Some(held_back) = ctx.auth_log.allow(unix_now()) else {
+        return;
+    };
+    let (sources, count) = ctx.shared.auth_gate.held_sources(Instant::now(), 8);
+    let shown: Vec<String> = sources.iter().map(ToString::to_string).collect();
+    tracing::warn!(
+        shard = ctx.id,
+        held_back,
+        sources = count,
+        "SASL attempts held: these sources spent their failure budget ({} failures at once, \
+         then {} a second): {} (one line per second per shard at most)",
+        AUTH_SOURCE_FAILURE_BURST,
+        AUTH_SOURCE_FAILURES_PER_SECOND,
+        shown.join(", ")
+    );
 }
 
 /// Logs a protocol error a peer caused: one line per second per shard at most, so a flood
@@ -179,8 +278,7 @@ impl Conn {
     /// Runs the policy after a failed authentication (`auth::after_failure`): whether the
     /// connection must now close.
     pub(crate) async fn authentication_failed(&mut self, ctx: &ShardCtx) -> bool {
-        let (budget, counters) = (&ctx.auth_failure_budget, &ctx.counters);
-        crate::server::shard::auth::after_failure(budget, counters, &mut self.auth_failures).await
+        crate::server::shard::auth::after_failure(&ctx.counters, &mut self.auth_failures).await
     }
 
     /// Adds the line-scan counts gathered since the last call to the shard's counters.

@@ -15,7 +15,7 @@ use crate::command::{Command, StoreMode, Value};
 use crate::proto::meta;
 use crate::proto::text::{self, errors, CrawlClasses, Crawler, TextCommand, TextDecoded};
 
-use super::conn::{log_peer_error, After, Conn};
+use super::conn::{log_peer_error, within_auth_budget, After, Conn};
 use super::large_reply::LargeReply;
 use super::text_reply::{self, store_exptime, TextReply};
 use crate::server::exec::control::{self, ControlOutcome};
@@ -324,6 +324,12 @@ enum Auth {
     Failed,
 }
 
+/// Whether `command` is an authentication attempt (a classic `set` with credentials on).
+fn is_authentication(ctx: &ShardCtx, command: &TextCommand) -> bool {
+    ctx.shared.credentials.is_some()
+        && matches!(command, TextCommand::Store { store, .. } if store.meta.is_none())
+}
+
 fn authenticate(ctx: &ShardCtx, command: &TextCommand) -> Auth {
     let (TextCommand::Store { store, value }, Some(credentials)) =
         (command, &ctx.shared.credentials)
@@ -476,7 +482,25 @@ impl TextSession {
                 // `Conn::consume`, field by field: the command still borrows the buffer.
                 conn.consumed += consumed;
                 conn.line_scan.consumed(consumed);
-                match authenticate(ctx, &command) {
+                let outcome = if is_authentication(ctx, &command) {
+                    let mut outcome = None;
+                    let attempt = || {
+                        let done = authenticate(ctx, &command);
+                        let accepted = matches!(done, Auth::Accepted);
+                        outcome = Some(done);
+                        accepted
+                    };
+                    if within_auth_budget(ctx, &conn.peer, conn.fd, attempt)
+                        .await
+                        .is_none()
+                    {
+                        return After::Close;
+                    }
+                    outcome.expect("the attempt ran")
+                } else {
+                    authenticate(ctx, &command)
+                };
+                match outcome {
                     Auth::Accepted => {
                         conn.authenticated = true;
                         conn.replies.out.extend_from_slice(text::STORED);

@@ -736,16 +736,24 @@ pub const GENERAL: &[(&str, Export)] = &[
             "auth_closed_connections",
             N,
             "Connections closed for failed SASL authentications (a connection's last allowed \
-             failure, or any failure once its shard's failure budget is spent).",
+             failure).",
         )),
     ),
     (
-        "auth_over_budget",
+        "auth_held",
         sample(counter(
-            "auth_over_budget",
+            "auth_held_attempts",
             N,
-            "Failed SASL authentications past their shard's failure budget (each closed its \
-             connection).",
+            "SASL authentication attempts held until their source's failure budget had a \
+             token (right passwords and wrong).",
+        )),
+    ),
+    (
+        "auth_sources_held",
+        sample(gauge(
+            "auth_sources_held",
+            N,
+            "Sources whose failure budget is spent now: their next attempt is held.",
         )),
     ),
     (

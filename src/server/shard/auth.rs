@@ -3,18 +3,17 @@
 //! SASL password database). With it on, a connection must authenticate before any command but
 //! VERSION and the SASL commands themselves.
 //!
-//! Guessing is made slow, per connection: the reply to each failed attempt is held back
+//! Guessing is made slow. Per connection: the reply to each failed attempt is held back
 //! [`AUTH_FAILURE_DELAY`] (the connection's task waits on a timer; the shard serves its other
 //! connections meanwhile), and the [`AUTH_FAILURES_MAX`]th failure closes the connection.
-//! (memcached does neither: 20,000 wrong passwords took 0.41 s on one connection.) Across
-//! connections, each shard has a failure budget ([`FailureBudget`]): once it is spent, any
-//! failure closes its connection at once, so many connections guessing together get
-//! [`AUTH_SHARD_FAILURES_PER_SECOND`] answered guesses a second per shard, not thousands.
+//! (memcached does neither: 20,000 wrong passwords took 0.41 s on one connection.) Per source
+//! address, over all its connections and shards: a budget of failures (`auth_gate.rs`), past
+//! which every attempt from that source, right or wrong, waits for its turn.
 
 use std::cell::RefCell;
 use std::collections::HashMap;
 use std::path::Path;
-use std::time::{Duration, Instant};
+use std::time::Duration;
 
 /// The one mechanism offered.
 pub const MECHANISMS: &str = "PLAIN";
@@ -24,68 +23,18 @@ pub const AUTH_FAILURES_MAX: u32 = 3;
 /// How long the reply to a failed authentication is held back.
 pub const AUTH_FAILURE_DELAY: Duration = Duration::from_millis(100);
 
-/// Failed authentications a shard answers per second, over all its connections, once its
-/// burst is spent: past it every failure closes its connection (a client with the right
-/// password is never charged).
-pub const AUTH_SHARD_FAILURES_PER_SECOND: u32 = 10;
-/// Failed authentications a shard answers at once before the rate applies (a few clients
-/// with a stale password, each retrying [`AUTH_FAILURES_MAX`] times, stay within it).
-pub const AUTH_SHARD_FAILURE_BURST: u32 = 30;
-
-/// A shard's failure budget: a token bucket of [`AUTH_SHARD_FAILURE_BURST`] failures, refilled
-/// at [`AUTH_SHARD_FAILURES_PER_SECOND`].
-#[derive(Debug)]
-pub struct FailureBudget {
-    tokens: f64,
-    refilled_at: Instant,
-}
-
-impl Default for FailureBudget {
-    fn default() -> FailureBudget {
-        FailureBudget {
-            tokens: f64::from(AUTH_SHARD_FAILURE_BURST),
-            refilled_at: Instant::now(),
-        }
-    }
-}
-
-impl FailureBudget {
-    /// Charges one failure at `now`: false when the budget is spent.
-    pub fn charge(&mut self, now: Instant) -> bool {
-        let elapsed = now
-            .saturating_duration_since(self.refilled_at)
-            .as_secs_f64();
-        self.refilled_at = self.refilled_at.max(now);
-        self.tokens = (self.tokens + elapsed * f64::from(AUTH_SHARD_FAILURES_PER_SECOND))
-            .min(f64::from(AUTH_SHARD_FAILURE_BURST));
-        if self.tokens >= 1.0 {
-            self.tokens -= 1.0;
-            true
-        } else {
-            false
-        }
-    }
-}
-
-/// Runs the policy after a failed authentication on a connection that had failed `failures`
-/// times before: charges the shard's [`FailureBudget`], holds the connection back
-/// [`AUTH_FAILURE_DELAY`] (a timer, never the executor), counts the failure, and says whether
-/// the connection must now close (its last allowed failure, or the shard's budget spent).
+/// Runs the per-connection policy after a failed authentication on a connection that had
+/// failed `failures` times before: holds the connection back [`AUTH_FAILURE_DELAY`] (a timer,
+/// never the executor), and says whether it must now close (its last allowed failure).
 pub(crate) async fn after_failure(
-    budget: &RefCell<FailureBudget>,
     counters: &RefCell<super::counters::ConnCounters>,
     failures: &mut u32,
 ) -> bool {
     *failures += 1;
-    let within_budget = budget.borrow_mut().charge(Instant::now());
     glommio::timer::sleep(AUTH_FAILURE_DELAY).await;
-    let close = !within_budget || *failures >= AUTH_FAILURES_MAX;
-    let mut counters = counters.borrow_mut();
-    if !within_budget {
-        counters.auth_over_budget += 1;
-    }
+    let close = *failures >= AUTH_FAILURES_MAX;
     if close {
-        counters.auth_closed += 1;
+        counters.borrow_mut().auth_closed += 1;
     }
     close
 }
@@ -224,21 +173,5 @@ mod tests {
         assert!(Credentials::parse(b"nocolon\n").is_err());
         assert!(Credentials::parse(b":empty\n").is_err());
         assert!(Credentials::parse(b"\n# only comments\n").is_err());
-    }
-
-    #[test]
-    fn the_shard_failure_budget_is_a_burst_then_a_rate() {
-        let mut budget = FailureBudget::default();
-        let start = budget.refilled_at;
-        let charged = (0..100).filter(|_| budget.charge(start)).count();
-        assert_eq!(charged, AUTH_SHARD_FAILURE_BURST as usize);
-        // One second later, one second's worth more, however many ask.
-        let later = start + Duration::from_secs(1);
-        let charged = (0..100).filter(|_| budget.charge(later)).count();
-        assert_eq!(charged, AUTH_SHARD_FAILURES_PER_SECOND as usize);
-        // A long pause refills no more than the burst.
-        let much_later = later + Duration::from_secs(3600);
-        let charged = (0..100).filter(|_| budget.charge(much_later)).count();
-        assert_eq!(charged, AUTH_SHARD_FAILURE_BURST as usize);
     }
 }

@@ -18,11 +18,11 @@ pub struct ConnCounters {
     /// SASL AUTH/STEP commands, and those that failed.
     pub auth_cmds: u64,
     pub auth_errors: u64,
-    /// Connections closed after `auth::AUTH_FAILURES_MAX` failed authentications, or after
-    /// one past the shard's failure budget.
+    /// Connections closed after `auth::AUTH_FAILURES_MAX` failed authentications.
     pub auth_closed: u64,
-    /// Failed authentications past the shard's failure budget (each closed its connection).
-    pub auth_over_budget: u64,
+    /// Authentication attempts held for their source's failure budget
+    /// (`auth_gate::AuthGate`), right passwords and wrong.
+    pub auth_held: u64,
     /// Text and meta commands answered with an error line (or a close) by the decoder.
     pub text_errors: u64,
     /// Bytes examined by searches for a text line's end (each byte of a line once, however
@@ -60,7 +60,7 @@ impl ConnCounters {
         self.auth_cmds += o.auth_cmds;
         self.auth_errors += o.auth_errors;
         self.auth_closed += o.auth_closed;
-        self.auth_over_budget += o.auth_over_budget;
+        self.auth_held += o.auth_held;
         self.text_errors += o.text_errors;
         self.line_scan_bytes += o.line_scan_bytes;
         self.line_incomplete_reads += o.line_incomplete_reads;

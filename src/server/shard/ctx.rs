@@ -215,8 +215,6 @@ pub struct ShardCtx {
     /// failed (a client can provoke each of them over and over).
     pub crc_log: super::log_limit::LogLimiter,
     pub body_timeout_log: super::log_limit::LogLimiter,
-    /// Failed authentications this shard still answers without closing (`auth::after_failure`).
-    pub auth_failure_budget: RefCell<super::auth::FailureBudget>,
     pub segment_write_log: super::log_limit::LogLimiter,
     /// This shard's client connections, by socket, for STAT `conns`.
     pub conns: RefCell<HashMap<i32, Rc<ConnInfo>>>,
@@ -302,7 +300,6 @@ impl ShardCtx {
             idle_log: Default::default(),
             crc_log: Default::default(),
             body_timeout_log: Default::default(),
-            auth_failure_budget: Default::default(),
             segment_write_log: Default::default(),
             conns: RefCell::new(HashMap::new()),
             stop: LocalEvent::new(),

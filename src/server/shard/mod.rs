@@ -5,6 +5,7 @@
 //! The bottom layer of `server`: it imports nothing from `exec`, `ops` or `net`.
 
 pub(crate) mod auth;
+pub(crate) mod auth_gate;
 pub(crate) mod counters;
 pub(crate) mod ctx;
 pub mod data_dir;

@@ -37,6 +37,8 @@ pub struct Shared {
     pub(crate) doorbells: Vec<crate::ring::Doorbell>,
     /// SASL PLAIN credentials (authentication is required when present).
     pub(crate) credentials: Option<super::auth::Credentials>,
+    /// Each source's budget of failed authentications, over every shard.
+    pub(crate) auth_gate: super::auth_gate::AuthGate,
     /// TLS on `--listen` (`--tls-cert`).
     pub(crate) tls: Option<Arc<super::tls_config::Tls>>,
     /// The address `--listen` bound (its port chosen when it asked for port 0).
