@@ -2,7 +2,8 @@
 //! (`common::certs`): pymemcache with a TLS context (0 B to 5 MiB, multi-get, CAS), mutual
 //! TLS with the CA's client certificate, without one and with another CA's, SIGHUP reloading
 //! the certificate for new connections (and keeping it when the new files are bad), a stalled
-//! handshake dropped, a plaintext client refused, an expired certificate refused at start, and
+//! handshake dropped, a plaintext client refused, an expired or X.509 version 1 certificate
+//! refused at start with a sentence (and a version 1 client certificate logged with one), and
 //! the STAT and settings lines.
 
 mod common;
@@ -113,6 +114,12 @@ fn pymemcache_over_tls_stores_and_reads_values_up_to_5_mib() {
     assert_eq!(stat(&stats, "ssl_kernel_tls"), "no");
     assert_eq!(stat(&stats, "listen_tls"), "user");
     assert!(server.logs("TLS on --listen, in user space"));
+    // The same over plain socket calls, and on the ring with one-shot receives: the session
+    // is a stage of whichever path the connection takes.
+    for path_flags in [["--io-ring", "off"], ["--multishot-receive", "off"]] {
+        let server = tls_server(&certs, &path_flags);
+        common::run_checks(app("app", &server, &certs, None), 10);
+    }
 }
 
 #[test]
@@ -129,6 +136,16 @@ fn mutual_tls_serves_only_clients_the_ca_signed() {
     );
     let rogue = Some((certs.rogue_cert.as_path(), certs.rogue_key.as_path()));
     common::run_checks(app("refused", &server, &certs, rogue), 1);
+    // A version 1 client certificate the CA signed: refused, and the log says why in words
+    // (a second on, past the log's one line per second per shard).
+    std::thread::sleep(Duration::from_millis(1100));
+    let v1 = Some((certs.v1_cert.as_path(), certs.server_key.as_path()));
+    common::run_checks(app("refused", &server, &certs, v1), 1);
+    assert!(
+        server.logs("the client's certificate is not X.509 version 3"),
+        "{}",
+        server.log_text()
+    );
     // A plaintext binary client: no binary reply (magic 0x81), at most a TLS alert.
     let (got, _) = send_and_read_to_end(&server, &common::server::frame(0x0b, &[], b"", &[], 0, 0));
     assert!(
@@ -205,16 +222,21 @@ fn bad_tls_files_are_refused_at_start_with_one_sentence() {
     let certs = Certs::make(&fresh_data_dir());
     let dir = fresh_data_dir();
     let data_dir = path(&dir);
-    let (cert, key, expired) = (
+    let (cert, key, expired, v1) = (
         path(&certs.server_cert),
         path(&certs.server_key),
         path(&certs.expired_cert),
+        path(&certs.v1_cert),
     );
     let ca_key = certs.dir.join("ca.key").display().to_string();
-    let cases: [(&[&str], &str); 4] = [
+    let cases: [(&[&str], &str); 5] = [
         (
             &["--tls-cert", &expired, "--tls-key", &key],
             "the certificate expired on",
+        ),
+        (
+            &["--tls-cert", &v1, "--tls-key", &key],
+            "the certificate is X.509 version 1, and Headroom's TLS (rustls) takes version 3 only",
         ),
         (
             &["--tls-cert", &cert, "--tls-key", &ca_key],
@@ -236,7 +258,7 @@ fn bad_tls_files_are_refused_at_start_with_one_sentence() {
 }
 
 /// A TLS client that asked for far more than the sockets hold and never reads does not hold
-/// the stop up: its session goes a grace after the connection behind it is cut off.
+/// the stop up: its connection is cut off after the grace, as a plain one is.
 #[test]
 fn a_tls_reader_that_never_reads_does_not_hold_up_the_stop() {
     use std::io::BufRead;

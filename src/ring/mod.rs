@@ -135,7 +135,7 @@ pub struct RingStats {
     /// the kernel copies anyway (loopback, a device without scatter-gather).
     pub lent_sends_kernel_copies: u64,
     /// Lent sends that went out as plain `SEND` because the socket is no TCP socket (a unix
-    /// socket's client, a relayed TLS connection): only TCP takes `SEND_ZC`.
+    /// socket's client): only TCP takes `SEND_ZC`.
     pub lent_sends_not_tcp: u64,
     pub in_flight: u64,
     pub in_flight_max: u64,

@@ -191,7 +191,7 @@ pub fn start(settings: Settings, topology: &Topology) -> Result<Running, ServerE
                 cert = %files.cert.display(),
                 client_certificates = files.ca.is_some(),
                 kernel_tls = tls_config::kernel_tls_offered(),
-                "TLS on --listen, in user space: sessions are relayed through a socket pair (ssl_kernel_tls no; docs/server.md)"
+                "TLS on --listen, in user space: each connection opens and seals its records on its own socket (ssl_kernel_tls no; docs/server.md)"
             );
             Some(Arc::new(tls))
         }

@@ -1,6 +1,7 @@
 //! Certificates for the TLS tests, made by the `openssl` command in a directory of the test's:
 //! a CA, a server certificate it signed (for `localhost` and 127.0.0.1), a client certificate
-//! it signed, a client certificate another CA signed, and a server certificate that expired.
+//! it signed, a client certificate another CA signed, a server certificate that expired, and
+//! one of X.509 version 1.
 #![allow(dead_code)]
 
 use std::path::{Path, PathBuf};
@@ -18,6 +19,9 @@ pub struct Certs {
     pub rogue_key: PathBuf,
     /// Signed by the CA, valid on 1 January 2020 only.
     pub expired_cert: PathBuf,
+    /// An X.509 version 1 certificate for the server's key, signed by the CA (OpenSSL takes
+    /// it; rustls does not).
+    pub v1_cert: PathBuf,
 }
 
 fn openssl(dir: &Path, args: &[&str]) {
@@ -163,6 +167,26 @@ impl Certs {
                 "20200102000000Z",
             ],
         );
+        // `openssl x509 -req` with no extensions writes version 1.
+        openssl(
+            dir,
+            &[
+                "x509",
+                "-req",
+                "-in",
+                "server.csr",
+                "-CA",
+                "ca.pem",
+                "-CAkey",
+                "ca.key",
+                "-set_serial",
+                &random_serial(),
+                "-out",
+                "v1.pem",
+                "-days",
+                "30",
+            ],
+        );
         Certs {
             dir: dir.to_path_buf(),
             ca: dir.join("ca.pem"),
@@ -173,6 +197,7 @@ impl Certs {
             rogue_cert: dir.join("rogue.pem"),
             rogue_key: dir.join("rogue.key"),
             expired_cert: dir.join("expired.pem"),
+            v1_cert: dir.join("v1.pem"),
         }
     }
 

@@ -1,8 +1,8 @@
 //! Connections: the accept loops and the shard's tasks (`tasks.rs`), a connection served from
 //! its socket (`serve.rs`) through its shell (`conn.rs`: the read buffer, the pass's replies,
 //! what it does next) to the codec its first byte chose (`binary.rs`, `text.rs` with
-//! `text_reply.rs`), the look ahead over a pipelined batch (`lookahead.rs`) and TLS sessions
-//! relayed to a plain connection (`tls.rs`). The top layer of `server` below its `mod.rs`.
+//! `text_reply.rs`), the look ahead over a pipelined batch (`lookahead.rs`) and the TLS
+//! handshake (`tls.rs`). The top layer of `server` below its `mod.rs`.
 
 pub(crate) mod binary;
 pub(crate) mod conn;

@@ -27,6 +27,7 @@ use crate::server::shard::endpoint::Endpoint;
 use crate::server::shard::latency::BatchCounts;
 use crate::server::shard::limits::{idle_closed, with_limits, Io};
 use crate::server::shard::shared::unix_now;
+use crate::server::shard::tls_stage::TlsStage;
 use crate::server::shard::watch;
 use crate::server::shard::wire::Wire;
 
@@ -75,8 +76,13 @@ impl Session {
 /// Serves one connection until the client leaves, a protocol error closes it, it idles out,
 /// or the server stops. The socket is closed only after every ring operation on it is done.
 /// `stream` is any stream socket (glommio's TCP stream type does only plain socket calls):
-/// a TCP client, a unix socket client, or a relayed TLS client's socket pair end.
-pub async fn serve(ctx: Rc<ShardCtx>, mut stream: TcpStream, endpoint: Endpoint) {
+/// a TCP client or a unix socket client; `tls`, a TLS client's session after its handshake.
+pub async fn serve(
+    ctx: Rc<ShardCtx>,
+    mut stream: TcpStream,
+    endpoint: Endpoint,
+    tls: Option<TlsStage>,
+) {
     if endpoint.is_tcp_socket() {
         if let Err(err) = stream.set_nodelay(true) {
             tracing::debug!(%err, "TCP_NODELAY refused");
@@ -87,6 +93,7 @@ pub async fn serve(ctx: Rc<ShardCtx>, mut stream: TcpStream, endpoint: Endpoint)
         ctx.shared.settings.receive_timestamps,
         &stream,
         &endpoint,
+        tls,
     );
     let info = Rc::new(ConnInfo {
         fd: std::os::fd::AsRawFd::as_raw_fd(&stream),
@@ -104,6 +111,9 @@ pub async fn serve(ctx: Rc<ShardCtx>, mut stream: TcpStream, endpoint: Endpoint)
         info.close_reason.set(watch::CloseReason::Shutdown);
     }
     watchers.conn_close(&info.endpoint, info.fd, info.close_reason.get());
+    if ended == Ended::Quit {
+        wire.end_session(&mut stream).await;
+    }
     wire.finish(ended == Ended::Cut).await;
     if ended == Ended::Quit {
         if ctx.stop.fired() {

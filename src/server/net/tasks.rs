@@ -180,7 +180,7 @@ fn spawn_connection(ctx: &Rc<ShardCtx>, stream: TcpStream, endpoint: Endpoint) {
             (Some(tls), Transport::Tcp) => {
                 super::tls::serve(Rc::clone(&conn_ctx), tls, stream, endpoint).await
             }
-            _ => super::serve::serve(Rc::clone(&conn_ctx), stream, endpoint).await,
+            _ => super::serve::serve(Rc::clone(&conn_ctx), stream, endpoint, None).await,
         }
         conn_ctx
             .live_connections

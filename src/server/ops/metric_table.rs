@@ -871,7 +871,7 @@ const LENT_PLAIN_SENDS: Metric = counter(
     N,
     "Lent values sent with plain SEND instead of SEND_ZC, by reason: huge_pages (zero-copy \
      from huge pages stalls), kernel_copies (the connection's notifications said the kernel \
-     copies anyway), not_tcp (a unix socket or relayed TLS client: only TCP takes SEND_ZC).",
+     copies anyway), not_tcp (a unix socket's client: only TCP takes SEND_ZC).",
 );
 
 const LISTENERS: Metric = info(

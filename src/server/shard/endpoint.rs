@@ -9,9 +9,9 @@ pub enum Transport {
     Tcp,
     /// `--unix-socket`.
     Unix,
-    /// TLS on the `--listen` port, decrypted in user space: the connection is served the
-    /// plaintext over one end of a socket pair (`tls.rs`).
-    TlsRelay,
+    /// TLS on the `--listen` port: the client's TCP socket, its records opened and sealed in
+    /// user space by the connection's wire (`tls_stage.rs`).
+    Tls,
 }
 
 /// A connection's transport and its two ends, as STAT `conns` prints them.
@@ -44,28 +44,28 @@ impl Endpoint {
         }
     }
 
-    /// Whether the socket is the client's TCP socket itself (TCP_NODELAY, SIOCOUTQ and an
-    /// abortive close apply; a relayed TLS connection's socket is a socket pair's end).
+    /// Whether the socket is a TCP socket (TCP_NODELAY, SIOCOUTQ and an abortive close
+    /// apply).
     pub fn is_tcp_socket(&self) -> bool {
-        self.transport == Transport::Tcp
+        matches!(self.transport, Transport::Tcp | Transport::Tls)
     }
 
-    /// Whether sends may be zero-copy (`SEND_ZC`): only TCP sockets support it, and a
-    /// relayed TLS connection's bytes are copied by the relay anyway.
+    /// Whether sends may be zero-copy (`SEND_ZC`): only TCP sockets support it, and a TLS
+    /// connection sends records sealed into a buffer of its own, not the value's bytes.
     pub fn zero_copy(&self) -> bool {
         self.transport == Transport::Tcp
     }
 
-    /// Whether the kernel's receive timestamps start a request's latency: a socket pair's
-    /// timestamps would be the relay's, not the client's.
+    /// Whether the kernel's receive timestamps start a request's latency (TCP sockets'; a
+    /// unix socket has none).
     pub fn receive_timestamps(&self) -> bool {
-        self.transport == Transport::Tcp
+        self.is_tcp_socket()
     }
 
     /// memcached's protocol name in STAT `conns` addresses (`tcp:`, `unix:`).
     fn protocol_name(&self) -> &'static str {
         match self.transport {
-            Transport::Tcp | Transport::TlsRelay => "tcp",
+            Transport::Tcp | Transport::Tls => "tcp",
             Transport::Unix => "unix",
         }
     }
@@ -83,7 +83,7 @@ impl Endpoint {
     /// memcached's `transport=` in `watch connevents` lines (`local` for a unix socket).
     pub fn watch_transport(&self) -> &'static str {
         match self.transport {
-            Transport::Tcp | Transport::TlsRelay => "tcp",
+            Transport::Tcp | Transport::Tls => "tcp",
             Transport::Unix => "local",
         }
     }

@@ -17,6 +17,7 @@ pub mod listen;
 pub(crate) mod log_limit;
 pub(crate) mod shared;
 pub mod tls_config;
+pub mod tls_stage;
 pub(crate) mod unix_socket;
 pub mod user;
 pub(crate) mod warm_report;

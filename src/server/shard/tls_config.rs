@@ -2,14 +2,12 @@
 //! certificates), with rustls.
 //!
 //! A TLS connection's handshake runs on the shard that serves it, within
-//! `--tls-handshake-timeout`. The session is then kept in user space: its task decrypts what
-//! the client sends and writes the plaintext into one end of a unix socket pair, and encrypts
-//! what comes back out of it; the other end is served as any client connection (`serve.rs`),
-//! so the three protocols, SASL and large values work unchanged. That costs a copy each way
-//! and a socket pair per connection. Kernel TLS (kTLS) would let the connection's own socket
-//! carry plaintext after the handshake, and so keep zero-copy sends; the kernels of the
-//! machines this was built on offer no `tls` ULP to test it with, so it is not used
-//! (`ssl_kernel_tls no`; the start-up line says whether the kernel offers it).
+//! `--tls-handshake-timeout`. The session is then kept in user space, a stage of the
+//! connection's wire (`tls_stage.rs`): the three protocols, SASL and large values run over it
+//! unchanged. Kernel TLS (kTLS) would let the connection's own socket carry plaintext after
+//! the handshake, and so keep zero-copy sends; the kernels of the machines this was built on
+//! offer no `tls` ULP to test it with, so it is not used (`ssl_kernel_tls no`; the start-up
+//! line says whether the kernel offers it).
 //!
 //! SIGHUP reloads the certificate, the key and the CA: new connections get the new ones, and a
 //! file that does not load is logged and the pair in use kept.
@@ -120,7 +118,7 @@ fn build_config(files: &TlsFiles) -> Result<ServerConfig, String> {
     let Some(leaf) = chain.first() else {
         return Err(format!("{cert_flag}: holds no PEM certificate"));
     };
-    check_validity(leaf).map_err(|why| format!("{cert_flag}: {why}"))?;
+    check_certificate(leaf).map_err(|why| format!("{cert_flag}: {why}"))?;
     let key = PrivateKeyDer::from_pem_file(&files.key)
         .map_err(|err| format!("--tls-key {}: {}", files.key.display(), pem_error(err)))?;
     // ring, not rustls's default aws-lc-rs (whose build wants cmake): the cipher suites and
@@ -173,9 +171,9 @@ fn pem_error(err: rustls::pki_types::pem::Error) -> String {
     }
 }
 
-/// Refuses a certificate that is not valid now: clients would refuse it anyway, and a server
-/// that starts with it serves nobody.
-fn check_validity(cert: &CertificateDer<'_>) -> Result<(), String> {
+/// Refuses a certificate that is not valid now (clients would refuse it anyway, and a server
+/// that starts with it serves nobody), or that rustls does not take.
+fn check_certificate(cert: &CertificateDer<'_>) -> Result<(), String> {
     let (_, parsed) = x509_parser::parse_x509_certificate(cert.as_ref())
         .map_err(|err| format!("the certificate cannot be parsed: {err}"))?;
     let now = SystemTime::now()
@@ -192,6 +190,17 @@ fn check_validity(cert: &CertificateDer<'_>) -> Result<(), String> {
         return Err(format!(
             "the certificate is not valid before {}; check the clock or the certificate",
             validity.not_before
+        ));
+    }
+    // rustls (its webpki) takes only X.509 version 3 end-entity certificates; OpenSSL, and so
+    // memcached, takes version 1 too. Said here, not as webpki's `UnsupportedCertVersion`.
+    if parsed.version() != x509_parser::x509::X509Version::V3 {
+        return Err(format!(
+            "the certificate is X.509 version {}, and Headroom's TLS (rustls) takes version 3 \
+             only (OpenSSL-based servers such as memcached take both); make a version 3 \
+             certificate from the same key, for example with `openssl x509 -req` and an \
+             `-extfile` giving `subjectAltName=DNS:your.host`",
+            parsed.version().0 + 1
         ));
     }
     Ok(())

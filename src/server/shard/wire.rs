@@ -27,6 +27,7 @@ use crate::ring::multishot::Inbox;
 use crate::ring::{Buf, FixedBuffers, ReapClock, Ring, Stamped, StreamPool, ZcReport};
 
 use super::shared::Shared;
+use super::tls_stage::{Opened, TlsStage};
 
 /// Counters of the choices the data path made (STAT `io`, beside the ring's own).
 #[derive(Clone, Debug, Default)]
@@ -257,6 +258,8 @@ pub struct Wire {
     arrived: Cell<Option<Instant>>,
     /// Whether the socket is in the ring's registered-file table.
     registered: Cell<bool>,
+    /// A TLS connection's session: every byte read is opened by it, every byte written sealed.
+    tls: Option<TlsStage>,
 }
 
 /// A receive timestamp further back than this is taken for a clock step, not a wait.
@@ -271,6 +274,7 @@ impl Wire {
         receive_timestamps: bool,
         stream: &TcpStream,
         endpoint: &super::endpoint::Endpoint,
+        tls: Option<TlsStage>,
     ) -> Wire {
         let fd = stream.as_raw_fd();
         let ring = io.ring.clone();
@@ -303,6 +307,7 @@ impl Wire {
             stamps,
             arrived: Cell::new(None),
             registered: Cell::new(registered),
+            tls,
         }
     }
 
@@ -336,9 +341,52 @@ impl Wire {
     }
 
     /// Reads into `buf[at..]`: on the ring a `RECV` queued with the pass's other entries, else
-    /// glommio's read. Returns the bytes read (0: the peer closed). If this future is dropped
-    /// midway on the ring path, `buf` is left empty (the connection is ending anyway).
+    /// glommio's read; over TLS, the plaintext of what arrived. Returns the bytes read (0: the
+    /// peer closed). If this future is dropped midway on the ring path, `buf` is left empty
+    /// (the connection is ending anyway).
     pub async fn read(
+        &self,
+        stream: &mut TcpStream,
+        buf: &mut Vec<u8>,
+        at: usize,
+    ) -> io::Result<usize> {
+        match &self.tls {
+            Some(tls) => self.tls_read(tls, stream, &mut buf[at..]).await,
+            None => self.socket_read(stream, buf, at).await,
+        }
+    }
+
+    /// Opens records into `into` until some plaintext comes (0: the client ended the session
+    /// or closed), reading the socket for more ciphertext when no whole record is left. What
+    /// the session has to say back (an alert, a key update) goes out before.
+    async fn tls_read(
+        &self,
+        tls: &TlsStage,
+        stream: &mut TcpStream,
+        into: &mut [u8],
+    ) -> io::Result<usize> {
+        loop {
+            let opened = tls.open(into);
+            if tls.wants_send() {
+                self.send_sealed(tls, Some(stream)).await?;
+            }
+            match opened? {
+                Opened::Plain(n) => return Ok(n),
+                Opened::End => return Ok(0),
+                Opened::NeedBytes => {}
+            }
+            let (mut buf, filled) = tls.receive_room();
+            let read = self.socket_read(stream, &mut buf, filled).await;
+            let n = *read.as_ref().unwrap_or(&0);
+            tls.received(buf, filled + n);
+            if read? == 0 {
+                return Ok(0);
+            }
+        }
+    }
+
+    /// Reads the socket into `buf[at..]`: [`Wire::read`] without TLS.
+    async fn socket_read(
         &self,
         stream: &mut TcpStream,
         buf: &mut Vec<u8>,
@@ -381,6 +429,10 @@ impl Wire {
     /// Reads into `into` outside the connection's read buffer (a large value's body): with
     /// glommio, after pausing a multishot receive and taking what it had brought first.
     pub async fn read_into(&self, stream: &mut TcpStream, into: &mut [u8]) -> io::Result<usize> {
+        // Over TLS the ciphertext comes in the stage's buffer, through the same receive.
+        if let Some(tls) = &self.tls {
+            return self.tls_read(tls, stream, into).await;
+        }
         if let (Some(ring), Some(inbox)) = (&self.ring, &self.inbox) {
             if inbox.armed() {
                 ring.pause_receive(inbox).await;
@@ -399,6 +451,11 @@ impl Wire {
     /// Ring path: queues a send of all of `bytes` (with the pass's other entries) and hands
     /// the buffer back when it is done.
     pub async fn write_queued(&self, bytes: Vec<u8>) -> io::Result<Vec<u8>> {
+        if let Some(tls) = &self.tls {
+            tls.seal(&[&bytes]);
+            self.send_sealed(tls, None).await?;
+            return Ok(bytes);
+        }
         let ring = self
             .ring
             .as_ref()
@@ -408,11 +465,57 @@ impl Wire {
 
     /// Writes all of `bytes` and hands the buffer back for reuse.
     pub async fn write(&self, stream: &mut TcpStream, bytes: Vec<u8>) -> io::Result<Vec<u8>> {
+        if let Some(tls) = &self.tls {
+            tls.seal(&[&bytes]);
+            self.send_sealed(tls, Some(stream)).await?;
+            return Ok(bytes);
+        }
+        self.socket_write(Some(stream), bytes).await
+    }
+
+    /// Writes all of `bytes` to the socket (`stream` is the plain path's) and hands the buffer
+    /// back: [`Wire::write`] without TLS.
+    async fn socket_write(
+        &self,
+        stream: Option<&mut TcpStream>,
+        bytes: Vec<u8>,
+    ) -> io::Result<Vec<u8>> {
         match &self.ring {
             Some(ring) => ring.send_all(self.fd, bytes).await,
             None => {
+                let stream = stream.expect("the plain path writes through its stream");
                 stream.write_all(&bytes).await?;
                 Ok(bytes)
+            }
+        }
+    }
+
+    /// Sends every record the session has sealed, in order, in this connection's send turn
+    /// (`tls_stage.rs`). `stream` is the plain path's.
+    async fn send_sealed(
+        &self,
+        tls: &TlsStage,
+        mut stream: Option<&mut TcpStream>,
+    ) -> io::Result<()> {
+        let _turn = tls.send_turn().await;
+        loop {
+            let records = tls.next_records()?;
+            if records.is_empty() {
+                tls.sent(records);
+                return Ok(());
+            }
+            let back = self.socket_write(stream.as_deref_mut(), records).await?;
+            tls.sent(back);
+        }
+    }
+
+    /// A TLS connection that ends politely (QUIT, a protocol error) tells the client so
+    /// (close_notify), as far as the socket takes it.
+    pub async fn end_session(&self, stream: &mut TcpStream) {
+        if let Some(tls) = &self.tls {
+            tls.seal_close();
+            if let Err(err) = self.send_sealed(tls, Some(stream)).await {
+                tracing::debug!(%err, "close_notify not sent");
             }
         }
     }
@@ -421,6 +524,12 @@ impl Wire {
     /// where they are: on the ring with `SEND_ZC`, or `SEND` from huge pages or when the
     /// kernel copies anyway; the memory is released when the kernel is done with it.
     pub async fn write_lent(&self, stream: &mut TcpStream, lent: Lent) -> io::Result<()> {
+        if let Some(tls) = &self.tls {
+            // Sealing reads the lent bytes where they are; they are released once sealed.
+            tls.seal(&lent.slices());
+            drop(lent);
+            return self.send_sealed(tls, Some(stream)).await;
+        }
         match &self.ring {
             Some(ring) => {
                 ring.send_lent_all(self.fd, Buf::Lent(Rc::new(lent)), &self.zc)
@@ -444,6 +553,12 @@ impl Wire {
         head: Vec<u8>,
         lent: Lent,
     ) -> io::Result<()> {
+        if let Some(tls) = &self.tls {
+            let [first, second] = lent.slices();
+            tls.seal(&[&head, first, second]);
+            drop(lent);
+            return self.send_sealed(tls, Some(stream)).await;
+        }
         if self.ring.is_some() {
             return self.write_head_and_lent_queued(head, lent).await.map(drop);
         }
@@ -461,6 +576,15 @@ impl Wire {
         head: Vec<u8>,
         lent: Lent,
     ) -> io::Result<Vec<u8>> {
+        if let Some(tls) = &self.tls {
+            let [first, second] = lent.slices();
+            tls.seal(&[&head, first, second]);
+            drop(lent);
+            self.send_sealed(tls, None).await?;
+            let mut head = head;
+            head.clear();
+            return Ok(head);
+        }
         let ring = self
             .ring
             .as_ref()
