@@ -458,6 +458,74 @@ fn watch_connevents_logs_connections_opened_and_closed() {
     }
 }
 
+/// `watch evictions`, as memcached's t/watcher.t asks for it (`watch mutations evictions`): a
+/// store into a full cache logs what it evicted (`type=eviction key=... fetch=yes|no ttl=...
+/// la=... clsid=... size=...`, before its `item_store` line), one line per item the STAT
+/// `evictions` counts; `log_watchers` counts the watching connections.
+#[test]
+fn watch_evictions_logs_each_item_evicted() {
+    let server = Server::start(&["--memory", "16M", "--threads", "1"]);
+    let mut client = connect(&server);
+    let mut watcher = connect(&server);
+    watcher.write_all(b"watch mutations evictions\r\n").unwrap();
+    assert_eq!(read_until(&mut watcher, b"\r\n"), b"OK");
+    assert_eq!(stat(&stats(&mut client, ""), "log_watchers"), 1);
+    let before = stat(&stats(&mut client, ""), "evictions");
+    // 3,000 values of 11,000 bytes into 16 MiB: evictions, some of them items read once.
+    let value = vec![b'B'; 11_000];
+    for i in 0..3_000 {
+        let key = format!("n,foo{i}");
+        assert_eq!(store(&mut client, "set", &key, &value), b"STORED\r\n");
+        if i == 0 {
+            assert!(get(&mut client, &key).is_some());
+        }
+    }
+    let evicted = stat(&stats(&mut client, ""), "evictions") - before;
+    assert!(evicted > 0, "nothing was evicted");
+    // Every eviction has its line, and the stores theirs.
+    let mut lines = String::new();
+    let deadline = Instant::now() + Duration::from_secs(10);
+    watcher
+        .set_read_timeout(Some(Duration::from_millis(200)))
+        .unwrap();
+    while lines.matches(" type=eviction ").count() < evicted as usize
+        || lines.matches(" type=item_store ").count() < 3_000
+    {
+        assert!(
+            Instant::now() < deadline,
+            "{} eviction lines of {evicted}",
+            lines.matches(" type=eviction ").count()
+        );
+        let mut chunk = [0u8; 65536];
+        if let Ok(n) = watcher.read(&mut chunk) {
+            lines.push_str(std::str::from_utf8(&chunk[..n]).unwrap());
+        }
+    }
+    assert_eq!(lines.matches(" type=eviction ").count(), evicted as usize);
+    let first = lines
+        .lines()
+        .find(|l| l.contains(" type=eviction key=n%2Cfoo0 "))
+        .expect("the first key evicted, and logged");
+    assert!(
+        first.contains(" fetch=yes ttl=-1 la=") && first.ends_with(" size=11000"),
+        "{first}"
+    );
+    let unread = lines
+        .lines()
+        .find(|l| l.contains(" type=eviction key=n%2Cfoo1 "))
+        .expect("the second key evicted, and logged");
+    assert!(unread.contains(" fetch=no "), "{unread}");
+    drop(watcher);
+    let deadline = Instant::now() + Duration::from_secs(10);
+    while stat(&stats(&mut client, ""), "log_watchers") != 0 {
+        assert!(
+            Instant::now() < deadline,
+            "the watcher was never counted gone"
+        );
+        std::thread::sleep(Duration::from_millis(20));
+    }
+}
+
 /// `watch deletions` (1.6.20): a line per item a `delete` or `md` removed, as 1.6.45 writes it
 /// (`type=deleted key=<URI-encoded> cmd=delete|md clsid=<class> size=<value bytes>`); misses
 /// and `md ... I` (which keeps the item, stale) are not logged.

@@ -157,7 +157,25 @@ pub(super) struct Keys {
     /// Set when an insert grew the table (the index moved); taken by
     /// [`Keys::take_moved_layout`].
     layout_moved: bool,
+    /// While on (`watch evictions`): what eviction removed, for the caller to log.
+    pub evicted_log: Option<Vec<Evicted>>,
 }
+
+/// An item eviction removed, as `watch evictions` reports it.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct Evicted {
+    pub key: Vec<u8>,
+    /// Whether it was read since it was stored.
+    pub fetched: bool,
+    /// Its expiry (Unix seconds; 0: none) and last access (Unix seconds).
+    pub expiry: u32,
+    pub accessed: u32,
+    pub class: ItemClass,
+    pub value_bytes: u64,
+}
+
+/// Evictions one operation logs at most (one store evicts a handful; a bound all the same).
+const EVICTED_LOG_MAX: usize = 1024;
 
 impl Keys {
     pub fn new(hasher: KeyHasher) -> Keys {
@@ -173,6 +191,7 @@ impl Keys {
             leased: HashMap::new(),
             next_lease: 0,
             layout_moved: false,
+            evicted_log: None,
         }
     }
 
@@ -516,7 +535,22 @@ impl AdmissionHost for Keys {
             if let Ok(entry) = self.table.find_entry(hash, |l| *l == loc) {
                 entry.remove();
             }
-            let class = class_of(arena.bytes(loc)).0;
+            let (class, value_bytes) = class_of(arena.bytes(loc));
+            if let Some(log) = self
+                .evicted_log
+                .as_mut()
+                .filter(|l| l.len() < EVICTED_LOG_MAX)
+            {
+                let record = arena.bytes(loc);
+                log.push(Evicted {
+                    key: item::key(record).to_vec(),
+                    fetched: item::bit(record, item::BIT_FETCHED),
+                    expiry: item::meta(record).expiry,
+                    accessed: item::accessed(record),
+                    class,
+                    value_bytes,
+                });
+            }
             self.free_item(arena, loc);
             self.stats.evictions += 1;
             self.stats.class_mut(class).evicted += 1;

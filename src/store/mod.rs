@@ -33,7 +33,7 @@ pub struct Recency {
     pub accessed: u32,
 }
 use keys::Keys;
-pub use keys::{IndexLayout, KeyHasher};
+pub use keys::{Evicted, IndexLayout, KeyHasher};
 pub use stats::{ClassStats, ItemClass, StoreStats};
 
 pub use crate::command::{CAS_NEVER_ISSUED, RELATIVE_EXPIRY_MAX_SECONDS};
@@ -1261,6 +1261,21 @@ impl Store {
         }
         let (class, bytes) = keys::class_of(record);
         Some((class as u8, bytes))
+    }
+
+    /// Turns on (or off) the log of what eviction removes (`watch evictions`); while on, each
+    /// eviction is kept for [`Store::take_evicted`].
+    pub fn log_evictions(&mut self, on: bool) {
+        self.keys.evicted_log = on.then(Vec::new);
+    }
+
+    /// What eviction removed since the log was turned on or last taken.
+    pub fn take_evicted(&mut self) -> Vec<Evicted> {
+        self.keys
+            .evicted_log
+            .as_mut()
+            .map(std::mem::take)
+            .unwrap_or_default()
     }
 
     /// The class a live key's value uses (tests and stats).

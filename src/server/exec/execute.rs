@@ -109,8 +109,8 @@ pub struct WatchedStore<'k> {
 }
 
 /// Runs `run` (a store) and logs it to `watch`ers as memcached does: first the lookup of the
-/// item it replaces (an `item_get` line), then the outcome (`item_store`). With no watcher this
-/// is two atomic loads.
+/// item it replaces (an `item_get` line), what it evicted to make room (`eviction`), then the
+/// outcome (`item_store`). With no watcher this is three atomic loads.
 pub fn watched_store(
     store: &mut Store,
     (watchers, fd): (&Watchers, i32),
@@ -124,7 +124,17 @@ pub fn watched_store(
         };
         watchers.fetched(what.key, fetched, fd);
     }
+    let log_evictions = watchers.wants(watch::EVICTIONS);
+    if log_evictions {
+        store.log_evictions(true);
+    }
     let outcome = run(store);
+    if log_evictions {
+        for evicted in store.take_evicted() {
+            watchers.evicted(&evicted, what.now);
+        }
+        store.log_evictions(false);
+    }
     if watchers.wants(watch::MUTATIONS) {
         let ttl = match crate::store::absolute_expiry(what.exptime, what.now) {
             0 => 0,

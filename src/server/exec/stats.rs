@@ -126,6 +126,8 @@ pub(crate) struct GeneralFigures {
     pub rejected_connections: u64,
     /// Sources whose failure budget is spent now (`auth_gate`).
     pub auth_sources_held: u64,
+    /// `watch` connections open now (memcached's `log_watchers`).
+    pub log_watchers: usize,
     /// What the server listens on: `--listen`'s address, `tls` (`user` or `off`) and the unix
     /// socket's path (`off` without one).
     pub listen: String,
@@ -199,6 +201,7 @@ pub(crate) fn general_figures(
             .auth_gate
             .held_sources(std::time::Instant::now(), 0)
             .1 as u64,
+        log_watchers: shared.watchers.count(),
         listen: shared.listen_addr.to_string(),
         warm_restart: [
             shared.warm_restart.restored.load(Ordering::Relaxed),
@@ -360,6 +363,7 @@ pub(crate) fn general_pairs(f: &GeneralFigures) -> Vec<(String, String)> {
         ("auth_closed", conn.auth_closed.to_string()),
         ("auth_held", conn.auth_held.to_string()),
         ("auth_sources_held", f.auth_sources_held.to_string()),
+        ("log_watchers", f.log_watchers.to_string()),
         ("large_evictions", store.large_evictions.to_string()),
         ("headroom_version", env!("CARGO_PKG_VERSION").to_string()),
         ("partitions", f.partitions.to_string()),

@@ -129,8 +129,8 @@ pub(crate) async fn within_auth_budget(
 }
 
 /// Whether the client at the far end of `fd` has closed or reset its connection (looked at
-/// without taking any byte it sent).
-fn peer_gone(fd: i32) -> bool {
+/// without taking any byte it sent: bytes it sent and nobody read hide a close behind them).
+pub(crate) fn peer_gone(fd: i32) -> bool {
     use nix::errno::Errno;
     use nix::sys::socket::{recv, MsgFlags};
     let mut byte = [0u8; 1];

@@ -415,7 +415,7 @@ async fn serve_frames(
                 _ => {}
             }
             if let After::Watch(watcher) = after {
-                let ended = stream_watch(ctx, stream, wire, &watcher).await;
+                let ended = stream_watch(ctx, stream, wire, &watcher, conn.fd).await;
                 ctx.shared.watchers.remove(&watcher);
                 return ended;
             }
@@ -450,15 +450,17 @@ async fn send_pending(
 }
 
 /// Streams a watcher's lines until the client leaves or the server stops (a watching
-/// connection reads no more commands, as in memcached).
+/// connection reads no more commands, as in memcached). A client that leaves while no line
+/// comes is seen gone by looking at its socket (`fd`), so `log_watchers` counts it out.
 async fn stream_watch(
     ctx: &ShardCtx,
     stream: &mut TcpStream,
     wire: &Wire,
     watcher: &crate::server::shard::watch::Watcher,
+    fd: i32,
 ) -> Ended {
     loop {
-        if ctx.stop.fired() {
+        if ctx.stop.fired() || super::conn::peer_gone(fd) {
             return Ended::Cut;
         }
         glommio::timer::sleep(crate::server::shard::watch::DRAIN_INTERVAL).await;

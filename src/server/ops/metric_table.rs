@@ -757,6 +757,14 @@ pub const GENERAL: &[(&str, Export)] = &[
         )),
     ),
     (
+        "log_watchers",
+        sample(gauge(
+            "log_watchers",
+            N,
+            "`watch` connections open now.",
+        )),
+    ),
+    (
         "large_evictions",
         sample(counter(
             "large_evictions",

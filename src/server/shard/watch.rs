@@ -14,7 +14,7 @@ use std::time::Duration;
 
 use super::endpoint::{Endpoint, Transport};
 use crate::proto::StoreMode;
-use crate::store::StoreOutcome;
+use crate::store::{Evicted, StoreOutcome};
 
 /// `watch fetchers`: every key a GET-family command looks up.
 pub const FETCHERS: u8 = 1;
@@ -24,6 +24,8 @@ pub const MUTATIONS: u8 = 2;
 pub const CONNEVENTS: u8 = 4;
 /// `watch deletions`: every item a `delete` or `md` removed.
 pub const DELETIONS: u8 = 8;
+/// `watch evictions`: every item evicted to make room for a store.
+pub const EVICTIONS: u8 = 16;
 
 /// Why a connection closed, as memcached's `conn_close` line says it.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -93,6 +95,11 @@ impl Watchers {
         list.push(Arc::clone(&watcher));
         self.kinds.fetch_or(kinds, Ordering::Relaxed);
         Some(watcher)
+    }
+
+    /// Watchers open now.
+    pub fn count(&self) -> usize {
+        self.list.lock().expect("watchers lock").len()
     }
 
     pub fn remove(&self, watcher: &Arc<Watcher>) {
@@ -170,6 +177,27 @@ impl Watchers {
         let mut line = self.line_start("deleted", key);
         line.push_str(&format!(" cmd={cmd} clsid={class} size={bytes}\n"));
         self.publish(DELETIONS, line.as_bytes());
+    }
+
+    /// An `eviction` line, as memcached writes it: whether the item was read since stored,
+    /// its seconds to live (-1: no expiry) and since its last access, its class and size, as
+    /// of `now` (Unix seconds).
+    pub fn evicted(&self, evicted: &Evicted, now: u32) {
+        if !self.wants(EVICTIONS) {
+            return;
+        }
+        let fetch = if evicted.fetched { "yes" } else { "no" };
+        let ttl = match evicted.expiry {
+            0 => -1,
+            at => i64::from(at) - i64::from(now),
+        };
+        let since_access = now.saturating_sub(evicted.accessed);
+        let mut line = self.line_start("eviction", &evicted.key);
+        line.push_str(&format!(
+            " fetch={fetch} ttl={ttl} la={since_access} clsid={} size={}\n",
+            evicted.class as u8, evicted.value_bytes
+        ));
+        self.publish(EVICTIONS, line.as_bytes());
     }
 
     /// A `conn_new` line: a client connected over `endpoint`, on socket `fd`.
@@ -270,7 +298,7 @@ fn remote(endpoint: &Endpoint) -> String {
 
 /// The kinds `watch` names (`watch` alone: fetchers), or `None` for a word Headroom does not
 /// log (memcached answers ERROR for an unknown one; Headroom also for the kinds it has no
-/// lines of: evictions, sysevents, rawcmds, proxy*).
+/// lines of: sysevents, rawcmds, proxy*).
 pub fn kinds_of<'a>(words: impl Iterator<Item = &'a [u8]>) -> Option<u8> {
     let mut kinds = 0;
     for word in words {
@@ -279,6 +307,7 @@ pub fn kinds_of<'a>(words: impl Iterator<Item = &'a [u8]>) -> Option<u8> {
             b"mutations" => MUTATIONS,
             b"connevents" => CONNEVENTS,
             b"deletions" => DELETIONS,
+            b"evictions" => EVICTIONS,
             _ => return None,
         };
     }
@@ -325,6 +354,10 @@ mod tests {
         assert_eq!(
             kinds_of(words("fetchers mutations")),
             Some(FETCHERS | MUTATIONS)
+        );
+        assert_eq!(
+            kinds_of(words("mutations evictions")),
+            Some(MUTATIONS | EVICTIONS)
         );
         assert_eq!(kinds_of(words("bogus")), None);
     }
