@@ -849,6 +849,20 @@ impl Ring {
         report: Option<Rc<ZcReport>>,
         entry: impl FnOnce(&Buf, types::Fd) -> squeue::Entry,
     ) -> (io::Result<usize>, Option<Buf>) {
+        self.submit_with(kind, fd, (buf, report), false, entry)
+            .await
+    }
+
+    /// [`Ring::submit`], and with `at_once` the entry goes to the kernel now, with whatever is
+    /// queued before it, instead of at the end of the executor pass.
+    async fn submit_with(
+        self: &Rc<Self>,
+        kind: OpKind,
+        fd: RawFd,
+        (buf, report): (Buf, Option<Rc<ZcReport>>),
+        at_once: bool,
+        entry: impl FnOnce(&Buf, types::Fd) -> squeue::Entry,
+    ) -> (io::Result<usize>, Option<Buf>) {
         let entry = |b: Option<&Buf>, target| entry(b.expect("an operation's buffer"), target);
         if kind != OpKind::Recv {
             self.room().await;
@@ -859,6 +873,9 @@ impl Ring {
                 .set(self.file_ops_in_flight.get() + 1);
         }
         let (index, generation) = self.start(kind, fd, Some(buf), report, None, entry);
+        if at_once {
+            self.submit_queued(&mut self.uring.borrow_mut());
+        }
         Op {
             ring: Rc::clone(self),
             index,

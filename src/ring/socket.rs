@@ -5,17 +5,25 @@
 
 use super::*;
 
+/// Replies of at least this many bytes (a pipelined batch's, about 16 small replies) are
+/// submitted as soon as they are queued.
+pub const SEND_AT_ONCE_BYTES: usize = 512;
+
 impl Ring {
     /// Sends all of `bytes` (plain `SEND`), in as many operations as the socket needs.
     /// Returns the buffer for reuse (it is lost if the send failed midway).
     pub async fn send_all(self: &Rc<Self>, fd: RawFd, bytes: Vec<u8>) -> io::Result<Vec<u8>> {
         let total = bytes.len();
+        // A pipelined batch's replies go to the kernel at once, so the client works on them
+        // while this pass serves the other connections; a lone reply waits for the pass's
+        // one submission (docs/io.md, "Submission").
+        let at_once = total >= SEND_AT_ONCE_BYTES;
         let mut buf = Buf::Owned(bytes);
         let mut sent = 0;
         while sent < total {
             let at = sent;
             let (result, back) = self
-                .submit(OpKind::Send, fd, buf, None, |b, target| {
+                .submit_with(OpKind::Send, fd, (buf, None), at_once, |b, target| {
                     // SAFETY (of the pointer arithmetic): `at < len` of the owned buffer.
                     opcode::Send::new(target, b.ptr().wrapping_add(at), (total - at) as u32)
                         .flags(libc::MSG_NOSIGNAL)
