@@ -1523,8 +1523,8 @@ fn watch_streams_fetches_and_stores_of_every_shard() {
     let mut refused = connect(server.addr);
     // Replies already waiting in the pipeline stop it, as in memcached; an unknown kind is an
     // error, and neither ends the connection.
-    refused.write_all(b"watch evictions\r\n").unwrap();
-    read_until(&mut refused, "watch evictions", |t| t == "ERROR\r\n");
+    refused.write_all(b"watch sysevents\r\n").unwrap();
+    read_until(&mut refused, "watch sysevents", |t| t == "ERROR\r\n");
     refused.write_all(b"get nothing\r\nwatch\r\n").unwrap();
     let expected = "END\r\nERROR cannot pipeline other commands before watch\r\n";
     let got = read_until(&mut refused, "refused watch", |t| t.len() >= expected.len());
