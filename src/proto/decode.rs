@@ -116,6 +116,30 @@ fn drops_on_failure(mode: StoreMode) -> bool {
     mode == StoreMode::Set
 }
 
+/// The store a binary storage `opcode` asks for, its value whole or streamed (APPEND and
+/// PREPEND pass flags and expiry 0: the item keeps its own).
+fn store_command<'a>(
+    opcode: u8,
+    key: &'a [u8],
+    value: Value<'a>,
+    cas: u64,
+    (flags, expiry): (u32, u32),
+) -> Command<'a> {
+    let mode = store_mode(opcode);
+    Command::Store {
+        mode,
+        key,
+        value,
+        flags,
+        expiry,
+        cas,
+        invalidate: false,
+        explicit_cas: 0,
+        vivify: None,
+        drop_on_failure: drops_on_failure(mode),
+    }
+}
+
 /// Why a frame was rejected (counted in STAT).
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
 pub enum FrameError {
@@ -353,19 +377,9 @@ pub fn decode_streaming(
         } else {
             (be32(extras), be32(&extras[4..]))
         };
-        let mode = store_mode(opcode);
-        let store = Command::Store {
-            mode,
-            key: &buf[HEADER_BYTES + extras_len..head],
-            value: Value::Streamed(value_len as u64),
-            flags,
-            expiry,
-            cas,
-            invalidate: false,
-            explicit_cas: 0,
-            vivify: None,
-            drop_on_failure: drops_on_failure(mode),
-        };
+        let key = &buf[HEADER_BYTES + extras_len..head];
+        let value = Value::Streamed(value_len as u64);
+        let store = store_command(opcode, key, value, cas, (flags, expiry));
         return Decoded::Request {
             request: Request::Run {
                 command: store,
@@ -436,18 +450,8 @@ pub fn decode_streaming(
         with_key,
         hints: None,
     };
-    let store = |flags: u32, expiry: u32| Command::Store {
-        mode: store_mode(opcode),
-        key,
-        value: Value::Whole(value),
-        flags,
-        expiry,
-        cas,
-        invalidate: false,
-        explicit_cas: 0,
-        vivify: None,
-        drop_on_failure: drops_on_failure(store_mode(opcode)),
-    };
+    let store =
+        |flags, expiry| store_command(opcode, key, Value::Whole(value), cas, (flags, expiry));
     let request = match opcode {
         op::GET | op::GETQ | op::GETK | op::GETKQ => run(
             Command::Get {

@@ -188,21 +188,14 @@ pub(crate) async fn process(conn: &mut Conn, ctx: &Rc<ShardCtx>, now: u32) -> Af
                 let gated =
                     ctx.shared.credentials.is_some() && matches!(request, Request::SaslAuth { .. });
                 let (status, body) = if gated {
-                    let mut answer = None;
                     let authenticated = &mut conn.authenticated;
-                    let attempt = || {
-                        let done = sasl(ctx, authenticated, &request);
-                        let ok = done.0 == Status::Ok;
-                        answer = Some(done);
-                        ok
-                    };
-                    if within_auth_budget(ctx, &conn.peer, conn.fd, attempt)
-                        .await
-                        .is_none()
-                    {
-                        return After::Close;
+                    let attempt = || sasl(ctx, authenticated, &request);
+                    let accepted = |done: &(Status, String)| done.0 == Status::Ok;
+                    let answer = within_auth_budget(ctx, (&conn.peer, conn.fd), attempt, accepted);
+                    match answer.await {
+                        Some(answer) => answer,
+                        None => return After::Close,
                     }
-                    answer.expect("the attempt ran")
                 } else {
                     sasl(ctx, &mut conn.authenticated, &request)
                 };

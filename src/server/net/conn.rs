@@ -85,15 +85,15 @@ pub(crate) struct Conn {
 
 /// Runs one authentication attempt from the client at `peer` within its source's budget
 /// (`auth_gate.rs`): holds it, right password or wrong, until the source has a token (saying
-/// nothing to the client meanwhile), runs `attempt` (whether it authenticated), and gives the
-/// token back on success. `None`: the server stops or the client closes its end (`fd`) while
-/// the attempt is held, and the connection closes without an answer.
-pub(crate) async fn within_auth_budget(
+/// nothing to the client meanwhile), runs `attempt`, and gives the token back when
+/// `accepted` says its outcome authenticated. `None`: the server stops or the client closes its
+/// end (`fd`) while the attempt is held, and the connection closes without an answer.
+pub(crate) async fn within_auth_budget<T>(
     ctx: &ShardCtx,
-    peer: &str,
-    fd: i32,
-    attempt: impl FnOnce() -> bool,
-) -> Option<bool> {
+    (peer, fd): (&str, i32),
+    attempt: impl FnOnce() -> T,
+    accepted: impl FnOnce(&T) -> bool,
+) -> Option<T> {
     let source = Source::of_peer(peer);
     let gate = &ctx.shared.auth_gate;
     let mut held: Option<Held<'_>> = None;
@@ -119,13 +119,13 @@ pub(crate) async fn within_auth_budget(
     };
     drop(held);
     let token = token?;
-    let authenticated = attempt();
-    if authenticated {
+    let outcome = attempt();
+    if accepted(&outcome) {
         gate.succeeded(token);
     } else {
         gate.failed(token);
     }
-    Some(authenticated)
+    Some(outcome)
 }
 
 /// Whether the client at the far end of `fd` has closed or reset its connection (looked at

@@ -496,18 +496,10 @@ async fn send_lent(
 /// Counts a lent send that went out (`head_len` bytes of replies, then `len` lent), or says how
 /// it failed.
 fn lent_sent(ctx: &ShardCtx, sent: Io, head_len: usize, len: usize) -> std::io::Result<()> {
-    match sent {
-        Io::Done(_) => {
-            ctx.counters.borrow_mut().bytes_written += (head_len + len) as u64;
-            let mut counters = ctx.io.counters.borrow_mut();
-            counters.heads_lent += 1;
-            counters.head_bytes_lent += len as u64;
-            Ok(())
-        }
-        Io::TimedOut => {
-            idle_closed(ctx);
-            Err(std::io::ErrorKind::TimedOut.into())
-        }
-        Io::Closed => Err(std::io::ErrorKind::UnexpectedEof.into()),
-    }
+    sent.into_result(ctx)?;
+    ctx.counters.borrow_mut().bytes_written += (head_len + len) as u64;
+    let mut counters = ctx.io.counters.borrow_mut();
+    counters.heads_lent += 1;
+    counters.head_bytes_lent += len as u64;
+    Ok(())
 }

@@ -12,7 +12,7 @@ use glommio::net::TcpStream;
 use crate::lent::Lent;
 use crate::server::exec::large::{ValueSink, ValueSource};
 use crate::server::shard::ctx::ShardCtx;
-use crate::server::shard::limits::{idle_closed, with_limits, Io};
+use crate::server::shard::limits::{with_limits, Io};
 use crate::server::shard::shared::unix_now;
 use crate::server::shard::wire::Wire;
 
@@ -31,14 +31,7 @@ async fn step<F>(ctx: &ShardCtx, idle: Option<Duration>, io: F) -> io::Result<us
 where
     F: std::future::Future<Output = io::Result<usize>>,
 {
-    match with_limits(idle, io).await {
-        Io::Done(n) => Ok(n),
-        Io::TimedOut => {
-            idle_closed(ctx);
-            Err(io::ErrorKind::TimedOut.into())
-        }
-        Io::Closed => Err(io::ErrorKind::UnexpectedEof.into()),
-    }
+    with_limits(idle, io).await.into_result(ctx)
 }
 
 /// The limits on a large SET's body: `--idle-timeout` bounds each read, and `--body-timeout`
@@ -176,11 +169,7 @@ impl<'c> SocketBody<'c> {
                     ),
                 ))
             }
-            Io::TimedOut => {
-                idle_closed(ctx);
-                Err(io::ErrorKind::TimedOut.into())
-            }
-            Io::Closed => Err(io::ErrorKind::UnexpectedEof.into()),
+            other => other.into_result(ctx),
         }
     }
 }

@@ -483,20 +483,13 @@ impl TextSession {
                 conn.consumed += consumed;
                 conn.line_scan.consumed(consumed);
                 let outcome = if is_authentication(ctx, &command) {
-                    let mut outcome = None;
-                    let attempt = || {
-                        let done = authenticate(ctx, &command);
-                        let accepted = matches!(done, Auth::Accepted);
-                        outcome = Some(done);
-                        accepted
-                    };
-                    if within_auth_budget(ctx, &conn.peer, conn.fd, attempt)
-                        .await
-                        .is_none()
-                    {
-                        return After::Close;
+                    let attempt = || authenticate(ctx, &command);
+                    let accepted = |done: &Auth| matches!(done, Auth::Accepted);
+                    let answer = within_auth_budget(ctx, (&conn.peer, conn.fd), attempt, accepted);
+                    match answer.await {
+                        Some(outcome) => outcome,
+                        None => return After::Close,
                     }
-                    outcome.expect("the attempt ran")
                 } else {
                     authenticate(ctx, &command)
                 };

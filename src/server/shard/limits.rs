@@ -28,6 +28,22 @@ pub(crate) enum Io {
     TimedOut,
 }
 
+impl Io {
+    /// The outcome as an I/O result, for a path that ends the connection on anything but
+    /// progress: a timeout is counted ([`idle_closed`]) and is `TimedOut`, a close
+    /// `UnexpectedEof`.
+    pub(crate) fn into_result(self, ctx: &ShardCtx) -> std::io::Result<usize> {
+        match self {
+            Io::Done(n) => Ok(n),
+            Io::TimedOut => {
+                idle_closed(ctx);
+                Err(std::io::ErrorKind::TimedOut.into())
+            }
+            Io::Closed => Err(std::io::ErrorKind::UnexpectedEof.into()),
+        }
+    }
+}
+
 /// Runs one socket read or write, bounded by the idle timeout. Shutdown needs no waiter here:
 /// it shuts the socket down, which ends the read or fails the write.
 pub(crate) async fn with_limits<F>(idle: Option<Duration>, io: F) -> Io

@@ -35,9 +35,11 @@ pub enum Opened {
 /// One connection's TLS session after its handshake.
 pub struct TlsStage {
     session: RefCell<ServerConnection>,
-    /// Ciphertext received and not yet given to the session, from `received_from`.
+    /// Ciphertext received and not yet given to the session: `received[from..to]`. The
+    /// buffer keeps its length between reads, so a read does not clear its room again.
     received: RefCell<Vec<u8>>,
     received_from: Cell<usize>,
+    received_to: Cell<usize>,
     /// The records of a send, reused.
     sealed: RefCell<Vec<u8>>,
     /// One sender at a time (see the module comment).
@@ -53,6 +55,7 @@ impl TlsStage {
         session.set_buffer_limit(None);
         TlsStage {
             session: RefCell::new(session),
+            received_to: Cell::new(after_handshake.len()),
             received: RefCell::new(after_handshake),
             received_from: Cell::new(0),
             sealed: RefCell::new(Vec::new()),
@@ -78,11 +81,11 @@ impl TlsStage {
                 Err(err) => return Err(err),
             }
             let received = self.received.borrow();
-            let from = self.received_from.get();
-            if from >= received.len() {
+            let (from, to) = (self.received_from.get(), self.received_to.get());
+            if from >= to {
                 return Ok(Opened::NeedBytes);
             }
-            let mut rest = &received[from..];
+            let mut rest = &received[from..to];
             let taken = session.read_tls(&mut rest)?;
             self.received_from.set(from + taken);
             if let Err(err) = session.process_new_packets() {
@@ -96,16 +99,19 @@ impl TlsStage {
     /// and where the new bytes go. Give it back with [`TlsStage::received`].
     pub fn receive_room(&self) -> (Vec<u8>, usize) {
         let mut buf = self.received.take();
-        buf.drain(..self.received_from.replace(0).min(buf.len()));
-        let filled = buf.len();
-        buf.resize(filled + RECEIVE_CHUNK_BYTES, 0);
+        let (from, to) = (self.received_from.replace(0), self.received_to.replace(0));
+        buf.copy_within(from..to, 0);
+        let filled = to - from;
+        if buf.len() < filled + RECEIVE_CHUNK_BYTES {
+            buf.resize(filled + RECEIVE_CHUNK_BYTES, 0);
+        }
         (buf, filled)
     }
 
     /// Takes back the receive buffer of [`TlsStage::receive_room`], `filled` bytes of it now
     /// holding ciphertext.
-    pub fn received(&self, mut buf: Vec<u8>, filled: usize) {
-        buf.truncate(filled);
+    pub fn received(&self, buf: Vec<u8>, filled: usize) {
+        self.received_to.set(filled);
         *self.received.borrow_mut() = buf;
     }
 
