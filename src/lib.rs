@@ -14,6 +14,7 @@
 //! | [`lockfile`] | exclusive `flock`s on files for the life of the process |
 //! | [`dir`] | the data directory, its files reached without following links |
 //! | [`lent`] | memory lent to an I/O operation until the last user is done |
+//! | [`buffer_cache`] | a shard's connection buffers, lent while a connection has bytes |
 //! | [`command`] | what a client can ask of a store, whatever its protocol |
 //! | [`numbers`] | numbers as memcached's `safe_strto*` read them |
 //! | `sys` | the memory system calls (mmap, mbind, madvise, mlock, move_pages, statx) |
@@ -34,6 +35,7 @@
 
 pub mod arena;
 pub mod bench;
+pub mod buffer_cache;
 pub mod command;
 pub mod config;
 pub mod dir;

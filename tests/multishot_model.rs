@@ -14,8 +14,14 @@ use std::rc::Rc;
 use std::time::Duration;
 
 use common::{for_each_seed, pattern, Rng};
+use headroom::buffer_cache::{BufferCache, BufferKind};
 use headroom::ring::multishot::{Inbox, SPILL_HIGH_BYTES, SPILL_OVERSHOOT_MAX_BYTES};
 use headroom::ring::{FixedBuffers, Ring};
+
+/// The read buffers an idle reader's arrival takes (small, so they fill often).
+fn read_buffers() -> Rc<BufferCache> {
+    Rc::new(BufferCache::new(BufferKind::Read { bytes: 3000 }, 3000, 4))
+}
 
 /// A ring with provided buffers, or `None` (said) where the kernel has none.
 fn multishot_ring(connections: usize) -> Option<Rc<Ring>> {
@@ -93,13 +99,15 @@ fn every_byte_arrives_once_and_in_order_whatever_the_reader_does() {
                 let mut rng = Rng::new(seed);
                 let mut readers = Vec::new();
                 let mut writers = Vec::new();
+                let cache = read_buffers();
                 for c in 0..6u64 {
                     let (mine, peer) = UnixStream::pair().unwrap();
                     let len = rng.below(1_500_000) as usize;
                     let expected = pattern(seed ^ c, len);
                     writers.push(write_slowly(peer, expected.clone(), seed.wrapping_add(c)));
-                    let inbox = Rc::new(Inbox::new(c % 2 == 0));
+                    let inbox = Rc::new(Inbox::new(c % 2 == 0, Rc::clone(&cache)));
                     let ring = Rc::clone(&ring);
+                    let cache = Rc::clone(&cache);
                     let mut rng = Rng::new(seed.wrapping_mul(31).wrapping_add(c));
                     readers.push(glommio::spawn_local(async move {
                         let mut mine = mine;
@@ -126,6 +134,20 @@ fn every_byte_arrives_once_and_in_order_whatever_the_reader_does() {
                                     break;
                                 }
                                 got.extend_from_slice(&piece[..n]);
+                                continue;
+                            }
+                            if rng.chance(3) {
+                                // An idle reader: it lends no buffer, and the arrival takes
+                                // one of the cache's, given back once read.
+                                let mut buf = Vec::new();
+                                let n = ring.recv_multishot(fd, &inbox, &mut buf, 0).await.unwrap();
+                                if n == 0 {
+                                    assert!(buf.is_empty(), "the end takes no buffer");
+                                    break;
+                                }
+                                assert_eq!(buf.len(), 3000, "a buffer of the cache's");
+                                got.extend_from_slice(&buf[..n]);
+                                cache.give(buf);
                                 continue;
                             }
                             let size = rng.between(1, 20_000) as usize;
@@ -187,7 +209,7 @@ fn a_reader_that_stops_reading_pauses_its_receive() {
             let (mut mine, peer) = UnixStream::pair().unwrap();
             let expected = pattern(7, 4 << 20);
             let writer = write_slowly(peer, expected.clone(), 7);
-            let inbox = Rc::new(Inbox::new(false));
+            let inbox = Rc::new(Inbox::new(false, read_buffers()));
             let fd = mine.as_raw_fd();
             let mut got = Vec::new();
             let mut buf = vec![0; 100];
@@ -249,7 +271,7 @@ fn receives_that_run_out_of_buffers_are_armed_again() {
                 drop(peer);
                 let (ring, done) = (Rc::clone(&ring), Rc::clone(&done));
                 readers.push(glommio::spawn_local(async move {
-                    let inbox = Rc::new(Inbox::new(c % 2 == 1));
+                    let inbox = Rc::new(Inbox::new(c % 2 == 1, read_buffers()));
                     let mut got = Vec::new();
                     let mut buf = vec![0; 1000];
                     read_to_end(&ring, mine.as_raw_fd(), &inbox, &mut buf, &mut got).await;

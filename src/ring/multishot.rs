@@ -7,6 +7,10 @@
 //! - **Into the reader's buffer**: a connection waiting for bytes lends the inbox its read
 //!   buffer, and an arrival is copied there directly; bytes that find no waiting reader (or
 //!   more than its buffer holds) wait in the inbox's spill and are copied at the next read.
+//!   An idle connection lends none: its arrival waits in the spill (its own size), and the
+//!   connection takes a buffer from the shard's cache ([`crate::buffer_cache`]) when it runs.
+//!   So a burst that wakes thousands of idle connections at once takes no buffer for those
+//!   not yet run, and an idle connection holds neither buffer nor spill.
 //! - **Bounded**: a connection whose spill passes [`SPILL_HIGH_BYTES`] (its client sends
 //!   while it writes) has its receive cancelled: the socket buffer fills and TCP holds the
 //!   client back, as with one-shot receives. The next read that finds the spill empty arms
@@ -25,6 +29,8 @@ use std::sync::atomic::{AtomicU16, Ordering};
 use std::task::Waker;
 
 use io_uring::{types, IoUring};
+
+use crate::buffer_cache::BufferCache;
 
 /// Buffers a shard provides, and the bytes of each. Each completion takes one, and the reap
 /// gives it back, so they bound the arrivals between two reaps, not the connections.
@@ -194,6 +200,8 @@ pub struct Inbox {
     /// The header a stamped receive is armed with: no name, [`CONTROL_BYTES`] of control
     /// space. Every completion lays its buffer out by it, so it lives as long as the inbox.
     msg: Option<Box<libc::msghdr>>,
+    /// Where a reader that lent no buffer (an idle connection) gets one when bytes come.
+    read_buffers: std::rc::Rc<BufferCache>,
 }
 
 #[derive(Default)]
@@ -214,8 +222,9 @@ struct InboxState {
 }
 
 impl Inbox {
-    /// An inbox for a receive that brings timestamps (`RECVMSG`) or not (`RECV`).
-    pub fn new(stamped: bool) -> Inbox {
+    /// An inbox for a receive that brings timestamps (`RECVMSG`) or not (`RECV`); a reader
+    /// that lends an empty buffer gets one from `read_buffers` when bytes come.
+    pub fn new(stamped: bool, read_buffers: std::rc::Rc<BufferCache>) -> Inbox {
         let msg = stamped.then(|| {
             // SAFETY: a zeroed msghdr is a valid empty one.
             let mut msg: Box<libc::msghdr> = Box::new(unsafe { std::mem::zeroed() });
@@ -225,6 +234,7 @@ impl Inbox {
         Inbox {
             state: RefCell::new(InboxState::default()),
             msg,
+            read_buffers,
         }
     }
 
@@ -355,6 +365,31 @@ impl Inbox {
             s.spill_at = 0;
         }
         n
+    }
+
+    /// Copies spilled bytes into `buf[at..]`; 0 when none wait. An idle connection's empty
+    /// `buf` (at 0) takes a buffer from the cache first, and a spill it empties is freed, so
+    /// the connection holds none once idle again.
+    pub fn take_spilled_into(&self, buf: &mut Vec<u8>, at: usize) -> usize {
+        if self.spilled_bytes() == 0 {
+            return 0;
+        }
+        if !buf.is_empty() {
+            return self.take_spilled(&mut buf[at..]);
+        }
+        *buf = self.read_buffers.take();
+        let n = self.take_spilled(buf);
+        let mut s = self.state.borrow_mut();
+        if s.spill_at == s.spill.len() {
+            s.spill = Vec::new();
+            s.spill_at = 0;
+        }
+        n
+    }
+
+    /// Whether a read would find something now: spilled bytes, or the stream's end.
+    pub fn ready(&self) -> bool {
+        self.spilled_bytes() > 0 || self.ended().is_some()
     }
 
     /// How the stream ended, once no spilled bytes are left before the end.

@@ -224,8 +224,10 @@ impl Ring {
     /// Reads into `buf[at..]` from `fd`'s multishot receive (arming it when it is not
     /// armed; see [`multishot`]): bytes already spilled in `inbox` at once, else the next
     /// arrival, copied straight into `buf` as it is reaped. Returns the bytes read (0: the
-    /// peer closed or the socket was shut down). Needs [`Ring::multishot`]. If this future is
-    /// dropped midway, `buf` is put back whole.
+    /// peer closed or the socket was shut down). An idle connection's empty `buf` (at 0) lends
+    /// nothing: the arrival spills and `buf` becomes one of the inbox's cache's once it has, so
+    /// the connection waits holding no buffer. Needs
+    /// [`Ring::multishot`]. If this future is dropped midway, `buf` is put back whole.
     pub async fn recv_multishot(
         self: &Rc<Self>,
         fd: RawFd,
@@ -233,8 +235,15 @@ impl Ring {
         buf: &mut Vec<u8>,
         at: usize,
     ) -> io::Result<usize> {
-        assert!(at < buf.len(), "a receive needs room");
-        let n = inbox.take_spilled(&mut buf[at..]);
+        assert!(
+            at < buf.len() || (at == 0 && buf.is_empty()),
+            "a receive needs room, or an idle connection's empty buffer"
+        );
+        if buf.is_empty() {
+            // Idle: nothing is lent; the arrival spills, and a buffer is taken once it has.
+            self.wait_received(fd, inbox).await;
+        }
+        let n = inbox.take_spilled_into(buf, at);
         if n > 0 {
             return Ok(n);
         }
@@ -280,6 +289,26 @@ impl Ring {
             Some(end) => end,
             None => Ok(got.expect("the lent buffer")),
         }
+    }
+
+    /// Waits until `fd`'s multishot receive has brought bytes into `inbox`'s spill or ended
+    /// (arming it when it is not armed), lending no buffer: an idle connection's wait. A
+    /// small future, as it is what an idle connection's task holds.
+    pub fn wait_received<'a>(
+        self: &'a Rc<Self>,
+        fd: RawFd,
+        inbox: &'a Rc<Inbox>,
+    ) -> impl std::future::Future<Output = ()> + 'a {
+        std::future::poll_fn(move |cx| {
+            if inbox.ready() {
+                return Poll::Ready(());
+            }
+            if !inbox.armed() {
+                self.arm(fd, inbox);
+            }
+            inbox.wait(cx.waker());
+            Poll::Pending
+        })
     }
 
     /// Arms `fd`'s multishot receive into `inbox`.

@@ -164,7 +164,8 @@ pub(crate) async fn process(conn: &mut Conn, ctx: &Rc<ShardCtx>, now: u32) -> Af
         }
         if let Some(command) = request.command().filter(|c| c.key().is_none()) {
             let quiet = matches!(request, Request::Run { quiet: true, .. });
-            let outcome = control::run(ctx, &command, now).await;
+            // Boxed: a connection's task is as big as its biggest wait.
+            let outcome = Box::pin(control::run(ctx, &command, now)).await;
             let out = &mut conn.replies.out;
             let ended = write_control(out, outcome, (opcode, opaque, quiet));
             conn.consume(consumed);

@@ -18,10 +18,6 @@ use crate::server::shard::latency::BatchCounts;
 use crate::server::shard::shared::unix_now;
 use crate::store::partition::Partitions;
 
-/// Read buffer a connection starts with (and shrinks back to when idle). A frame or line that
-/// needs more doubles it (at least), so a long line takes a few reads of growing size, never
-/// one read per byte.
-pub(crate) const READ_BUFFER_BYTES: usize = 16 << 10;
 /// Geometric growth of a read buffer stops here: the longest text line accepted (a multiget
 /// line of `MULTIGET_LINE_MAX_BYTES`, newline included) fits, so doubling past it would only
 /// waste memory (4 MiB a connection). A frame or value block that needs more gets exactly
@@ -53,7 +49,11 @@ pub(crate) enum After {
 }
 
 pub(crate) struct Conn {
+    /// Received bytes: one of the shard's read buffers while any wait to be processed, empty
+    /// (no allocation) while the connection is idle.
     pub(crate) buf: Vec<u8>,
+    /// Where `buf` comes from and goes back to.
+    pub(crate) read_buffers: std::rc::Rc<crate::buffer_cache::BufferCache>,
     /// Bytes of `buf` holding received data, and how many of those are processed.
     pub(crate) filled: usize,
     pub(crate) consumed: usize,
@@ -247,6 +247,9 @@ impl Conn {
     /// in many pieces costs a few reads of growing size, not a read per byte.
     pub(crate) fn make_room(&mut self, needed: usize) {
         self.lookahead.reset();
+        if self.buf.is_empty() {
+            self.buf = self.read_buffers.take();
+        }
         if self.consumed > 0 {
             self.buf.copy_within(self.consumed..self.filled, 0);
             self.filled -= self.consumed;
@@ -292,20 +295,28 @@ impl Conn {
         counters.line_incomplete_reads += std::mem::take(&mut self.line_incomplete_reads);
     }
 
-    /// Forgets processed bytes, and gives back a big buffer once it is empty.
+    /// Forgets processed bytes. With none left the read buffer goes back to the shard's cache
+    /// (grown or not: a grown one goes on to the allocator), so an idle connection holds none;
+    /// a full buffer makes room for more of its unfinished frame.
     pub(crate) fn settle(&mut self) {
         if self.consumed == self.filled {
             self.lookahead.reset();
             self.consumed = 0;
             self.filled = 0;
-            if self.buf.len() > 4 * READ_BUFFER_BYTES {
-                self.buf = vec![0; READ_BUFFER_BYTES];
+            if !self.buf.is_empty() {
+                self.read_buffers.give(std::mem::take(&mut self.buf));
             }
         } else if self.filled == self.buf.len() {
             self.make_room(self.filled - self.consumed + 1);
         }
-        if self.filled == self.buf.len() {
-            self.make_room(self.buf.len() + 1);
+    }
+}
+
+impl Drop for Conn {
+    /// A connection that ends gives its read buffer back (it is counted as lent until then).
+    fn drop(&mut self) {
+        if !self.buf.is_empty() {
+            self.read_buffers.give(std::mem::take(&mut self.buf));
         }
     }
 }

@@ -41,17 +41,21 @@ pub const FRAMES: usize = 16;
 /// to memory to complete while those requests run.
 const RECORD_DISTANCE: usize = 4;
 
-/// The hashes of the frames looked ahead at, by position after the frame being run.
+/// The hashes of the frames looked ahead at, by position after the frame being run. Every
+/// connection holds one, idle or not, so it is kept small.
 #[derive(Debug, Default)]
 pub struct Lookahead {
-    /// `None` for a frame without a key.
-    hashes: [Option<u64>; FRAMES],
-    len: usize,
+    hashes: [u64; FRAMES],
+    /// Bit `i` set: frame `i` has a key (and `hashes[i]` is its hash).
+    keyed: u16,
+    len: u8,
     /// The next frame to run, as an index into `hashes`.
-    next: usize,
+    next: u8,
     /// Where, in the connection's buffer, the frames looked at end.
     end: usize,
 }
+
+const _: () = assert!(FRAMES <= 16, "`keyed` has a bit per frame");
 
 impl Lookahead {
     /// Before the frame at `at` of `buf` runs: looks ahead from it when the frames looked at
@@ -66,10 +70,11 @@ impl Lookahead {
         if at >= self.end {
             self.look_from(partitions, framing, buf, at);
         }
-        if let Some(Some(hash)) = self.hashes[..self.len].get(self.next + RECORD_DISTANCE) {
-            partitions.prefetch_records(*hash);
+        let ahead = usize::from(self.next) + RECORD_DISTANCE;
+        if ahead < usize::from(self.len) && self.keyed & (1 << ahead) != 0 {
+            partitions.prefetch_records(self.hashes[ahead]);
         }
-        self.next += 1;
+        self.next = self.next.saturating_add(1);
     }
 
     /// Forgets the frames looked at (the buffer moved or emptied).
@@ -95,13 +100,17 @@ impl Lookahead {
         if len < 2 {
             len = 0;
         }
-        for (hash, key) in self.hashes.iter_mut().zip(&keys[..len]) {
-            *hash = (!key.is_empty()).then(|| partitions.hasher().hash(key));
-            if let Some(hash) = *hash {
-                partitions.prefetch_index(hash);
+        self.keyed = 0;
+        for (i, key) in keys[..len].iter().enumerate() {
+            if key.is_empty() {
+                continue;
             }
+            let hash = partitions.hasher().hash(key);
+            self.hashes[i] = hash;
+            self.keyed |= 1 << i;
+            partitions.prefetch_index(hash);
         }
-        self.len = len;
+        self.len = len as u8;
         self.next = 0;
         // A partial frame: look again once it has run (it is whole by then).
         self.end = at + ahead.max(1);

@@ -15,7 +15,7 @@ use futures_lite::AsyncWriteExt;
 use glommio::net::TcpStream;
 
 use super::binary;
-use super::conn::{After, Conn, READ_BUFFER_BYTES};
+use super::conn::{After, Conn};
 use super::lookahead::{Framing, Lookahead};
 use super::stream::{SocketBody, SocketReply};
 use super::text::TextSession;
@@ -30,15 +30,6 @@ use crate::server::shard::shared::unix_now;
 use crate::server::shard::tls_stage::TlsStage;
 use crate::server::shard::watch;
 use crate::server::shard::wire::Wire;
-
-/// The last replies of a pass, sent while the connection waits for its next bytes (ring path;
-/// with one-shot receives, queued together with its next receive).
-enum Pending {
-    /// Reply bytes.
-    Bytes(Vec<u8>),
-    /// The replies up to a lent value, then the value, sent from where it lies.
-    Lent(Vec<u8>, crate::server::exec::deferred::HeldLent),
-}
 
 /// The protocol a connection speaks, chosen by its first byte as in memcached (`0x80` is
 /// binary, anything else text and meta), and that protocol's state between passes.
@@ -76,13 +67,16 @@ impl Session {
 /// Serves one connection until the client leaves, a protocol error closes it, it idles out,
 /// or the server stops. The socket is closed only after every ring operation on it is done.
 /// `stream` is any stream socket (glommio's TCP stream type does only plain socket calls):
-/// a TCP client or a unix socket client; `tls`, a TLS client's session after its handshake.
+/// a TCP client or a unix socket client; `tls`, a TLS client's session after its handshake;
+/// `admitted` counts the connection until this ends.
 pub async fn serve(
     ctx: Rc<ShardCtx>,
     mut stream: TcpStream,
     endpoint: Endpoint,
-    tls: Option<TlsStage>,
+    tls: Option<Box<TlsStage>>,
+    admitted: super::tasks::Admitted,
 ) {
+    let _admitted = admitted;
     if endpoint.is_tcp_socket() {
         if let Err(err) = stream.set_nodelay(true) {
             tracing::debug!(%err, "TCP_NODELAY refused");
@@ -189,6 +183,11 @@ async fn write_out(
     }
 }
 
+/// Serves the connection's requests until it ends. The task holds only what an idle
+/// connection needs: its shell (`Conn`, with no buffer while nothing is buffered) and the read
+/// that waits for its next bytes. Everything a request's run needs from there on is in
+/// [`serve_arrival`]'s future, boxed for as long as the connection is busy (issue 54: an idle
+/// connection's task held 19 KiB).
 async fn serve_frames(
     ctx: &Rc<ShardCtx>,
     stream: &mut TcpStream,
@@ -200,7 +199,8 @@ async fn serve_frames(
         seconds => Some(Duration::from_secs(seconds)),
     };
     let mut conn = Conn {
-        buf: vec![0; READ_BUFFER_BYTES],
+        buf: Vec::new(),
+        read_buffers: Rc::clone(&ctx.io.read_buffers),
         filled: 0,
         line_scan: Default::default(),
         line_incomplete_reads: 0,
@@ -216,236 +216,191 @@ async fn serve_frames(
         fd: info.fd,
     };
     let mut session = Session::New;
-    // When the bytes of the requests being run arrived (the read that brought them).
-    let mut arrived;
-    // On the ring path the last replies of a pass are queued, and submitted with every other
-    // connection's of the same pass, while the connection waits for its next bytes (its
-    // multishot receive stays armed; a one-shot receive is queued in the same submission).
-    let mut pending: Option<Pending> = None;
-    // The other reply buffer: one is in flight while the next pass fills the other.
-    let mut spare: Vec<u8> = Vec::new();
     loop {
         // The server stops: no more reads (a connection that started after the stop was
-        // never shut down); the last pass's replies go out, then the connection closes.
+        // never shut down); every reply is with the kernel already.
         if ctx.stop.fired() {
-            return match pending.take() {
-                Some(last) => match send_pending(ctx, stream, wire, idle, last).await {
-                    Ok(()) => Ended::Quit,
-                    Err(ended) => ended,
-                },
-                None => Ended::Quit,
-            };
+            return Ended::Quit;
         }
         info.state.set(conn.waiting_state());
-        let read = match pending.take() {
-            Some(Pending::Lent(head, lent)) => {
-                let (len, head_len) = (lent.len(), head.len());
-                let Conn { buf, filled, .. } = &mut conn;
-                let mut back = None;
-                let (sent, read) = futures_lite::future::zip(
-                    with_limits(idle, async {
-                        let head = wire
-                            .write_head_and_lent_queued(head, lent.into_lent())
-                            .await?;
-                        back = Some(head);
-                        Ok(len.max(1))
-                    }),
-                    with_limits(idle, wire.read(stream, buf, *filled)),
-                )
-                .await;
-                if let Some(head) = back.filter(|head| head.capacity() > 0) {
-                    spare = head;
-                }
-                if lent_sent(ctx, sent, head_len, len).is_err() {
-                    return Ended::Cut;
-                }
-                read
-            }
-            Some(Pending::Bytes(bytes)) => {
-                let len = bytes.len();
-                let Conn { buf, filled, .. } = &mut conn;
-                let mut back = None;
-                let (written, read) = futures_lite::future::zip(
-                    with_limits(idle, async {
-                        let sent = wire.write_queued(bytes).await?;
-                        let n = sent.len().max(1);
-                        back = Some(sent);
-                        Ok(n)
-                    }),
-                    with_limits(idle, wire.read(stream, buf, *filled)),
-                )
-                .await;
-                if let Some(mut sent) = back {
-                    sent.clear();
-                    spare = sent;
-                }
-                match written {
-                    Io::Done(_) => ctx.counters.borrow_mut().bytes_written += len as u64,
-                    Io::TimedOut => {
-                        idle_closed(ctx);
-                        return Ended::Cut;
-                    }
-                    Io::Closed => return Ended::Cut,
-                }
-                read
-            }
-            None => {
-                let Conn { buf, filled, .. } = &mut conn;
-                with_limits(idle, wire.read(stream, buf, *filled)).await
-            }
-        };
-        info.state.set("conn_parse_cmd");
-        arrived = wire.arrived();
-        info.last_command.set(arrived);
-        // The first pass after a read runs at the read's time (see `Wire::unix_now`); a pass
-        // after other waits (a large value, the output cap) reads the clock.
-        let mut now = Some(wire.unix_now());
-        match read {
-            Io::Done(n) => {
-                conn.filled += n;
-                ctx.counters.borrow_mut().bytes_read += n as u64;
-            }
-            Io::TimedOut => {
-                idle_closed(ctx);
-                return Ended::Cut;
-            }
-            // The stop ended the read: what was sent still lands before the close.
-            Io::Closed if ctx.stop.fired() => return Ended::Quit,
-            Io::Closed => return Ended::Cut,
+        // Waiting for bytes, the connection holds no reply buffer (nor, with nothing
+        // buffered, a read buffer: `Conn::settle`).
+        if conn.replies.out.capacity() > 0 {
+            ctx.io
+                .reply_buffers
+                .give(std::mem::take(&mut conn.replies.out));
         }
-        loop {
-            let after = session
-                .process(&mut conn, ctx, now.take().unwrap_or_else(unix_now))
-                .await;
-            conn.count_line_scans(ctx);
-            info.state.set("conn_write");
-            // Replies in order: bytes up to each large value, the large value streamed, ...
-            let mut written = 0;
-            conn.replies.held_bytes = 0;
-            // Drained, and put back below: its room serves the next pass without allocating.
-            let mut held = std::mem::take(&mut conn.replies.held);
-            let parts = held.len();
-            for (i, (at, part)) in held.drain(..).enumerate() {
-                let sent = match part {
-                    Held::Large(get) => {
-                        if let Err(ended) =
-                            write_out(ctx, stream, wire, idle, &mut conn.replies.out, written, at)
-                                .await
-                        {
-                            return ended;
-                        }
-                        large::send_get(ctx, &mut SocketReply::new(ctx, (stream, wire), idle), get)
-                            .await
-                    }
-                    // The replies before it, its header included, leave with it.
-                    Held::Lent(lent) => {
-                        let last = i + 1 == parts && at == conn.replies.out.len();
-                        if last && matches!(after, After::Read) && wire.on_ring() {
-                            // The pass's last reply: it goes out with the next receive, its
-                            // header from the reply buffer itself when that is all of it (the
-                            // spare takes its place, and it comes back as the spare).
-                            let head = if written == 0 {
-                                std::mem::replace(&mut conn.replies.out, std::mem::take(&mut spare))
-                            } else {
-                                conn.replies.out[written..at].to_vec()
-                            };
-                            pending = Some(Pending::Lent(head, lent));
-                            Ok(())
-                        } else {
-                            let head = conn.replies.out[written..at].to_vec();
-                            send_lent(ctx, stream, wire, idle, head, lent).await
-                        }
-                    }
-                };
-                written = at;
-                if let Err(err) = sent {
-                    tracing::debug!(%err, "value not sent");
-                    return Ended::Cut;
-                }
-            }
-            conn.replies.held = held;
-            let end = conn.replies.out.len();
-            if matches!(after, After::Read) && wire.on_ring() && end > written {
-                // Sent together with the next receive (above); the buffer itself when whole.
-                pending = Some(Pending::Bytes(if written == 0 {
-                    std::mem::replace(&mut conn.replies.out, std::mem::take(&mut spare))
-                } else {
-                    conn.replies.out[written..end].to_vec()
-                }));
-            } else if let Err(ended) =
-                write_out(ctx, stream, wire, idle, &mut conn.replies.out, written, end).await
-            {
-                return ended;
-            }
-            // Every reply of the pass is with the kernel (or queued with the next receive,
-            // submitted right after): the pass's requests took this long.
-            if !conn.batch.is_empty() {
-                let elapsed_ns = arrived.elapsed().as_nanos() as u64;
-                ctx.latency.record_batch(&conn.batch.take(), elapsed_ns);
-            }
-            conn.replies.out.clear();
-            let after = match after {
-                After::LargeSet(set, reply) => {
-                    info.state.set("conn_nread");
-                    let buffered = &conn.buf[conn.consumed..conn.filled];
-                    let framing = (set.value_len, reply.trailer_bytes() as usize);
-                    let mut body = SocketBody::new(ctx, (stream, wire), idle, buffered, framing);
-                    let outcome = large::receive_set(ctx, &mut body, conn.fd, &set).await;
-                    let used = body.used();
-                    match outcome {
-                        Ok(outcome) => {
-                            reply.write(&mut conn.replies.out, outcome, set.hints.is_some());
-                            conn.consume(used);
-                        }
-                        Err(err) => {
-                            tracing::debug!(%err, "large value not received");
-                            return Ended::Cut;
-                        }
-                    }
-                    After::Process
-                }
-                other => other,
-            };
-            match after {
-                After::Close => {
-                    info.close_reason.set(watch::CloseReason::Error);
-                    return Ended::Quit;
-                }
-                After::Quit => return Ended::Quit,
-                _ => {}
-            }
-            if let After::Watch(watcher) = after {
-                let ended = stream_watch(ctx, stream, wire, &watcher, conn.fd).await;
-                ctx.shared.watchers.remove(&watcher);
-                return ended;
-            }
-            // More whole frames may wait behind the output cap (or a large value); otherwise
-            // read more.
-            let more = matches!(after, After::Process);
-            conn.settle();
-            if !more {
-                break;
-            }
+        let read = with_limits(idle, wire.read_idle(stream, &mut conn.buf)).await;
+        let arrival = serve_arrival(
+            ctx,
+            (stream, wire),
+            info,
+            idle,
+            &mut conn,
+            &mut session,
+            read,
+        );
+        if let Err(ended) = Box::pin(arrival).await {
+            return ended;
         }
     }
 }
 
-/// Sends a pass's last replies on their own, without the next receive.
-async fn send_pending(
-    ctx: &ShardCtx,
-    stream: &mut TcpStream,
-    wire: &Wire,
+/// Runs what a read brought: every whole frame, each pass's replies written in order, until
+/// only an unfinished frame (or nothing) is left and every reply is with the kernel; then
+/// the connection waits for bytes again. `Err`: the connection ends.
+async fn serve_arrival(
+    ctx: &Rc<ShardCtx>,
+    (stream, wire): (&mut TcpStream, &Wire),
+    info: &ConnInfo,
     idle: Option<Duration>,
-    pending: Pending,
+    conn: &mut Conn,
+    session: &mut Session,
+    read: Io,
 ) -> Result<(), Ended> {
-    match pending {
-        Pending::Bytes(mut bytes) => {
-            let end = bytes.len();
-            write_out(ctx, stream, wire, idle, &mut bytes, 0, end).await
+    let mut read = read;
+    loop {
+        serve_read(ctx, (&mut *stream, wire), info, idle, conn, session, read).await?;
+        // Nothing left: idle again. Else an unfinished frame waits for the rest of its bytes.
+        if conn.buf.is_empty() {
+            return Ok(());
         }
-        Pending::Lent(head, lent) => send_lent(ctx, stream, wire, idle, head, lent)
-            .await
-            .map_err(|_| Ended::Cut),
+        if ctx.stop.fired() {
+            return Err(Ended::Quit);
+        }
+        info.state.set(conn.waiting_state());
+        let Conn { buf, filled, .. } = conn;
+        read = with_limits(idle, wire.read(stream, buf, *filled)).await;
+    }
+}
+
+/// Runs what one read brought: every whole frame, each pass's replies written in order.
+async fn serve_read(
+    ctx: &Rc<ShardCtx>,
+    (stream, wire): (&mut TcpStream, &Wire),
+    info: &ConnInfo,
+    idle: Option<Duration>,
+    conn: &mut Conn,
+    session: &mut Session,
+    read: Io,
+) -> Result<(), Ended> {
+    let replies_cache = &ctx.io.reply_buffers;
+    info.state.set("conn_parse_cmd");
+    // When the bytes of the requests being run arrived (the read that brought them).
+    let arrived = wire.arrived();
+    info.last_command.set(arrived);
+    // The first pass after a read runs at the read's time (see `Wire::unix_now`); a pass
+    // after other waits (a large value, the output cap) reads the clock.
+    let mut now = Some(wire.unix_now());
+    match read {
+        Io::Done(n) => {
+            conn.filled += n;
+            ctx.counters.borrow_mut().bytes_read += n as u64;
+        }
+        Io::TimedOut => {
+            idle_closed(ctx);
+            return Err(Ended::Cut);
+        }
+        // The stop ended the read: what was sent still lands before the close.
+        Io::Closed if ctx.stop.fired() => return Err(Ended::Quit),
+        Io::Closed => return Err(Ended::Cut),
+    }
+    loop {
+        if conn.replies.out.capacity() == 0 {
+            conn.replies.out = replies_cache.take();
+        }
+        let after = session
+            .process(conn, ctx, now.take().unwrap_or_else(unix_now))
+            .await;
+        conn.count_line_scans(ctx);
+        if matches!(after, After::Read) {
+            // Every whole frame ran: the read buffer goes back before the replies' send is
+            // waited on, so a burst over many connections holds one reply buffer each, not
+            // a read buffer too.
+            conn.settle();
+        }
+        info.state.set("conn_write");
+        // Replies in order: bytes up to each large value, the large value streamed, ...
+        let mut written = 0;
+        conn.replies.held_bytes = 0;
+        // Drained, and put back below: its room serves the next pass without allocating.
+        let mut held = std::mem::take(&mut conn.replies.held);
+        for (at, part) in held.drain(..) {
+            let sent = match part {
+                Held::Large(get) => {
+                    write_out(ctx, stream, wire, idle, &mut conn.replies.out, written, at).await?;
+                    // Boxed, as every rare path here: a busy connection's future is as big
+                    // as its biggest wait.
+                    Box::pin(large::send_get(
+                        ctx,
+                        &mut SocketReply::new(ctx, (stream, wire), idle),
+                        get,
+                    ))
+                    .await
+                }
+                // The replies before it, its header included, leave with it.
+                Held::Lent(lent) => {
+                    let head = conn.replies.out[written..at].to_vec();
+                    send_lent(ctx, stream, wire, idle, head, lent).await
+                }
+            };
+            written = at;
+            if let Err(err) = sent {
+                tracing::debug!(%err, "value not sent");
+                return Err(Ended::Cut);
+            }
+        }
+        conn.replies.held = held;
+        let end = conn.replies.out.len();
+        write_out(ctx, stream, wire, idle, &mut conn.replies.out, written, end).await?;
+        // Every reply of the pass is with the kernel: the pass's requests took this long.
+        if !conn.batch.is_empty() {
+            let elapsed_ns = arrived.elapsed().as_nanos() as u64;
+            ctx.latency.record_batch(&conn.batch.take(), elapsed_ns);
+        }
+        conn.replies.out.clear();
+        let after = match after {
+            After::LargeSet(set, reply) => {
+                info.state.set("conn_nread");
+                let buffered = &conn.buf[conn.consumed..conn.filled];
+                let framing = (set.value_len, reply.trailer_bytes() as usize);
+                let mut body = SocketBody::new(ctx, (stream, wire), idle, buffered, framing);
+                let outcome = Box::pin(large::receive_set(ctx, &mut body, conn.fd, &set)).await;
+                let used = body.used();
+                match outcome {
+                    Ok(outcome) => {
+                        reply.write(&mut conn.replies.out, outcome, set.hints.is_some());
+                        conn.consume(used);
+                    }
+                    Err(err) => {
+                        tracing::debug!(%err, "large value not received");
+                        return Err(Ended::Cut);
+                    }
+                }
+                After::Process
+            }
+            other => other,
+        };
+        match after {
+            After::Close => {
+                info.close_reason.set(watch::CloseReason::Error);
+                return Err(Ended::Quit);
+            }
+            After::Quit => return Err(Ended::Quit),
+            After::Watch(watcher) => {
+                let ended = Box::pin(stream_watch(ctx, stream, wire, &watcher, conn.fd)).await;
+                ctx.shared.watchers.remove(&watcher);
+                return Err(ended);
+            }
+            _ => {}
+        }
+        // More whole frames may wait behind the output cap (or a large value); otherwise
+        // read more.
+        let more = matches!(after, After::Process);
+        conn.settle();
+        if !more {
+            return Ok(());
+        }
     }
 }
 

@@ -171,25 +171,34 @@ fn hand_off(ctx: &Rc<ShardCtx>, stream: TcpStream, endpoint: Endpoint, to: usize
 }
 
 /// Serves an admitted connection on this shard; counted in `connections_by_shard` already.
-/// A TCP connection to a TLS port is served through its TLS session (`tls.rs`).
+/// A TCP connection to a TLS port is served through its TLS session (`tls.rs`). The task is
+/// the connection's future itself, not a block around it: a wrapper would keep another copy
+/// of the socket and the endpoint for the connection's life.
 fn spawn_connection(ctx: &Rc<ShardCtx>, stream: TcpStream, endpoint: Endpoint) {
     ctx.live_connections.set(ctx.live_connections.get() + 1);
-    let conn_ctx = Rc::clone(ctx);
-    glommio::spawn_local(async move {
-        match (&conn_ctx.shared.tls, endpoint.transport) {
-            (Some(tls), Transport::Tcp) => {
-                super::tls::serve(Rc::clone(&conn_ctx), tls, stream, endpoint).await
-            }
-            _ => super::serve::serve(Rc::clone(&conn_ctx), stream, endpoint, None).await,
+    let admitted = Admitted(Rc::clone(ctx));
+    let ctx = Rc::clone(ctx);
+    match (&ctx.shared.tls, endpoint.transport) {
+        (Some(tls), Transport::Tcp) => {
+            let tls = std::sync::Arc::clone(tls);
+            glommio::spawn_local(super::tls::serve(ctx, tls, stream, endpoint, admitted)).detach()
         }
-        conn_ctx
-            .live_connections
-            .set(conn_ctx.live_connections.get() - 1);
-        let shared = &conn_ctx.shared;
-        shared.connections_by_shard[conn_ctx.id].fetch_sub(1, Ordering::AcqRel);
+        _ => glommio::spawn_local(super::serve::serve(ctx, stream, endpoint, None, admitted))
+            .detach(),
+    };
+}
+
+/// An admitted connection, counted until its task ends (however it ends).
+pub(crate) struct Admitted(Rc<ShardCtx>);
+
+impl Drop for Admitted {
+    fn drop(&mut self) {
+        let ctx = &self.0;
+        ctx.live_connections.set(ctx.live_connections.get() - 1);
+        let shared = &ctx.shared;
+        shared.connections_by_shard[ctx.id].fetch_sub(1, Ordering::AcqRel);
         shared.curr_connections.fetch_sub(1, Ordering::AcqRel);
-    })
-    .detach();
+    }
 }
 
 /// Bounded background sweep of expired items in this shard's partitions, once a second

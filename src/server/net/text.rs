@@ -376,7 +376,7 @@ impl TextSession {
         let lend_from = ctx.io.lend_from();
         loop {
             if let Some(dump) = self.metadump.take() {
-                self.metadump = continue_metadump(ctx, dump, &mut conn.replies.out).await;
+                self.metadump = Box::pin(continue_metadump(ctx, dump, &mut conn.replies.out)).await;
                 if self.metadump.is_some() {
                     return After::Process;
                 }
@@ -511,7 +511,9 @@ impl TextSession {
                 continue;
             }
             if let Some(named) = command.command().filter(|c| c.key().is_none()) {
-                let outcome = control::run(ctx, &named, now).await;
+                // Boxed, as the other rare waits here: a connection's task is as big as its
+                // biggest wait.
+                let outcome = Box::pin(control::run(ctx, &named, now)).await;
                 let quit = write_control(&mut conn.replies.out, &command, outcome);
                 conn.consume(consumed);
                 if quit {
@@ -551,7 +553,7 @@ impl TextSession {
                 TextCommand::Stats { args } => {
                     let args = *args;
                     let mut out = std::mem::take(&mut conn.replies.out);
-                    write_stats(ctx, &args, now, &mut out).await;
+                    Box::pin(write_stats(ctx, &args, now, &mut out)).await;
                     conn.replies.out = out;
                 }
                 TextCommand::Watch { kinds } => {
@@ -582,7 +584,7 @@ impl TextSession {
                     let pipelined = !conn.replies.is_empty();
                     let crawler = *crawler;
                     let mut out = std::mem::take(&mut conn.replies.out);
-                    self.metadump = lru_crawler(ctx, crawler, pipelined, &mut out).await;
+                    self.metadump = Box::pin(lru_crawler(ctx, crawler, pipelined, &mut out)).await;
                     conn.replies.out = out;
                 }
                 TextCommand::Store { store, value }

@@ -17,7 +17,15 @@ use crate::server::shard::tls_config::Tls;
 use crate::server::shard::tls_stage::TlsStage;
 
 /// Serves one TLS client on `stream`: the handshake, then the connection through its session.
-pub async fn serve(ctx: Rc<ShardCtx>, tls: &Arc<Tls>, mut stream: TcpStream, endpoint: Endpoint) {
+/// `admitted` counts the connection until this ends.
+pub(crate) async fn serve(
+    ctx: Rc<ShardCtx>,
+    tls: Arc<Tls>,
+    mut stream: TcpStream,
+    endpoint: Endpoint,
+    admitted: super::tasks::Admitted,
+) {
+    let tls = &tls;
     let Ok(mut session) = ServerConnection::new(tls.current()) else {
         tls.handshake_errors.fetch_add(1, Ordering::Relaxed);
         return;
@@ -62,7 +70,15 @@ pub async fn serve(ctx: Rc<ShardCtx>, tls: &Arc<Tls>, mut stream: TcpStream, end
         ..endpoint
     };
     let stage = TlsStage::new(Arc::clone(tls), session, after_handshake);
-    super::serve::serve(ctx, stream, endpoint, Some(stage)).await;
+    // Boxed: the handshake's state above is not kept for the connection's life.
+    Box::pin(super::serve::serve(
+        ctx,
+        stream,
+        endpoint,
+        Some(Box::new(stage)),
+        admitted,
+    ))
+    .await;
 }
 
 /// Runs the handshake on `stream` until it completes, returning the bytes read after it (the

@@ -1,6 +1,9 @@
 //! A socket read or write bounded by the connection's idle timeout, and what it came back
 //! with: the one way a connection's I/O waits, whether it carries requests or a large value.
 
+use std::future::Future;
+use std::pin::Pin;
+use std::task::{Context, Poll};
 use std::time::Duration;
 
 use super::ctx::ShardCtx;
@@ -46,20 +49,45 @@ impl Io {
 
 /// Runs one socket read or write, bounded by the idle timeout. Shutdown needs no waiter here:
 /// it shuts the socket down, which ends the read or fails the write.
-pub(crate) async fn with_limits<F>(idle: Option<Duration>, io: F) -> Io
+pub(crate) fn with_limits<F>(idle: Option<Duration>, io: F) -> WithLimits<F>
 where
-    F: std::future::Future<Output = std::io::Result<usize>>,
+    F: Future<Output = std::io::Result<usize>>,
 {
-    let io = async {
-        match io.await {
-            Ok(0) | Err(_) => Io::Closed,
-            Ok(n) => Io::Done(n),
+    WithLimits {
+        io,
+        timer: idle.map(glommio::timer::Timer::new),
+    }
+}
+
+pin_project_lite::pin_project! {
+    /// [`with_limits`]'s future. Polled by hand, not through `glommio::timer::timeout` or an
+    /// `async fn`: a connection's task holds two of these at its read (the read, and the last
+    /// replies' send), and each nested `async fn` kept another copy of the I/O future, 5 KiB
+    /// in all per connection.
+    pub(crate) struct WithLimits<F> {
+        #[pin]
+        io: F,
+        timer: Option<glommio::timer::Timer>,
+    }
+}
+
+impl<F> Future for WithLimits<F>
+where
+    F: Future<Output = std::io::Result<usize>>,
+{
+    type Output = Io;
+
+    fn poll(self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<Io> {
+        let this = self.project();
+        if let Poll::Ready(done) = this.io.poll(cx) {
+            return Poll::Ready(match done {
+                Ok(0) | Err(_) => Io::Closed,
+                Ok(n) => Io::Done(n),
+            });
         }
-    };
-    match idle {
-        Some(limit) => glommio::timer::timeout(limit, async { Ok(io.await) })
-            .await
-            .unwrap_or(Io::TimedOut),
-        None => io.await,
+        match this.timer.as_mut().map(|timer| Pin::new(timer).poll(cx)) {
+            Some(Poll::Ready(_)) => Poll::Ready(Io::TimedOut),
+            _ => Poll::Pending,
+        }
     }
 }

@@ -21,6 +21,7 @@ use futures_lite::AsyncWriteExt;
 use glommio::net::TcpStream;
 
 use crate::arena::BlockId;
+use crate::buffer_cache::{BufferCache, BufferKind};
 use crate::lent::Lent;
 use crate::ring::buffers::FIXED_BUFFER_MAX_BYTES;
 use crate::ring::multishot::Inbox;
@@ -106,10 +107,27 @@ impl IoSnapshot {
     }
 }
 
+/// A connection's read buffer, taken when bytes arrive for it. A frame or line that needs
+/// more doubles it (at least), so a long line takes a few reads of growing size, never one
+/// read per byte. memcached's is the same size.
+pub(crate) const READ_BUFFER_BYTES: usize = 16 << 10;
+
+/// Read and reply buffers a shard keeps free for its connections, at most (a burst of busy
+/// connections past this gives the rest back to the allocator).
+const CACHED_BUFFERS_MAX: usize = 256;
+/// A reply buffer that grew past this (a big multiget) is not kept for the next connection.
+const REPLY_BUFFER_KEPT_MAX_BYTES: usize = 64 << 10;
+/// A reply buffer's first capacity: most passes' replies fit, and a pass whose replies do
+/// not grows it (and a grown one, up to `REPLY_BUFFER_KEPT_MAX_BYTES`, is kept for reuse).
+const REPLY_BUFFER_BYTES: usize = 1 << 10;
+
 /// One shard's ring, streaming pool and counters.
 pub struct ShardIo {
     pub ring: Option<Rc<Ring>>,
     pub pool: Rc<StreamPool>,
+    /// Connections' read buffers and reply buffers, lent while they have requests to run.
+    pub read_buffers: Rc<BufferCache>,
+    pub reply_buffers: Rc<BufferCache>,
     /// Which path runs, and why.
     pub path: String,
     pub counters: RefCell<PathCounters>,
@@ -196,9 +214,22 @@ impl ShardIo {
                 ring.as_ref().map(|r| r.buffers()),
             )
         };
+        let read_bytes = READ_BUFFER_BYTES;
         ShardIo {
             ring,
             pool,
+            read_buffers: Rc::new(BufferCache::new(
+                BufferKind::Read { bytes: read_bytes },
+                read_bytes,
+                CACHED_BUFFERS_MAX,
+            )),
+            reply_buffers: Rc::new(BufferCache::new(
+                BufferKind::Reply {
+                    bytes: REPLY_BUFFER_BYTES,
+                },
+                REPLY_BUFFER_KEPT_MAX_BYTES,
+                CACHED_BUFFERS_MAX,
+            )),
             path,
             counters: RefCell::new(PathCounters::default()),
             stream_blocks,
@@ -258,8 +289,11 @@ pub struct Wire {
     arrived: Cell<Option<Instant>>,
     /// Whether the socket is in the ring's registered-file table.
     registered: Cell<bool>,
-    /// A TLS connection's session: every byte read is opened by it, every byte written sealed.
-    tls: Option<TlsStage>,
+    /// A TLS connection's session: every byte read is opened by it, every byte written sealed
+    /// (boxed: a plain connection holds a pointer, not a session's worth of bytes).
+    tls: Option<Box<TlsStage>>,
+    /// Where a read into an idle connection's empty buffer takes one.
+    read_buffers: Rc<BufferCache>,
 }
 
 /// A receive timestamp further back than this is taken for a clock step, not a wait.
@@ -274,7 +308,7 @@ impl Wire {
         receive_timestamps: bool,
         stream: &TcpStream,
         endpoint: &super::endpoint::Endpoint,
-        tls: Option<TlsStage>,
+        tls: Option<Box<TlsStage>>,
     ) -> Wire {
         let fd = stream.as_raw_fd();
         let ring = io.ring.clone();
@@ -294,7 +328,7 @@ impl Wire {
         let inbox = ring
             .as_ref()
             .filter(|ring| ring.multishot())
-            .map(|_| Rc::new(Inbox::new(stamps)));
+            .map(|_| Rc::new(Inbox::new(stamps, Rc::clone(&io.read_buffers))));
         Wire {
             ring,
             inbox,
@@ -308,6 +342,7 @@ impl Wire {
             arrived: Cell::new(None),
             registered: Cell::new(registered),
             tls,
+            read_buffers: Rc::clone(&io.read_buffers),
         }
     }
 
@@ -335,24 +370,55 @@ impl Wire {
         }
     }
 
-    /// Whether this connection's bytes go through the ring.
-    pub fn on_ring(&self) -> bool {
-        self.ring.is_some()
-    }
-
     /// Reads into `buf[at..]`: on the ring a `RECV` queued with the pass's other entries, else
     /// glommio's read; over TLS, the plaintext of what arrived. Returns the bytes read (0: the
-    /// peer closed). If this future is dropped midway on the ring path, `buf` is left empty
-    /// (the connection is ending anyway).
+    /// peer closed). `buf` may be an idle connection's empty buffer (at 0): it gets one of the
+    /// shard's read buffers when bytes come (with multishot receives and on the plain path; a
+    /// one-shot receive or a TLS session needs it while waiting). If this future is dropped
+    /// midway on the ring path, `buf` is left empty (the connection is ending anyway).
     pub async fn read(
         &self,
         stream: &mut TcpStream,
         buf: &mut Vec<u8>,
         at: usize,
     ) -> io::Result<usize> {
+        let waits_without_buffer =
+            self.tls.is_none() && (self.ring.is_none() || self.inbox.is_some());
+        if buf.is_empty() && !waits_without_buffer {
+            *buf = self.read_buffers.take();
+        }
         match &self.tls {
             Some(tls) => self.tls_read(tls, stream, &mut buf[at..]).await,
             None => self.socket_read(stream, buf, at).await,
+        }
+    }
+
+    /// [`Wire::read`] for an idle connection (`buf` empty, nothing buffered): with multishot
+    /// receives and on the plain path it waits holding no buffer and its future is a few
+    /// words, since it is all an idle connection's task holds; a one-shot receive or a TLS
+    /// session reads as [`Wire::read`] does, boxed.
+    pub async fn read_idle(&self, stream: &mut TcpStream, buf: &mut Vec<u8>) -> io::Result<usize> {
+        debug_assert!(buf.is_empty(), "an idle connection buffers nothing");
+        match (&self.tls, &self.ring, &self.inbox) {
+            (None, Some(ring), Some(inbox)) => {
+                self.arrived.set(None);
+                ring.wait_received(self.fd, inbox).await;
+                let result = match inbox.take_spilled_into(buf, 0) {
+                    0 => inbox.ended().unwrap_or(Ok(0)),
+                    n => Ok(n),
+                };
+                let reaped = ring.reaped_at();
+                self.arrived.set(Some(match inbox.received_ns() {
+                    Some(received_ns) => arrival(received_ns, reaped),
+                    None => reaped.instant,
+                }));
+                result
+            }
+            (None, None, _) => {
+                self.arrived.set(None);
+                self.plain_read_idle(stream, buf).await
+            }
+            _ => Box::pin(self.read(stream, buf, 0)).await,
         }
     }
 
@@ -422,8 +488,37 @@ impl Wire {
                 self.arrived.set(Some(ring.reaped_at().instant));
                 result
             }
+            (None, _) if buf.is_empty() => self.plain_read_idle(stream, buf).await,
             (None, _) => futures_lite::AsyncReadExt::read(stream, &mut buf[at..]).await,
         }
+    }
+
+    /// The plain path's read for an idle connection: a read buffer is taken only while glommio
+    /// tries the socket, and given back while it waits for the socket to be readable (its
+    /// `poll_read` tries a non-blocking receive, then waits for readiness holding no buffer).
+    async fn plain_read_idle(
+        &self,
+        stream: &mut TcpStream,
+        buf: &mut Vec<u8>,
+    ) -> io::Result<usize> {
+        std::future::poll_fn(|cx| {
+            let mut taken = self.read_buffers.take();
+            match futures_lite::AsyncRead::poll_read(
+                std::pin::Pin::new(&mut *stream),
+                cx,
+                &mut taken,
+            ) {
+                std::task::Poll::Ready(Ok(n)) if n > 0 => {
+                    *buf = taken;
+                    std::task::Poll::Ready(Ok(n))
+                }
+                other => {
+                    self.read_buffers.give(taken);
+                    other
+                }
+            }
+        })
+        .await
     }
 
     /// Reads into `into` outside the connection's read buffer (a large value's body): with
@@ -446,21 +541,6 @@ impl Wire {
             }
         }
         futures_lite::AsyncReadExt::read(stream, into).await
-    }
-
-    /// Ring path: queues a send of all of `bytes` (with the pass's other entries) and hands
-    /// the buffer back when it is done.
-    pub async fn write_queued(&self, bytes: Vec<u8>) -> io::Result<Vec<u8>> {
-        if let Some(tls) = &self.tls {
-            tls.seal(&[&bytes]);
-            self.send_sealed(tls, None).await?;
-            return Ok(bytes);
-        }
-        let ring = self
-            .ring
-            .as_ref()
-            .expect("queued writes are the ring path's");
-        ring.send_all(self.fd, bytes).await
     }
 
     /// Writes all of `bytes` and hands the buffer back for reuse.
