@@ -1124,7 +1124,10 @@ impl Ring {
                     if let (1.., Some(id)) = (result, cqueue::buffer_select(flags)) {
                         let mut provided = self.provided.borrow_mut();
                         let provided = provided.as_mut().expect("a ring with multishot receives");
-                        let (payload, stamp) = inbox.parse(provided.bytes(id, result as usize));
+                        let (payload, stamp) = inbox.parse(
+                            provided.bytes(id, result as usize),
+                            provided.stamped_header(),
+                        );
                         outcome = payload.len() as i32;
                         // The payload only: a stamped receive's buffer also holds the message
                         // header, the address and the control space (about 80 bytes).

@@ -68,6 +68,10 @@ pub struct ProvidedBuffers {
     tail: u16,
     /// The buffers, `PROVIDED_BUFFER_BYTES` each.
     memory: *mut u8,
+    /// The header every stamped receive is armed with (no name, [`CONTROL_BYTES`] of control
+    /// space): one per ring, not per connection. Every completion lays its buffer out by it,
+    /// and it lives as long as the buffers, so as long as any receive.
+    stamped_header: Box<libc::msghdr>,
 }
 
 const ENTRIES_BYTES: usize = PROVIDED_BUFFERS as usize * std::mem::size_of::<RawBufEntry>();
@@ -113,10 +117,14 @@ impl ProvidedBuffers {
     pub fn register(uring: &IoUring) -> Result<ProvidedBuffers, String> {
         kernel_has_multishot_receives()?;
         let mapped = |bytes| map_anonymous(bytes).map_err(|err| format!("mmap: {err}"));
+        // SAFETY: a zeroed msghdr is a valid empty one.
+        let mut stamped_header: Box<libc::msghdr> = Box::new(unsafe { std::mem::zeroed() });
+        stamped_header.msg_controllen = CONTROL_BYTES as _;
         let mut provided = ProvidedBuffers {
             entries: std::ptr::null_mut(),
             tail: 0,
             memory: std::ptr::null_mut(),
+            stamped_header,
         };
         // Unmapped by `Drop` if anything below fails.
         provided.entries = mapped(ENTRIES_BYTES)?.cast();
@@ -140,6 +148,11 @@ impl ProvidedBuffers {
     }
 
     /// The `len` bytes a completion put in buffer `id`. Valid until the buffer is given back.
+    /// The header stamped receives are armed with.
+    pub(super) fn stamped_header(&self) -> &libc::msghdr {
+        &self.stamped_header
+    }
+
     pub fn bytes(&self, id: u16, len: usize) -> &[u8] {
         assert!(id < PROVIDED_BUFFERS && len <= PROVIDED_BUFFER_BYTES);
         // SAFETY: buffer `id` lies inside the mapping; the kernel completed into it and does
@@ -197,9 +210,8 @@ impl Drop for ProvidedBuffers {
 /// the state of that receive.
 pub struct Inbox {
     state: RefCell<InboxState>,
-    /// The header a stamped receive is armed with: no name, [`CONTROL_BYTES`] of control
-    /// space. Every completion lays its buffer out by it, so it lives as long as the inbox.
-    msg: Option<Box<libc::msghdr>>,
+    /// Whether the receive brings timestamps (`RECVMSG` with the ring's stamped header).
+    stamped: bool,
     /// Where a reader that lent no buffer (an idle connection) gets one when bytes come.
     read_buffers: std::rc::Rc<BufferCache>,
 }
@@ -225,29 +237,24 @@ impl Inbox {
     /// An inbox for a receive that brings timestamps (`RECVMSG`) or not (`RECV`); a reader
     /// that lends an empty buffer gets one from `read_buffers` when bytes come.
     pub fn new(stamped: bool, read_buffers: std::rc::Rc<BufferCache>) -> Inbox {
-        let msg = stamped.then(|| {
-            // SAFETY: a zeroed msghdr is a valid empty one.
-            let mut msg: Box<libc::msghdr> = Box::new(unsafe { std::mem::zeroed() });
-            msg.msg_controllen = CONTROL_BYTES as _;
-            msg
-        });
         Inbox {
             state: RefCell::new(InboxState::default()),
-            msg,
+            stamped,
             read_buffers,
         }
     }
 
-    /// The header a stamped receive is armed with (`None`: a plain `RECV`).
-    pub(super) fn msg(&self) -> Option<&libc::msghdr> {
-        self.msg.as_deref()
+    /// Whether the receive is armed with the ring's stamped header (else a plain `RECV`).
+    pub(super) fn stamped(&self) -> bool {
+        self.stamped
     }
 
-    /// Splits a completed buffer into its payload and receive timestamp.
-    pub(super) fn parse<'a>(&self, raw: &'a [u8]) -> (&'a [u8], Option<u64>) {
-        let Some(msg) = &self.msg else {
+    /// Splits a completed buffer into its payload and receive timestamp; `msg` is the header
+    /// a stamped receive was armed with.
+    pub(super) fn parse<'a>(&self, raw: &'a [u8], msg: &libc::msghdr) -> (&'a [u8], Option<u64>) {
+        if !self.stamped {
             return (raw, None);
-        };
+        }
         match types::RecvMsgOut::parse(raw, msg) {
             Ok(out) => {
                 // The payload ends the buffer (after the header, name and control space).

@@ -314,7 +314,10 @@ impl Ring {
     /// Arms `fd`'s multishot receive into `inbox`.
     fn arm(self: &Rc<Self>, fd: RawFd, inbox: &Rc<Inbox>) {
         self.stats.borrow_mut().receives_armed += 1;
-        let msg = inbox.msg().map(|m| m as *const libc::msghdr);
+        let msg = match (inbox.stamped(), self.provided.borrow().as_ref()) {
+            (true, Some(provided)) => Some(provided.stamped_header() as *const libc::msghdr),
+            _ => None,
+        };
         let (index, generation) = self.start(
             OpKind::Recv,
             fd,
@@ -322,8 +325,7 @@ impl Ring {
             None,
             Some(Rc::clone(inbox)),
             |_, target| match msg {
-                // The header lives in the inbox, which the slot holds until the last
-                // completion.
+                // The header lives with the provided buffers, as long as the ring.
                 Some(msg) => opcode::RecvMsgMulti::new(target, msg, BUFFER_GROUP).build(),
                 None => opcode::RecvMulti::new(target, BUFFER_GROUP).build(),
             },

@@ -113,7 +113,7 @@ pub(crate) async fn process(conn: &mut Conn, ctx: &Rc<ShardCtx>, now: u32) -> Af
                 }
                 Decoded::Close { error } => {
                     count(ctx, error);
-                    log_peer_error(ctx, &conn.peer, &format!("binary frame: {error:?}"), true);
+                    log_peer_error(ctx, conn.peer(), &format!("binary frame: {error:?}"), true);
                     return After::Close;
                 }
                 Decoded::Reject {
@@ -126,7 +126,7 @@ pub(crate) async fn process(conn: &mut Conn, ctx: &Rc<ShardCtx>, now: u32) -> Af
                 } => {
                     count(ctx, error);
                     let what = format!("binary frame: {error:?} (opcode {opcode:#04x})");
-                    log_peer_error(ctx, &conn.peer, &what, close);
+                    log_peer_error(ctx, conn.peer(), &what, close);
                     if !conn.authenticated {
                         // Before authentication nothing else is answered (memcached).
                         ResponseWriter::new(&mut conn.replies.out).error(
@@ -192,7 +192,12 @@ pub(crate) async fn process(conn: &mut Conn, ctx: &Rc<ShardCtx>, now: u32) -> Af
                     let authenticated = &mut conn.authenticated;
                     let attempt = || sasl(ctx, authenticated, &request);
                     let accepted = |done: &(Status, String)| done.0 == Status::Ok;
-                    let answer = within_auth_budget(ctx, (&conn.peer, conn.fd), attempt, accepted);
+                    let answer = within_auth_budget(
+                        ctx,
+                        (&conn.info.endpoint.peer, conn.fd),
+                        attempt,
+                        accepted,
+                    );
                     match answer.await {
                         Some(answer) => answer,
                         None => return After::Close,

@@ -77,8 +77,8 @@ pub(crate) struct Conn {
     pub(crate) framing: Option<Framing>,
     /// Requests run since the last replies were handed to the kernel, by kind (latency).
     pub(crate) batch: BatchCounts,
-    /// The client's address, for log lines.
-    pub(crate) peer: String,
+    /// What STAT `conns` shows of the connection; its client's address names it in log lines.
+    pub(crate) info: std::rc::Rc<crate::server::shard::ctx::ConnInfo>,
     /// The socket, as `watch` lines and `stats conns` name the connection.
     pub(crate) fd: i32,
 }
@@ -191,6 +191,11 @@ pub(crate) fn log_peer_error(ctx: &ShardCtx, peer: &str, what: &str, closed: boo
 }
 
 impl Conn {
+    /// The client's address, for log lines.
+    pub(crate) fn peer(&self) -> &str {
+        &self.info.endpoint.peer
+    }
+
     /// Marks `bytes` more of the buffer processed; the line search's resume point, relative to
     /// the buffer's front, moves with it.
     pub(crate) fn consume(&mut self, bytes: usize) {
@@ -300,7 +305,7 @@ impl Conn {
     /// a full buffer makes room for more of its unfinished frame.
     pub(crate) fn settle(&mut self) {
         if self.consumed == self.filled {
-            self.lookahead.reset();
+            self.lookahead.release();
             self.consumed = 0;
             self.filled = 0;
             if !self.buf.is_empty() {

@@ -42,10 +42,12 @@ pub const FRAMES: usize = 16;
 const RECORD_DISTANCE: usize = 4;
 
 /// The hashes of the frames looked ahead at, by position after the frame being run. Every
-/// connection holds one, idle or not, so it is kept small.
+/// connection holds one, idle or not, so it is kept small: the hashes are boxed, and only a
+/// batch of two frames or more (a pipelined one) takes them; [`Lookahead::release`] gives
+/// them back when the connection goes idle.
 #[derive(Debug, Default)]
 pub struct Lookahead {
-    hashes: [u64; FRAMES],
+    hashes: Option<Box<[u64; FRAMES]>>,
     /// Bit `i` set: frame `i` has a key (and `hashes[i]` is its hash).
     keyed: u16,
     len: u8,
@@ -71,8 +73,10 @@ impl Lookahead {
             self.look_from(partitions, framing, buf, at);
         }
         let ahead = usize::from(self.next) + RECORD_DISTANCE;
-        if ahead < usize::from(self.len) && self.keyed & (1 << ahead) != 0 {
-            partitions.prefetch_records(self.hashes[ahead]);
+        if let Some(hashes) = self.hashes.as_deref() {
+            if ahead < usize::from(self.len) && self.keyed & (1 << ahead) != 0 {
+                partitions.prefetch_records(hashes[ahead]);
+            }
         }
         self.next = self.next.saturating_add(1);
     }
@@ -82,6 +86,11 @@ impl Lookahead {
         self.len = 0;
         self.next = 0;
         self.end = 0;
+    }
+
+    /// [`Lookahead::reset`], and gives the hashes' box back: the connection is idle.
+    pub fn release(&mut self) {
+        *self = Lookahead::default();
     }
 
     fn look_from(&mut self, partitions: &Partitions, framing: Framing, buf: &[u8], at: usize) {
@@ -101,14 +110,17 @@ impl Lookahead {
             len = 0;
         }
         self.keyed = 0;
-        for (i, key) in keys[..len].iter().enumerate() {
-            if key.is_empty() {
-                continue;
+        if len > 0 {
+            let hashes = self.hashes.get_or_insert_with(|| Box::new([0; FRAMES]));
+            for (i, key) in keys[..len].iter().enumerate() {
+                if key.is_empty() {
+                    continue;
+                }
+                let hash = partitions.hasher().hash(key);
+                hashes[i] = hash;
+                self.keyed |= 1 << i;
+                partitions.prefetch_index(hash);
             }
-            let hash = partitions.hasher().hash(key);
-            self.hashes[i] = hash;
-            self.keyed |= 1 << i;
-            partitions.prefetch_index(hash);
         }
         self.len = len as u8;
         self.next = 0;

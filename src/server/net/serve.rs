@@ -69,14 +69,17 @@ impl Session {
 /// `stream` is any stream socket (glommio's TCP stream type does only plain socket calls):
 /// a TCP client or a unix socket client; `tls`, a TLS client's session after its handshake;
 /// `admitted` counts the connection until this ends.
-pub async fn serve(
+///
+/// The setup runs here, before the future: the future holds the connection's parts in one
+/// box, since an `async fn` keeps its arguments beside its locals (the socket and endpoint
+/// twice) for the connection's life.
+pub fn serve(
     ctx: Rc<ShardCtx>,
-    mut stream: TcpStream,
+    stream: TcpStream,
     endpoint: Endpoint,
     tls: Option<Box<TlsStage>>,
     admitted: super::tasks::Admitted,
-) {
-    let _admitted = admitted;
+) -> impl std::future::Future<Output = ()> {
     if endpoint.is_tcp_socket() {
         if let Err(err) = stream.set_nodelay(true) {
             tracing::debug!(%err, "TCP_NODELAY refused");
@@ -97,16 +100,43 @@ pub async fn serve(
         close_reason: std::cell::Cell::new(watch::CloseReason::Normal),
     });
     ctx.conns.borrow_mut().insert(info.fd, Rc::clone(&info));
-    let watchers = &ctx.shared.watchers;
-    watchers.conn_new(&info.endpoint, info.fd);
-    let ended = serve_frames(&ctx, &mut stream, &wire, &info).await;
+    ctx.shared.watchers.conn_new(&info.endpoint, info.fd);
+    serve_connection(Box::new(Connection {
+        wire,
+        stream,
+        ctx,
+        info,
+        _admitted: admitted,
+    }))
+}
+
+/// What [`serve`] set up for a connection. Fields drop in order: the wire (its receive
+/// cancelled, its registered-file slot given back) before the socket closes.
+struct Connection {
+    wire: Wire,
+    stream: TcpStream,
+    ctx: Rc<ShardCtx>,
+    info: Rc<ConnInfo>,
+    _admitted: super::tasks::Admitted,
+}
+
+async fn serve_connection(mut connection: Box<Connection>) {
+    let Connection {
+        ctx,
+        stream,
+        wire,
+        info,
+        ..
+    } = &mut *connection;
+    let ended = serve_frames(ctx, stream, wire, info).await;
     ctx.conns.borrow_mut().remove(&info.fd);
     if ctx.stop.fired() {
         info.close_reason.set(watch::CloseReason::Shutdown);
     }
+    let watchers = &ctx.shared.watchers;
     watchers.conn_close(&info.endpoint, info.fd, info.close_reason.get());
     if ended == Ended::Quit {
-        wire.end_session(&mut stream).await;
+        wire.end_session(stream).await;
     }
     wire.finish(ended == Ended::Cut).await;
     if ended == Ended::Quit {
@@ -192,7 +222,7 @@ async fn serve_frames(
     ctx: &Rc<ShardCtx>,
     stream: &mut TcpStream,
     wire: &Wire,
-    info: &ConnInfo,
+    info: &Rc<ConnInfo>,
 ) -> Ended {
     let idle = match ctx.shared.settings.idle_timeout_seconds {
         0 => None,
@@ -212,7 +242,7 @@ async fn serve_frames(
         auth_failures: 0,
         framing: None,
         batch: BatchCounts::default(),
-        peer: info.endpoint.peer.clone(),
+        info: Rc::clone(info),
         fd: info.fd,
     };
     let mut session = Session::New;

@@ -403,7 +403,7 @@ impl TextSession {
                         // newline in 2048 bytes closes the connection (no multiget exception).
                         ctx.counters.borrow_mut().text_errors += 1;
                         let what = "a line over 2048 bytes before authentication";
-                        log_peer_error(ctx, &conn.peer, what, true);
+                        log_peer_error(ctx, conn.peer(), what, true);
                         return After::Close;
                     }
                     if no_line {
@@ -419,7 +419,7 @@ impl TextSession {
                         b"" => "an error silenced by noreply".to_string(),
                         line => String::from_utf8_lossy(line).into_owned(),
                     };
-                    log_peer_error(ctx, &conn.peer, &what, close);
+                    log_peer_error(ctx, conn.peer(), &what, close);
                     // Before authentication no command is answered but with memcached's
                     // refusal (`shutdown`, `slabs automove`, ... included); a close is silent.
                     let reply = match (conn.authenticated, close) {
@@ -485,7 +485,7 @@ impl TextSession {
                 let outcome = if is_authentication(ctx, &command) {
                     let attempt = || authenticate(ctx, &command);
                     let accepted = |done: &Auth| matches!(done, Auth::Accepted);
-                    let answer = within_auth_budget(ctx, (&conn.peer, conn.fd), attempt, accepted);
+                    let answer = within_auth_budget(ctx, (conn.peer(), conn.fd), attempt, accepted);
                     match answer.await {
                         Some(outcome) => outcome,
                         None => return After::Close,
