@@ -159,6 +159,7 @@ pub fn start(settings: Settings, topology: &Topology) -> Result<Running, ServerE
     let data_dir = data_dir::DataDir::take(&settings.data_dir, privileges.run_as())
         .map(Arc::new)
         .map_err(ServerError::DataDir)?;
+    shard::open_files::raise_for(settings.max_connections);
     let listeners = listen::bind_all(settings.listen, shards).map_err(ServerError::Bind)?;
     // Bound now, as the ports are, so a server that drops root still binds where only root
     // may write; shard 0 serves it.

@@ -124,6 +124,8 @@ pub(crate) struct GeneralFigures {
     pub curr_connections: usize,
     pub total_connections: u64,
     pub rejected_connections: u64,
+    /// What the connections hold, and the buffers kept free for them.
+    pub conn_memory: crate::server::shard::ctx::ConnMemory,
     /// Sources whose failure budget is spent now (`auth_gate`).
     pub auth_sources_held: u64,
     /// `watch` connections open now (memcached's `log_watchers`).
@@ -177,8 +179,10 @@ pub(crate) fn general_figures(
     let mut conn = ConnCounters::default();
     let (mut mesh_placement, mut mesh_control, mut idle_blocks) = (0u64, 0u64, 0u64);
     let mut mesh_connection = 0u64;
+    let mut conn_memory = crate::server::shard::ctx::ConnMemory::default();
     for s in snapshots {
         conn.add(&s.conn);
+        conn_memory.add(&s.conn_memory);
         mesh_placement += s.mesh.placement;
         mesh_control += s.mesh.control;
         mesh_connection += s.mesh.connection;
@@ -197,6 +201,7 @@ pub(crate) fn general_figures(
         curr_connections: shared.curr_connections.load(Ordering::Relaxed),
         total_connections: shared.total_connections.load(Ordering::Relaxed),
         rejected_connections: shared.rejected_connections.load(Ordering::Relaxed),
+        conn_memory,
         auth_sources_held: shared
             .auth_gate
             .held_sources(std::time::Instant::now(), 0)
@@ -263,6 +268,23 @@ pub(crate) fn general_pairs(f: &GeneralFigures) -> Vec<(String, String)> {
         ("curr_connections", f.curr_connections.to_string()),
         ("total_connections", f.total_connections.to_string()),
         ("rejected_connections", f.rejected_connections.to_string()),
+        // What connections hold: each one's task and state, and the buffers lent to it now
+        // (an idle connection holds none). memcached's read buffer figures count the buffers
+        // held and the ones kept free for the next connection.
+        ("conn_bytes", f.conn_memory.conn_bytes().to_string()),
+        (
+            "read_buf_count",
+            (f.conn_memory.read_buffers_held + f.conn_memory.read_buffers_free).to_string(),
+        ),
+        (
+            "read_buf_bytes",
+            (f.conn_memory.read_buffer_bytes_held + f.conn_memory.read_buffer_bytes_free)
+                .to_string(),
+        ),
+        (
+            "read_buf_bytes_free",
+            f.conn_memory.read_buffer_bytes_free.to_string(),
+        ),
         ("cmd_get", (store.get_hits + store.get_misses).to_string()),
         ("cmd_set", store.cmd_set.to_string()),
         ("cmd_flush", conn.cmd_flush.to_string()),

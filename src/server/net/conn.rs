@@ -83,6 +83,28 @@ pub(crate) struct Conn {
     pub(crate) fd: i32,
 }
 
+/// An admitted connection, counted until its task ends (however it ends).
+pub(crate) struct Admitted(std::rc::Rc<ShardCtx>);
+
+impl Admitted {
+    /// Counts a connection `ctx` serves (its `live_connections`), until dropped; it is in
+    /// `connections_by_shard` and `curr_connections` already.
+    pub(crate) fn new(ctx: &std::rc::Rc<ShardCtx>) -> Admitted {
+        ctx.live_connections.set(ctx.live_connections.get() + 1);
+        Admitted(std::rc::Rc::clone(ctx))
+    }
+}
+
+impl Drop for Admitted {
+    fn drop(&mut self) {
+        let ctx = &self.0;
+        ctx.live_connections.set(ctx.live_connections.get() - 1);
+        let shared = &ctx.shared;
+        shared.connections_by_shard[ctx.id].fetch_sub(1, Ordering::AcqRel);
+        shared.curr_connections.fetch_sub(1, Ordering::AcqRel);
+    }
+}
+
 /// Runs one authentication attempt from the client at `peer` within its source's budget
 /// (`auth_gate.rs`): holds it, right password or wrong, until the source has a token (saying
 /// nothing to the client meanwhile), runs `attempt`, and gives the token back when
@@ -191,6 +213,13 @@ pub(crate) fn log_peer_error(ctx: &ShardCtx, peer: &str, what: &str, closed: boo
 }
 
 impl Conn {
+    /// Shows STAT `conn_bytes` the buffers this connection holds now.
+    pub(crate) fn count_buffers_held(&self) {
+        self.info
+            .buffers_held
+            .set((self.buf.capacity(), self.replies.out.capacity()));
+    }
+
     /// The client's address, for log lines.
     pub(crate) fn peer(&self) -> &str {
         &self.info.endpoint.peer

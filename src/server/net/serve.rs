@@ -78,7 +78,7 @@ pub fn serve(
     stream: TcpStream,
     endpoint: Endpoint,
     tls: Option<Box<TlsStage>>,
-    admitted: super::tasks::Admitted,
+    admitted: super::conn::Admitted,
 ) -> impl std::future::Future<Output = ()> {
     if endpoint.is_tcp_socket() {
         if let Err(err) = stream.set_nodelay(true) {
@@ -98,16 +98,28 @@ pub fn serve(
         state: std::cell::Cell::new("conn_waiting"),
         last_command: std::cell::Cell::new(std::time::Instant::now()),
         close_reason: std::cell::Cell::new(watch::CloseReason::Normal),
+        state_bytes: std::cell::Cell::new(0),
+        buffers_held: std::cell::Cell::new((0, 0)),
     });
     ctx.conns.borrow_mut().insert(info.fd, Rc::clone(&info));
     ctx.shared.watchers.conn_new(&info.endpoint, info.fd);
-    serve_connection(Box::new(Connection {
+    let wire_bytes = wire.state_bytes();
+    let future = serve_connection(Box::new(Connection {
         wire,
         stream,
         ctx,
-        info,
+        info: Rc::clone(&info),
         _admitted: admitted,
-    }))
+    }));
+    info.state_bytes.set(
+        std::mem::size_of_val(&future)
+            + std::mem::size_of::<Connection>()
+            + std::mem::size_of::<ConnInfo>()
+            + info.endpoint.peer.capacity()
+            + info.endpoint.local.capacity()
+            + wire_bytes,
+    );
+    future
 }
 
 /// What [`serve`] set up for a connection. Fields drop in order: the wire (its receive
@@ -117,7 +129,7 @@ struct Connection {
     stream: TcpStream,
     ctx: Rc<ShardCtx>,
     info: Rc<ConnInfo>,
-    _admitted: super::tasks::Admitted,
+    _admitted: super::conn::Admitted,
 }
 
 async fn serve_connection(mut connection: Box<Connection>) {
@@ -260,6 +272,10 @@ async fn serve_frames(
                 .reply_buffers
                 .give(std::mem::take(&mut conn.replies.out));
         }
+        if conn.buf.is_empty() && wire.waits_with_buffer() {
+            conn.buf = ctx.io.read_buffers.take();
+        }
+        conn.count_buffers_held();
         let read = with_limits(idle, wire.read_idle(stream, &mut conn.buf)).await;
         let arrival = serve_arrival(
             ctx,
@@ -339,6 +355,7 @@ async fn serve_read(
         if conn.replies.out.capacity() == 0 {
             conn.replies.out = replies_cache.take();
         }
+        conn.count_buffers_held();
         let after = session
             .process(conn, ctx, now.take().unwrap_or_else(unix_now))
             .await;

@@ -10,6 +10,7 @@ use std::time::Duration;
 use glommio::channels::channel_mesh::Receivers;
 use glommio::net::{TcpListener, TcpStream};
 
+use super::conn::Admitted;
 use crate::server::shard::ctx::{promote, Message, ShardCtx, ShardReply, ShardRequest};
 use crate::server::shard::endpoint::{Endpoint, Transport};
 use crate::server::shard::shared::unix_now;
@@ -92,7 +93,16 @@ pub async fn accept_loop(ctx: Rc<ShardCtx>, listener: TcpListener, listening: Li
             None => break,
             Some(Ok(stream)) => stream,
             Some(Err(err)) => {
-                tracing::warn!(shard = ctx.id, %err, "accept failed");
+                // Out of descriptors (EMFILE) fails every accept until one closes: said once a
+                // second per shard at most.
+                if let Some(held_back) = ctx.refusal_log.allow(unix_now()) {
+                    tracing::warn!(
+                        shard = ctx.id,
+                        %err,
+                        held_back,
+                        "accept failed (one line per second per shard at most)"
+                    );
+                }
                 glommio::timer::sleep(Duration::from_millis(10)).await;
                 continue;
             }
@@ -175,8 +185,7 @@ fn hand_off(ctx: &Rc<ShardCtx>, stream: TcpStream, endpoint: Endpoint, to: usize
 /// the connection's future itself, not a block around it: a wrapper would keep another copy
 /// of the socket and the endpoint for the connection's life.
 fn spawn_connection(ctx: &Rc<ShardCtx>, stream: TcpStream, endpoint: Endpoint) {
-    ctx.live_connections.set(ctx.live_connections.get() + 1);
-    let admitted = Admitted(Rc::clone(ctx));
+    let admitted = Admitted::new(ctx);
     let ctx = Rc::clone(ctx);
     match (&ctx.shared.tls, endpoint.transport) {
         (Some(tls), Transport::Tcp) => {
@@ -186,19 +195,6 @@ fn spawn_connection(ctx: &Rc<ShardCtx>, stream: TcpStream, endpoint: Endpoint) {
         _ => glommio::spawn_local(super::serve::serve(ctx, stream, endpoint, None, admitted))
             .detach(),
     };
-}
-
-/// An admitted connection, counted until its task ends (however it ends).
-pub(crate) struct Admitted(Rc<ShardCtx>);
-
-impl Drop for Admitted {
-    fn drop(&mut self) {
-        let ctx = &self.0;
-        ctx.live_connections.set(ctx.live_connections.get() - 1);
-        let shared = &ctx.shared;
-        shared.connections_by_shard[ctx.id].fetch_sub(1, Ordering::AcqRel);
-        shared.curr_connections.fetch_sub(1, Ordering::AcqRel);
-    }
 }
 
 /// Bounded background sweep of expired items in this shard's partitions, once a second

@@ -23,7 +23,7 @@ pub(crate) async fn serve(
     tls: Arc<Tls>,
     mut stream: TcpStream,
     endpoint: Endpoint,
-    admitted: super::tasks::Admitted,
+    admitted: super::conn::Admitted,
 ) {
     let tls = &tls;
     let Ok(mut session) = ServerConnection::new(tls.current()) else {

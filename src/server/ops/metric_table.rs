@@ -244,6 +244,40 @@ pub const GENERAL: &[(&str, Export)] = &[
         )),
     ),
     (
+        "conn_bytes",
+        sample(gauge(
+            "connection_memory",
+            B,
+            "What client connections hold: each one's task and state, and the read and reply \
+             buffers lent to it now (an idle connection holds none). Kernel socket buffers \
+             are not counted.",
+        )),
+    ),
+    (
+        "read_buf_count",
+        sample(gauge(
+            "read_buffers",
+            N,
+            "Read buffers held by connections with bytes to run, and kept free for the next.",
+        )),
+    ),
+    (
+        "read_buf_bytes",
+        sample(gauge(
+            "read_buffer_memory",
+            B,
+            "Bytes of the read buffers held by connections and kept free.",
+        )),
+    ),
+    (
+        "read_buf_bytes_free",
+        sample(gauge(
+            "read_buffer_free_memory",
+            B,
+            "Bytes of the read buffers kept free for the next connection that needs one.",
+        )),
+    ),
+    (
         "warm_restart_restored",
         sample(counter(
             "warm_restart_restored_items",

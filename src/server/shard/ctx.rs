@@ -183,6 +183,8 @@ pub struct ShardSnapshot {
     pub idle_blocks: u64,
     /// This shard's request latency histograms.
     pub latency: super::latency::LatencySnapshot,
+    /// What its connections hold.
+    pub conn_memory: ConnMemory,
 }
 
 /// What STAT `conns` shows of a live client connection (shared by the connection, which
@@ -196,6 +198,43 @@ pub struct ConnInfo {
     pub last_command: Cell<Instant>,
     /// Why it closed, for `watch connevents` (normal unless a protocol error closed it).
     pub close_reason: Cell<super::watch::CloseReason>,
+    /// What the server holds for the connection besides buffers: its task, its state, its
+    /// addresses (STAT `conn_bytes`), set when it starts.
+    pub state_bytes: Cell<usize>,
+    /// The capacity of the read buffer and the reply buffer it holds now (none while idle).
+    pub buffers_held: Cell<(usize, usize)>,
+}
+
+/// What a shard's connections hold, and its buffer caches keep free (STAT `conn_bytes`,
+/// `read_buf_*`).
+#[derive(Clone, Debug, Default)]
+pub struct ConnMemory {
+    pub state_bytes: u64,
+    /// Read buffers held by connections now, and their bytes.
+    pub read_buffers_held: u64,
+    pub read_buffer_bytes_held: u64,
+    pub reply_buffer_bytes_held: u64,
+    /// Read buffers kept free for the next connection that needs one, and their bytes.
+    pub read_buffers_free: u64,
+    pub read_buffer_bytes_free: u64,
+    pub reply_buffer_bytes_free: u64,
+}
+
+impl ConnMemory {
+    pub fn add(&mut self, o: &ConnMemory) {
+        self.state_bytes += o.state_bytes;
+        self.read_buffers_held += o.read_buffers_held;
+        self.read_buffer_bytes_held += o.read_buffer_bytes_held;
+        self.reply_buffer_bytes_held += o.reply_buffer_bytes_held;
+        self.read_buffers_free += o.read_buffers_free;
+        self.read_buffer_bytes_free += o.read_buffer_bytes_free;
+        self.reply_buffer_bytes_free += o.reply_buffer_bytes_free;
+    }
+
+    /// What the connections hold: state and buffers lent to them (not the free ones).
+    pub fn conn_bytes(&self) -> u64 {
+        self.state_bytes + self.read_buffer_bytes_held + self.reply_buffer_bytes_held
+    }
 }
 
 /// Everything a shard's tasks share (single-threaded; `Rc`).
@@ -393,7 +432,28 @@ impl ShardCtx {
             idle_blocks: crate::arena::batch::with_core_batch(|batch| batch.all_held().count())
                 .unwrap_or(0) as u64,
             latency: self.latency.snapshot(),
+            conn_memory: self.conn_memory(),
         }
+    }
+
+    /// What this shard's connections hold now, and its caches keep free.
+    fn conn_memory(&self) -> ConnMemory {
+        let mut memory = ConnMemory::default();
+        for info in self.conns.borrow().values() {
+            let (read, reply) = info.buffers_held.get();
+            memory.state_bytes += info.state_bytes.get() as u64;
+            memory.read_buffers_held += u64::from(read > 0);
+            memory.read_buffer_bytes_held += read as u64;
+            memory.reply_buffer_bytes_held += reply as u64;
+        }
+        let (read_free, reply_free) = (
+            self.io.read_buffers.counts(),
+            self.io.reply_buffers.counts(),
+        );
+        memory.read_buffers_free = read_free.free as u64;
+        memory.read_buffer_bytes_free = read_free.free_bytes as u64;
+        memory.reply_buffer_bytes_free = reply_free.free_bytes as u64;
+        memory
     }
 
     /// Sends extents no item holds any more to the master, without waiting.

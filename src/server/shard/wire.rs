@@ -346,6 +346,20 @@ impl Wire {
         }
     }
 
+    /// What the wire holds apart from itself: its inbox, zero-copy report and TLS session
+    /// (their structs; a TLS session's own buffers are not counted).
+    pub fn state_bytes(&self) -> usize {
+        let inbox = self
+            .inbox
+            .as_ref()
+            .map_or(0, |_| std::mem::size_of::<Inbox>());
+        let tls = self
+            .tls
+            .as_ref()
+            .map_or(0, |_| std::mem::size_of::<TlsStage>());
+        inbox + std::mem::size_of::<ZcReport>() + tls
+    }
+
     /// Takes the socket out of the ring's registered-file table (once).
     fn unregister(&self) {
         if let (Some(ring), true) = (&self.ring, self.registered.replace(false)) {
@@ -382,9 +396,7 @@ impl Wire {
         buf: &mut Vec<u8>,
         at: usize,
     ) -> io::Result<usize> {
-        let waits_without_buffer =
-            self.tls.is_none() && (self.ring.is_none() || self.inbox.is_some());
-        if buf.is_empty() && !waits_without_buffer {
+        if buf.is_empty() && self.waits_with_buffer() {
             *buf = self.read_buffers.take();
         }
         match &self.tls {
@@ -393,12 +405,22 @@ impl Wire {
         }
     }
 
+    /// Whether a read holds its buffer while it waits: a one-shot receive (the kernel needs
+    /// somewhere to put the bytes) or a TLS session's. Multishot receives and the plain path
+    /// wait without one.
+    pub fn waits_with_buffer(&self) -> bool {
+        self.tls.is_some() || (self.ring.is_some() && self.inbox.is_none())
+    }
+
     /// [`Wire::read`] for an idle connection (`buf` empty, nothing buffered): with multishot
     /// receives and on the plain path it waits holding no buffer and its future is a few
     /// words, since it is all an idle connection's task holds; a one-shot receive or a TLS
     /// session reads as [`Wire::read`] does, boxed.
     pub async fn read_idle(&self, stream: &mut TcpStream, buf: &mut Vec<u8>) -> io::Result<usize> {
-        debug_assert!(buf.is_empty(), "an idle connection buffers nothing");
+        debug_assert!(
+            buf.is_empty() || self.waits_with_buffer(),
+            "an idle connection buffers nothing"
+        );
         match (&self.tls, &self.ring, &self.inbox) {
             (None, Some(ring), Some(inbox)) => {
                 self.arrived.set(None);
