@@ -119,8 +119,10 @@ fn thousands_of_connections_are_served_and_idle_ones_hold_little() {
         true => ONE_SHOT_GROWTH_MAX_BYTES,
         false => GROWTH_MAX_BYTES,
     };
+    // Under AddressSanitizer (scripts/test-asan) the RSS is mostly the sanitizer's.
+    let asan = std::env::var_os("HEADROOM_TEST_ASAN").is_some();
     assert!(
-        growth <= growth_max,
+        asan || growth <= growth_max,
         "an idle connection holds {growth} bytes"
     );
 
@@ -142,7 +144,7 @@ fn thousands_of_connections_are_served_and_idle_ones_hold_little() {
     let bound = (64u64 << 20) + (100 << 20) + (CONNECTIONS as u64) * per_connection_max;
     println!("RSS {} MiB after the burst", rss_after_burst >> 20);
     assert!(
-        rss_after_burst <= bound,
+        asan || rss_after_burst <= bound,
         "RSS {rss_after_burst} over --memory + 100 MiB + 2 KiB a connection ({bound})"
     );
 
