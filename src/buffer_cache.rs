@@ -70,6 +70,13 @@ impl BufferCache {
         buf
     }
 
+    /// A free buffer, if one is kept: never allocates.
+    pub fn take_free(&self) -> Option<Vec<u8>> {
+        let buf = self.free.borrow_mut().pop()?;
+        debug_assert!(self.fits(&buf), "a free buffer is of the cache's kind");
+        Some(buf)
+    }
+
     /// Takes back a buffer, grown or not: kept if it is of the cache's kind and room is left,
     /// else freed.
     pub fn give(&self, mut buf: Vec<u8>) {

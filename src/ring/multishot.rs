@@ -7,10 +7,11 @@
 //! - **Into the reader's buffer**: a connection waiting for bytes lends the inbox its read
 //!   buffer, and an arrival is copied there directly; bytes that find no waiting reader (or
 //!   more than its buffer holds) wait in the inbox's spill and are copied at the next read.
-//!   An idle connection lends none: its arrival waits in the spill (its own size), and the
-//!   connection takes a buffer from the shard's cache ([`crate::buffer_cache`]) when it runs.
-//!   So a burst that wakes thousands of idle connections at once takes no buffer for those
-//!   not yet run, and an idle connection holds neither buffer nor spill.
+//!   An idle connection lends none: its arrival goes into a free buffer of the shard's cache
+//!   ([`crate::buffer_cache`]) when one is kept, else it waits in the spill, at its own size,
+//!   and the connection takes a buffer when it runs. So a burst that wakes thousands of idle
+//!   connections at once takes at most the cache's free buffers, and an idle connection holds
+//!   neither buffer nor spill.
 //! - **Bounded**: a connection whose spill passes [`SPILL_HIGH_BYTES`] (its client sends
 //!   while it writes) has its receive cancelled: the socket buffer fills and TCP holds the
 //!   client back, as with one-shot receives. The next read that finds the spill empty arms
@@ -230,6 +231,8 @@ struct InboxState {
     cancelling: bool,
     /// The stream's end: 0 (the peer closed, or the socket was shut down) or `-errno`.
     ended: Option<i32>,
+    /// The reader waits lending no buffer (an idle connection, [`Inbox::wait_idle`]).
+    idle_reader: bool,
     waker: Option<Waker>,
 }
 
@@ -277,6 +280,13 @@ impl Inbox {
             s.received_ns = received_ns;
         }
         let mut rest = payload;
+        if s.spill_at == s.spill.len() && s.target.is_none() && s.idle_reader {
+            // An idle reader's arrival: into a free read buffer, so the common case copies once
+            // and allocates nothing; with none free it spills.
+            if let Some(buf) = self.read_buffers.take_free() {
+                s.target = Some((buf, 0, 0));
+            }
+        }
         if s.spill_at == s.spill.len() {
             if let Some((buf, at, got)) = s.target.as_mut() {
                 let room = &mut buf[*at + *got..];
@@ -378,6 +388,20 @@ impl Inbox {
     /// `buf` (at 0) takes a buffer from the cache first, and a spill it empties is freed, so
     /// the connection holds none once idle again.
     pub fn take_spilled_into(&self, buf: &mut Vec<u8>, at: usize) -> usize {
+        if buf.is_empty() {
+            // What came into a free buffer while the reader was idle is its buffer now (only
+            // bytes before any spill go there, so the spill follows them).
+            let idle_fill = {
+                let mut s = self.state.borrow_mut();
+                s.idle_reader = false;
+                s.target.take()
+            };
+            if let Some((filled, _, got)) = idle_fill {
+                *buf = filled;
+                let more = self.take_spilled(&mut buf[got..]);
+                return got + more;
+            }
+        }
         if self.spilled_bytes() == 0 {
             return 0;
         }
@@ -394,9 +418,16 @@ impl Inbox {
         n
     }
 
-    /// Whether a read would find something now: spilled bytes, or the stream's end.
+    /// Whether a read would find something now: spilled bytes, bytes in the buffer an idle
+    /// reader's arrival took, or the stream's end.
     pub fn ready(&self) -> bool {
-        self.spilled_bytes() > 0 || self.ended().is_some()
+        self.spilled_bytes() > 0 || self.filled() || self.ended().is_some()
+    }
+
+    /// The reader waits for its next bytes lending no buffer: an arrival may take a free one
+    /// of the cache ([`Inbox::take_spilled_into`] hands it over).
+    pub fn wait_idle(&self) {
+        self.state.borrow_mut().idle_reader = true;
     }
 
     /// How the stream ended, once no spilled bytes are left before the end.

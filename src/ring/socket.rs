@@ -299,6 +299,7 @@ impl Ring {
         fd: RawFd,
         inbox: &'a Rc<Inbox>,
     ) -> impl std::future::Future<Output = ()> + 'a {
+        inbox.wait_idle();
         std::future::poll_fn(move |cx| {
             if inbox.ready() {
                 return Poll::Ready(());

@@ -228,8 +228,8 @@ async fn write_out(
 /// Serves the connection's requests until it ends. The task holds only what an idle
 /// connection needs: its shell (`Conn`, with no buffer while nothing is buffered) and the read
 /// that waits for its next bytes. Everything a request's run needs from there on is in
-/// [`serve_arrival`]'s future, boxed for as long as the connection is busy (issue 54: an idle
-/// connection's task held 19 KiB).
+/// [`serve_arrival`]'s future, boxed for as long as the connection is busy: a task is
+/// allocated at its largest state's size, and idle connections are the many.
 async fn serve_frames(
     ctx: &Rc<ShardCtx>,
     stream: &mut TcpStream,
