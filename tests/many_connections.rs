@@ -7,7 +7,7 @@
 mod common;
 
 use std::collections::HashMap;
-use std::io::{Read, Write};
+use std::io::Write;
 use std::net::TcpStream;
 use std::time::Duration;
 
@@ -47,31 +47,16 @@ fn ask(c: &mut TcpStream, request: &[u8], end: &[u8]) -> Vec<u8> {
 }
 
 fn read_until(c: &mut TcpStream, end: &[u8]) -> Vec<u8> {
-    let mut reply = Vec::new();
-    let mut chunk = [0u8; 256];
-    while !reply.ends_with(end) {
-        let n = c.read(&mut chunk).expect("a reply");
-        assert!(
-            n > 0,
-            "closed mid-reply: {:?}",
-            String::from_utf8_lossy(&reply)
-        );
-        reply.extend_from_slice(&chunk[..n]);
-    }
-    reply
+    common::server::read_text_reply(c, end, 0)
 }
 
+/// The general STAT group, numbers only, from a fresh connection.
 fn stats(server: &Server) -> HashMap<String, u64> {
-    let mut c = TcpStream::connect(server.addr).unwrap();
-    let reply = ask(&mut c, b"stats\r\n", b"END\r\n");
-    String::from_utf8(reply)
-        .unwrap()
-        .lines()
-        .filter_map(|l| {
-            let mut words = l.strip_prefix("STAT ")?.split(' ');
-            let name = words.next()?.to_string();
-            Some((name, words.next()?.parse().ok()?))
-        })
+    server
+        .client()
+        .stats("")
+        .into_iter()
+        .filter_map(|(name, value)| Some((name, value.parse().ok()?)))
         .collect()
 }
 

@@ -293,8 +293,9 @@ async fn serve_frames(
 }
 
 /// Runs what a read brought: every whole frame, each pass's replies written in order, until
-/// only an unfinished frame (or nothing) is left and every reply is with the kernel; then
-/// the connection waits for bytes again. `Err`: the connection ends.
+/// only an unfinished frame (or nothing) is left and every reply is with the kernel; while a
+/// frame is unfinished it reads the rest here. Nothing left: the connection waits for bytes
+/// again. `Err`: the connection ends.
 async fn serve_arrival(
     ctx: &Rc<ShardCtx>,
     (stream, wire): (&mut TcpStream, &Wire),
@@ -304,9 +305,128 @@ async fn serve_arrival(
     session: &mut Session,
     read: Io,
 ) -> Result<(), Ended> {
+    let replies_cache = &ctx.io.reply_buffers;
     let mut read = read;
     loop {
-        serve_read(ctx, (&mut *stream, wire), info, idle, conn, session, read).await?;
+        info.state.set("conn_parse_cmd");
+        // When the bytes of the requests being run arrived (the read that brought them).
+        let arrived = wire.arrived();
+        info.last_command.set(arrived);
+        // The first pass after a read runs at the read's time (see `Wire::unix_now`); a pass
+        // after other waits (a large value, the output cap) reads the clock.
+        let mut now = Some(wire.unix_now());
+        match read {
+            Io::Done(n) => {
+                conn.filled += n;
+                ctx.counters.borrow_mut().bytes_read += n as u64;
+            }
+            Io::TimedOut => {
+                idle_closed(ctx);
+                return Err(Ended::Cut);
+            }
+            // The stop ended the read: what was sent still lands before the close.
+            Io::Closed if ctx.stop.fired() => return Err(Ended::Quit),
+            Io::Closed => return Err(Ended::Cut),
+        }
+        loop {
+            if conn.replies.out.capacity() == 0 {
+                conn.replies.out = replies_cache.take();
+            }
+            conn.count_buffers_held();
+            let after = session
+                .process(conn, ctx, now.take().unwrap_or_else(unix_now))
+                .await;
+            conn.count_line_scans(ctx);
+            if matches!(after, After::Read) {
+                // Every whole frame ran: the read buffer goes back before the replies' send is
+                // waited on, so a burst over many connections holds one reply buffer each, not
+                // a read buffer too.
+                conn.settle();
+            }
+            info.state.set("conn_write");
+            // Replies in order: bytes up to each large value, the large value streamed, ...
+            let mut written = 0;
+            conn.replies.held_bytes = 0;
+            // Drained, and put back below: its room serves the next pass without allocating.
+            let mut held = std::mem::take(&mut conn.replies.held);
+            for (at, part) in held.drain(..) {
+                let sent = match part {
+                    Held::Large(get) => {
+                        write_out(ctx, stream, wire, idle, &mut conn.replies.out, written, at)
+                            .await?;
+                        // Boxed, as every rare path here: a busy connection's future is as big
+                        // as its biggest wait.
+                        Box::pin(large::send_get(
+                            ctx,
+                            &mut SocketReply::new(ctx, (stream, wire), idle),
+                            get,
+                        ))
+                        .await
+                    }
+                    // The replies before it, its header included, leave with it.
+                    Held::Lent(lent) => {
+                        let head = conn.replies.out[written..at].to_vec();
+                        send_lent(ctx, stream, wire, idle, head, lent).await
+                    }
+                };
+                written = at;
+                if let Err(err) = sent {
+                    tracing::debug!(%err, "value not sent");
+                    return Err(Ended::Cut);
+                }
+            }
+            conn.replies.held = held;
+            let end = conn.replies.out.len();
+            write_out(ctx, stream, wire, idle, &mut conn.replies.out, written, end).await?;
+            // Every reply of the pass is with the kernel: the pass's requests took this long.
+            if !conn.batch.is_empty() {
+                let elapsed_ns = arrived.elapsed().as_nanos() as u64;
+                ctx.latency.record_batch(&conn.batch.take(), elapsed_ns);
+            }
+            conn.replies.out.clear();
+            let after = match after {
+                After::LargeSet(set, reply) => {
+                    info.state.set("conn_nread");
+                    let buffered = &conn.buf[conn.consumed..conn.filled];
+                    let framing = (set.value_len, reply.trailer_bytes() as usize);
+                    let mut body = SocketBody::new(ctx, (stream, wire), idle, buffered, framing);
+                    let outcome = Box::pin(large::receive_set(ctx, &mut body, conn.fd, &set)).await;
+                    let used = body.used();
+                    match outcome {
+                        Ok(outcome) => {
+                            reply.write(&mut conn.replies.out, outcome, set.hints.is_some());
+                            conn.consume(used);
+                        }
+                        Err(err) => {
+                            tracing::debug!(%err, "large value not received");
+                            return Err(Ended::Cut);
+                        }
+                    }
+                    After::Process
+                }
+                other => other,
+            };
+            match after {
+                After::Close => {
+                    info.close_reason.set(watch::CloseReason::Error);
+                    return Err(Ended::Quit);
+                }
+                After::Quit => return Err(Ended::Quit),
+                After::Watch(watcher) => {
+                    let ended = Box::pin(stream_watch(ctx, stream, wire, &watcher, conn.fd)).await;
+                    ctx.shared.watchers.remove(&watcher);
+                    return Err(ended);
+                }
+                _ => {}
+            }
+            // More whole frames may wait behind the output cap (or a large value); otherwise
+            // read more.
+            let more = matches!(after, After::Process);
+            conn.settle();
+            if !more {
+                break;
+            }
+        }
         // Nothing left: idle again. Else an unfinished frame waits for the rest of its bytes.
         if conn.buf.is_empty() {
             return Ok(());
@@ -315,139 +435,8 @@ async fn serve_arrival(
             return Err(Ended::Quit);
         }
         info.state.set(conn.waiting_state());
-        let Conn { buf, filled, .. } = conn;
+        let Conn { buf, filled, .. } = &mut *conn;
         read = with_limits(idle, wire.read(stream, buf, *filled)).await;
-    }
-}
-
-/// Runs what one read brought: every whole frame, each pass's replies written in order.
-async fn serve_read(
-    ctx: &Rc<ShardCtx>,
-    (stream, wire): (&mut TcpStream, &Wire),
-    info: &ConnInfo,
-    idle: Option<Duration>,
-    conn: &mut Conn,
-    session: &mut Session,
-    read: Io,
-) -> Result<(), Ended> {
-    let replies_cache = &ctx.io.reply_buffers;
-    info.state.set("conn_parse_cmd");
-    // When the bytes of the requests being run arrived (the read that brought them).
-    let arrived = wire.arrived();
-    info.last_command.set(arrived);
-    // The first pass after a read runs at the read's time (see `Wire::unix_now`); a pass
-    // after other waits (a large value, the output cap) reads the clock.
-    let mut now = Some(wire.unix_now());
-    match read {
-        Io::Done(n) => {
-            conn.filled += n;
-            ctx.counters.borrow_mut().bytes_read += n as u64;
-        }
-        Io::TimedOut => {
-            idle_closed(ctx);
-            return Err(Ended::Cut);
-        }
-        // The stop ended the read: what was sent still lands before the close.
-        Io::Closed if ctx.stop.fired() => return Err(Ended::Quit),
-        Io::Closed => return Err(Ended::Cut),
-    }
-    loop {
-        if conn.replies.out.capacity() == 0 {
-            conn.replies.out = replies_cache.take();
-        }
-        conn.count_buffers_held();
-        let after = session
-            .process(conn, ctx, now.take().unwrap_or_else(unix_now))
-            .await;
-        conn.count_line_scans(ctx);
-        if matches!(after, After::Read) {
-            // Every whole frame ran: the read buffer goes back before the replies' send is
-            // waited on, so a burst over many connections holds one reply buffer each, not
-            // a read buffer too.
-            conn.settle();
-        }
-        info.state.set("conn_write");
-        // Replies in order: bytes up to each large value, the large value streamed, ...
-        let mut written = 0;
-        conn.replies.held_bytes = 0;
-        // Drained, and put back below: its room serves the next pass without allocating.
-        let mut held = std::mem::take(&mut conn.replies.held);
-        for (at, part) in held.drain(..) {
-            let sent = match part {
-                Held::Large(get) => {
-                    write_out(ctx, stream, wire, idle, &mut conn.replies.out, written, at).await?;
-                    // Boxed, as every rare path here: a busy connection's future is as big
-                    // as its biggest wait.
-                    Box::pin(large::send_get(
-                        ctx,
-                        &mut SocketReply::new(ctx, (stream, wire), idle),
-                        get,
-                    ))
-                    .await
-                }
-                // The replies before it, its header included, leave with it.
-                Held::Lent(lent) => {
-                    let head = conn.replies.out[written..at].to_vec();
-                    send_lent(ctx, stream, wire, idle, head, lent).await
-                }
-            };
-            written = at;
-            if let Err(err) = sent {
-                tracing::debug!(%err, "value not sent");
-                return Err(Ended::Cut);
-            }
-        }
-        conn.replies.held = held;
-        let end = conn.replies.out.len();
-        write_out(ctx, stream, wire, idle, &mut conn.replies.out, written, end).await?;
-        // Every reply of the pass is with the kernel: the pass's requests took this long.
-        if !conn.batch.is_empty() {
-            let elapsed_ns = arrived.elapsed().as_nanos() as u64;
-            ctx.latency.record_batch(&conn.batch.take(), elapsed_ns);
-        }
-        conn.replies.out.clear();
-        let after = match after {
-            After::LargeSet(set, reply) => {
-                info.state.set("conn_nread");
-                let buffered = &conn.buf[conn.consumed..conn.filled];
-                let framing = (set.value_len, reply.trailer_bytes() as usize);
-                let mut body = SocketBody::new(ctx, (stream, wire), idle, buffered, framing);
-                let outcome = Box::pin(large::receive_set(ctx, &mut body, conn.fd, &set)).await;
-                let used = body.used();
-                match outcome {
-                    Ok(outcome) => {
-                        reply.write(&mut conn.replies.out, outcome, set.hints.is_some());
-                        conn.consume(used);
-                    }
-                    Err(err) => {
-                        tracing::debug!(%err, "large value not received");
-                        return Err(Ended::Cut);
-                    }
-                }
-                After::Process
-            }
-            other => other,
-        };
-        match after {
-            After::Close => {
-                info.close_reason.set(watch::CloseReason::Error);
-                return Err(Ended::Quit);
-            }
-            After::Quit => return Err(Ended::Quit),
-            After::Watch(watcher) => {
-                let ended = Box::pin(stream_watch(ctx, stream, wire, &watcher, conn.fd)).await;
-                ctx.shared.watchers.remove(&watcher);
-                return Err(ended);
-            }
-            _ => {}
-        }
-        // More whole frames may wait behind the output cap (or a large value); otherwise
-        // read more.
-        let more = matches!(after, After::Process);
-        conn.settle();
-        if !more {
-            return Ok(());
-        }
     }
 }
 
