@@ -384,29 +384,25 @@ impl Inbox {
         n
     }
 
-    /// Copies spilled bytes into `buf[at..]`; 0 when none wait. An idle connection's empty
-    /// `buf` (at 0) takes a buffer from the cache first, and a spill it empties is freed, so
-    /// the connection holds none once idle again.
-    pub fn take_spilled_into(&self, buf: &mut Vec<u8>, at: usize) -> usize {
-        if buf.is_empty() {
-            // What came into a free buffer while the reader was idle is its buffer now (only
-            // bytes before any spill go there, so the spill follows them).
-            let idle_fill = {
-                let mut s = self.state.borrow_mut();
-                s.idle_reader = false;
-                s.target.take()
-            };
-            if let Some((filled, _, got)) = idle_fill {
-                *buf = filled;
-                let more = self.take_spilled(&mut buf[got..]);
-                return got + more;
-            }
+    /// What an idle reader finds once [`Inbox::ready`], in `buf` (empty until now): the
+    /// buffer an arrival took from the cache, with any spill after it; or a buffer taken now
+    /// for what spilled, the spill then freed, so the connection holds none once idle again;
+    /// or how the stream ended.
+    pub fn take_received(&self, buf: &mut Vec<u8>) -> io::Result<usize> {
+        debug_assert!(buf.is_empty(), "an idle reader lends no buffer");
+        let idle_fill = {
+            let mut s = self.state.borrow_mut();
+            s.idle_reader = false;
+            s.target.take()
+        };
+        // Only bytes before any spill go into the arrival's buffer: the spill follows them.
+        if let Some((filled, _, got)) = idle_fill {
+            *buf = filled;
+            let more = self.take_spilled(&mut buf[got..]);
+            return Ok(got + more);
         }
         if self.spilled_bytes() == 0 {
-            return 0;
-        }
-        if !buf.is_empty() {
-            return self.take_spilled(&mut buf[at..]);
+            return self.ended().unwrap_or(Ok(0));
         }
         *buf = self.read_buffers.take();
         let n = self.take_spilled(buf);
@@ -415,7 +411,7 @@ impl Inbox {
             s.spill = Vec::new();
             s.spill_at = 0;
         }
-        n
+        Ok(n)
     }
 
     /// Whether a read would find something now: spilled bytes, bytes in the buffer an idle
@@ -425,7 +421,7 @@ impl Inbox {
     }
 
     /// The reader waits for its next bytes lending no buffer: an arrival may take a free one
-    /// of the cache ([`Inbox::take_spilled_into`] hands it over).
+    /// of the cache ([`Inbox::take_received`] hands it over).
     pub fn wait_idle(&self) {
         self.state.borrow_mut().idle_reader = true;
     }

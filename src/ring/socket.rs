@@ -242,8 +242,9 @@ impl Ring {
         if buf.is_empty() {
             // Idle: nothing is lent; the arrival spills, and a buffer is taken once it has.
             self.wait_received(fd, inbox).await;
+            return inbox.take_received(buf);
         }
-        let n = inbox.take_spilled_into(buf, at);
+        let n = inbox.take_spilled(&mut buf[at..]);
         if n > 0 {
             return Ok(n);
         }

@@ -425,15 +425,8 @@ impl Wire {
             (None, Some(ring), Some(inbox)) => {
                 self.arrived.set(None);
                 ring.wait_received(self.fd, inbox).await;
-                let result = match inbox.take_spilled_into(buf, 0) {
-                    0 => inbox.ended().unwrap_or(Ok(0)),
-                    n => Ok(n),
-                };
-                let reaped = ring.reaped_at();
-                self.arrived.set(Some(match inbox.received_ns() {
-                    Some(received_ns) => arrival(received_ns, reaped),
-                    None => reaped.instant,
-                }));
+                let result = inbox.take_received(buf);
+                self.multishot_arrived(ring, inbox);
                 result
             }
             (None, None, _) => {
@@ -442,6 +435,16 @@ impl Wire {
             }
             _ => Box::pin(self.read(stream, buf, 0)).await,
         }
+    }
+
+    /// Sets when a multishot receive's bytes arrived: its kernel timestamp, placed against the
+    /// reap that took it, else the reap.
+    fn multishot_arrived(&self, ring: &Ring, inbox: &Inbox) {
+        let reaped = ring.reaped_at();
+        self.arrived.set(Some(match inbox.received_ns() {
+            Some(received_ns) => arrival(received_ns, reaped),
+            None => reaped.instant,
+        }));
     }
 
     /// Opens records into `into` until some plaintext comes (0: the client ended the session
@@ -484,11 +487,7 @@ impl Wire {
         match (&self.ring, &self.inbox) {
             (Some(ring), Some(inbox)) => {
                 let result = ring.recv_multishot(self.fd, inbox, buf, at).await;
-                let reaped = ring.reaped_at();
-                self.arrived.set(Some(match inbox.received_ns() {
-                    Some(received_ns) => arrival(received_ns, reaped),
-                    None => reaped.instant,
-                }));
+                self.multishot_arrived(ring, inbox);
                 result
             }
             (Some(ring), None) if self.stamps => {
