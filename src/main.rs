@@ -289,7 +289,12 @@ fn log_startup(settings: &Settings) {
         .collect();
     tracing::info!(
         version = VERSION,
-        listen = %settings.listen,
+        listen = %settings
+            .listen
+            .iter()
+            .map(ToString::to_string)
+            .collect::<Vec<_>>()
+            .join(", "),
         metrics_listen = %settings
             .metrics_listen
             .map_or("none (off)".to_string(), |addr| addr.to_string()),

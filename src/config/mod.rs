@@ -259,10 +259,11 @@ pub struct Cli {
     #[arg(long)]
     pub perverse: bool,
 
-    /// Address to serve on (port 0: any free port, logged); also picks the node for
-    /// `--numa auto` [default: 127.0.0.1:11211].
-    #[arg(long, value_name = "ADDR")]
-    pub listen: Option<String>,
+    /// Address to serve on (port 0: any free port, logged); repeatable or comma-separated to
+    /// serve on several; `none` serves no TCP (needs --unix-socket, as memcached's `-s`). The
+    /// first also picks the node for `--numa auto` [default: 127.0.0.1:11211].
+    #[arg(long, value_name = "ADDR", value_delimiter = ',')]
+    pub listen: Vec<String>,
 
     /// Serve Prometheus metrics over HTTP on this address: `/metrics` (the Prometheus text
     /// format, or OpenMetrics when the scraper asks for it) and `/health` (200 while serving,
@@ -424,6 +425,61 @@ pub struct Cli {
     #[arg(long, value_name = "files|on|off")]
     pub verify_reads: Option<String>,
 
+    /// Write the process id to this file once serving (memcached's `-P`); removed on a clean
+    /// stop.
+    #[arg(long, value_name = "FILE")]
+    pub pid_file: Option<PathBuf>,
+
+    /// Run in the background (memcached's `-d`): the command returns once the server serves,
+    /// with its start-up's exit status; the server leaves the terminal's session, and its
+    /// standard input and output go to /dev/null (the log still goes to stderr without
+    /// --log-file). Not for a service manager, which wants it in the foreground.
+    #[arg(long)]
+    pub daemon: bool,
+
+    /// The text command `shutdown` (and `shutdown graceful`) stops the server as SIGTERM does
+    /// (memcached's `-A`); off, it is refused [default: off].
+    #[arg(long, value_name = "on|off")]
+    pub shutdown_command: Option<String>,
+
+    /// `flush_all` (text, meta and binary) empties the cache; off, it is refused, as
+    /// memcached's `-F` does [default: on].
+    #[arg(long, value_name = "on|off")]
+    pub flush_all_command: Option<String>,
+
+    /// `stats cachedump`, `stats detail dump` and `lru_crawler metadump`/`mgdump` list keys;
+    /// off, they are refused, as memcached's `-X` does [default: on].
+    #[arg(long, value_name = "on|off")]
+    pub dump_commands: Option<String>,
+
+    /// `watch` turns a connection into a log stream; off, it is refused, as memcached's `-W`
+    /// does [default: on].
+    #[arg(long, value_name = "on|off")]
+    pub watch_command: Option<String>,
+
+    /// The LRU crawler (`lru_crawler crawl`, `metadump`, and expired items reclaimed in the
+    /// background) starts enabled; `lru_crawler enable|disable` switches it at runtime
+    /// [default: on].
+    #[arg(long, value_name = "on|off")]
+    pub lru_crawler: Option<String>,
+
+    /// When RAM is full, a store evicts the coldest items; `off` refuses the store with
+    /// "SERVER_ERROR out of memory storing object" instead (memcached's `-M`) [default: on].
+    #[arg(long, value_name = "on|off")]
+    pub evictions: Option<String>,
+
+    /// Read the rest of the command line as memcached 1.6.45's flags (`-m 64 -p 11211 ...`),
+    /// with Headroom's long flags allowed beside them. A line with memcached's short flags is
+    /// read so without it; docs/operations.md, "Coming from memcached", has the table.
+    #[arg(long)]
+    pub memcached_args: bool,
+
+    /// Read memcached's flags from a file in Debian's /etc/memcached.conf format: one flag a
+    /// line, `#` comments, `logfile FILE` for --log-file. Flags on the command line are read
+    /// after the file's.
+    #[arg(long, value_name = "FILE")]
+    pub memcached_conf: Option<PathBuf>,
+
     /// Warm restart: a graceful stop writes the items held in RAM and the large values' index
     /// to the data directory, and the next start restores them. `off` writes and restores
     /// nothing (and removes a snapshot it finds) [default: on].
@@ -513,6 +569,13 @@ pub struct FileConfig {
     pub allow_root: bool,
     pub verify_reads: Option<String>,
     pub warm_restart: Option<String>,
+    pub pid_file: Option<PathBuf>,
+    pub shutdown_command: Option<String>,
+    pub flush_all_command: Option<String>,
+    pub dump_commands: Option<String>,
+    pub watch_command: Option<String>,
+    pub lru_crawler: Option<String>,
+    pub evictions: Option<String>,
 }
 
 impl FileConfig {
@@ -833,7 +896,8 @@ impl std::error::Error for ConfigError {}
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct Settings {
     pub arena: ArenaConfig,
-    pub listen: SocketAddr,
+    /// The TCP addresses served, in the order given; empty only beside a unix socket.
+    pub listen: Vec<SocketAddr>,
     /// The metrics endpoint's address (`None`: off).
     pub metrics_listen: Option<SocketAddr>,
     /// The CPUs that get a shard each, ascending.
@@ -881,6 +945,16 @@ pub struct Settings {
     pub verify_reads: VerifyReads,
     /// `--warm-restart`.
     pub warm_restart: bool,
+    /// `--pid-file`.
+    pub pid_file: Option<PathBuf>,
+    /// `--daemon`.
+    pub daemon: bool,
+    /// Which commands are served: `shutdown`, `flush_all`, the key dumps, `watch`.
+    pub commands: CommandSwitches,
+    /// The LRU crawler's state at start.
+    pub lru_crawler: bool,
+    /// RAM evicts to make room (`--evictions on`), or refuses the store.
+    pub evictions: bool,
     /// Each shard's streaming pool.
     pub io_pool_bytes: u64,
     /// Try the io_uring data path (`--io-ring on`).
@@ -903,7 +977,22 @@ pub struct Settings {
     pub numa_reason: String,
 }
 
+/// Commands an operator can switch off (or, for `shutdown`, on), as memcached's `-A`, `-F`,
+/// `-X` and `-W` do.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct CommandSwitches {
+    pub shutdown: bool,
+    pub flush_all: bool,
+    pub dump: bool,
+    pub watch: bool,
+}
+
 impl Settings {
+    /// The first TCP address served (`None`: only a unix socket).
+    pub fn first_listen(&self) -> Option<SocketAddr> {
+        self.listen.first().copied()
+    }
+
     /// `--pin-shards` as the operator writes it: `core` or `node`.
     pub fn pin_shards(&self) -> &'static str {
         if self.pin_shards_to_node {
@@ -928,6 +1017,37 @@ fn parse_listen(text: &str) -> Result<SocketAddr, ConfigError> {
         text: text.to_string(),
         reason,
     })
+}
+
+/// `--listen`: the command line's addresses, else the file's (comma-separated), else the
+/// default; `none` alone serves no TCP, which needs a unix socket.
+fn resolve_listen(cli: &Cli, file: &FileConfig) -> Result<Vec<SocketAddr>, ConfigError> {
+    let texts: Vec<String> = if !cli.listen.is_empty() {
+        cli.listen.clone()
+    } else if let Some(text) = &file.listen {
+        text.split(',').map(|t| t.trim().to_string()).collect()
+    } else {
+        vec![DEFAULT_LISTEN.to_string()]
+    };
+    if texts.iter().any(|t| t == "none") {
+        let unix_socket = cli.unix_socket.is_some() || file.unix_socket.is_some();
+        if texts.len() > 1 || !unix_socket {
+            return Err(ConfigError::Listen {
+                text: texts.join(","),
+                reason: "`none` (no TCP) stands alone and needs --unix-socket".to_string(),
+            });
+        }
+        return Ok(Vec::new());
+    }
+    let mut addrs: Vec<SocketAddr> = Vec::with_capacity(texts.len());
+    for text in &texts {
+        let addr = parse_listen(text)?;
+        if addrs.contains(&addr) {
+            continue;
+        }
+        addrs.push(addr);
+    }
+    Ok(addrs)
 }
 
 /// A `HOST:PORT` address, or why it is not one.
@@ -955,8 +1075,14 @@ fn automatic_node(listen: IpAddr, topology: &Topology) -> (NodeId, String) {
 
 /// A switch's value (command line first, then the file); unset is `on`.
 fn on_off(flag: &'static str, value: Option<&String>) -> Result<bool, ConfigError> {
+    switch(flag, value, true)
+}
+
+/// A switch's value; unset is `default`.
+fn switch(flag: &'static str, value: Option<&String>, default: bool) -> Result<bool, ConfigError> {
     match value.map(String::as_str) {
-        None | Some("on") => Ok(true),
+        None => Ok(default),
+        Some("on") => Ok(true),
         Some("off") => Ok(false),
         Some(other) => Err(ConfigError::OnOff {
             flag,
@@ -1018,12 +1144,7 @@ pub fn resolve_with_file(
     if no_numa && numa.is_some() {
         return Err(ConfigError::NumaAndNoNuma);
     }
-    let listen_text = cli
-        .listen
-        .clone()
-        .or_else(|| file.listen.clone())
-        .unwrap_or_else(|| DEFAULT_LISTEN.to_string());
-    let listen = parse_listen(&listen_text)?;
+    let listen = resolve_listen(cli, file)?;
     let metrics_listen = match cli
         .metrics_listen
         .clone()
@@ -1189,7 +1310,10 @@ pub fn resolve_with_file(
                 (NumaMode::Explicit(node), format!("--numa {node}"))
             }
             Some(NumaArg::Auto) | None => {
-                let (node, reason) = automatic_node(listen.ip(), topology);
+                let ip = listen
+                    .first()
+                    .map_or(IpAddr::V4(std::net::Ipv4Addr::LOCALHOST), SocketAddr::ip);
+                let (node, reason) = automatic_node(ip, topology);
                 (NumaMode::Automatic(node), reason)
             }
         }
@@ -1366,6 +1490,37 @@ pub fn resolve_with_file(
             .ok_or_else(|| ConfigError::UnixSocketMode { text: text.clone() })?,
     };
     let tls = resolve_tls(cli, file)?;
+    let commands = CommandSwitches {
+        shutdown: switch(
+            "--shutdown-command",
+            cli.shutdown_command
+                .as_ref()
+                .or(file.shutdown_command.as_ref()),
+            false,
+        )?,
+        flush_all: on_off(
+            "--flush-all-command",
+            cli.flush_all_command
+                .as_ref()
+                .or(file.flush_all_command.as_ref()),
+        )?,
+        dump: on_off(
+            "--dump-commands",
+            cli.dump_commands.as_ref().or(file.dump_commands.as_ref()),
+        )?,
+        watch: on_off(
+            "--watch-command",
+            cli.watch_command.as_ref().or(file.watch_command.as_ref()),
+        )?,
+    };
+    let lru_crawler = on_off(
+        "--lru-crawler",
+        cli.lru_crawler.as_ref().or(file.lru_crawler.as_ref()),
+    )?;
+    let evictions = on_off(
+        "--evictions",
+        cli.evictions.as_ref().or(file.evictions.as_ref()),
+    )?;
     Ok(Settings {
         arena: ArenaConfig {
             numa: mode,
@@ -1434,6 +1589,11 @@ pub fn resolve_with_file(
         allow_root: cli.allow_root || file.allow_root,
         verify_reads,
         warm_restart,
+        pid_file: cli.pid_file.clone().or_else(|| file.pid_file.clone()),
+        daemon: cli.daemon,
+        commands,
+        lru_crawler,
+        evictions,
         dry_run: cli.dry_run,
         log_level: cli
             .log_level

@@ -107,9 +107,10 @@ impl std::fmt::Display for ServerError {
 
 impl std::error::Error for ServerError {}
 
-/// A running server: its address and a handle to stop it.
+/// A running server: its addresses and a handle to stop it.
 pub struct Running {
-    pub addr: SocketAddr,
+    /// The TCP addresses it serves (empty: only a unix socket), each with its port resolved.
+    pub addrs: Vec<SocketAddr>,
     /// The metrics endpoint's address (`--metrics-listen`), when it has one.
     pub metrics_addr: Option<SocketAddr>,
     shared: Arc<Shared>,
@@ -160,7 +161,15 @@ pub fn start(settings: Settings, topology: &Topology) -> Result<Running, ServerE
         .map(Arc::new)
         .map_err(ServerError::DataDir)?;
     shard::open_files::raise_for(settings.max_connections);
-    let listeners = listen::bind_all(settings.listen, shards).map_err(ServerError::Bind)?;
+    let listeners = listen::bind_all(&settings.listen, shards).map_err(ServerError::Bind)?;
+    let addrs: Vec<SocketAddr> = listeners.iter().map(|l| l.addr).collect();
+    // Shard i takes the i-th socket of every address.
+    let mut by_shard: Vec<Vec<std::net::TcpListener>> = (0..shards).map(|_| Vec::new()).collect();
+    for address in listeners {
+        for (shard, socket) in address.sockets.into_iter().enumerate() {
+            by_shard[shard].push(socket);
+        }
+    }
     // Bound now, as the ports are, so a server that drops root still binds where only root
     // may write; shard 0 serves it.
     let mut admin_listener = match &settings.admin_socket {
@@ -286,7 +295,7 @@ pub fn start(settings: Settings, topology: &Topology) -> Result<Running, ServerE
         credentials,
         auth_gate: Default::default(),
         tls,
-        listen_addr: listeners.addr,
+        listen_addrs: addrs.clone(),
         curr_connections: AtomicUsize::new(0),
         watchers: watch::Watchers::default(),
         connections_by_shard: (0..shards).map(|_| AtomicUsize::new(0)).collect(),
@@ -320,7 +329,6 @@ pub fn start(settings: Settings, topology: &Topology) -> Result<Running, ServerE
             .spawn(move || master::master_main(shared, mesh, placer, metrics))
             .map_err(|err| ServerError::Executor(format!("placement master: {err}")))?
     };
-    let addr = listeners.addr;
     let (ready_tx, ready_rx) = std::sync::mpsc::channel::<(usize, Result<(), String>)>();
     let mut handles = Vec::with_capacity(shards + 1);
     // `--pin-shards node`: every shard fenced into the shards' CPUs (the serving node's), so
@@ -333,13 +341,7 @@ pub fn start(settings: Settings, topology: &Topology) -> Result<Running, ServerE
     } else {
         None
     };
-    for ((index, &cpu), listener) in shared
-        .settings
-        .cpus
-        .iter()
-        .enumerate()
-        .zip(listeners.sockets)
-    {
+    for ((index, &cpu), listener) in shared.settings.cpus.iter().enumerate().zip(by_shard) {
         let shared = Arc::clone(&shared);
         let mesh = mesh.clone();
         let ready = ready_tx.clone();
@@ -402,7 +404,7 @@ pub fn start(settings: Settings, topology: &Topology) -> Result<Running, ServerE
         };
         if let Err(reason) = report {
             let running = Running {
-                addr,
+                addrs,
                 metrics_addr,
                 shared,
                 handles,
@@ -414,19 +416,33 @@ pub fn start(settings: Settings, topology: &Topology) -> Result<Running, ServerE
     }
     shared.serving.store(true, Ordering::Release);
     let pin_shards = shared.settings.pin_shards();
-    tracing::info!(%addr, shards, cpus = ?shared.settings.cpus, pin_shards, "listening on {addr}");
+    let listening = match addrs.is_empty() {
+        true => "no TCP address (the unix socket only)".to_string(),
+        false => addrs
+            .iter()
+            .map(ToString::to_string)
+            .collect::<Vec<_>>()
+            .join(", "),
+    };
+    tracing::info!(
+        addr = %listening,
+        shards,
+        cpus = ?shared.settings.cpus,
+        pin_shards,
+        "listening on {listening}"
+    );
     Ok(Running {
-        addr,
+        addrs,
         metrics_addr,
         shared,
         handles,
     })
 }
 
-/// The sockets a shard accepts on: its `--listen` socket, and for shard 0 the unix and admin
-/// sockets.
+/// The sockets a shard accepts on: its socket of each `--listen` address, and for shard 0 the
+/// unix and admin sockets.
 struct ShardListeners {
-    tcp: std::net::TcpListener,
+    tcp: Vec<std::net::TcpListener>,
     unix: Option<std::os::unix::net::UnixListener>,
     admin: Option<std::os::unix::net::UnixListener>,
 }
@@ -442,7 +458,7 @@ async fn shard_main(
     let (senders, receivers) = mesh.join().await.expect("the mesh forms");
     let peers = shared.register_shard(index, senders.peer_id());
     let id = index;
-    let listener = listen::into_glommio(tcp);
+    let tcp: Vec<_> = tcp.into_iter().map(listen::into_glommio).collect();
     crate::arena::batch::install_core_batch();
     let io = wire::ShardIo::setup(&shared, id);
     if let Some(ring) = &io.ring {
@@ -491,7 +507,16 @@ async fn shard_main(
         });
     let sweeper = glommio::spawn_local(tasks::sweep_loop(Rc::clone(&ctx)));
     let promoter = glommio::spawn_local(tasks::promotion_loop(Rc::clone(&ctx)));
-    tasks::accept_loop(Rc::clone(&ctx), listener, tasks::Listening::Tcp).await;
+    let accepts: Vec<_> = tcp
+        .into_iter()
+        .map(|listener| {
+            let accept = tasks::accept_loop(Rc::clone(&ctx), listener, tasks::Listening::Tcp);
+            glommio::spawn_local(accept)
+        })
+        .collect();
+    for accept in accepts {
+        accept.await;
+    }
     watcher.await;
     if let Some(admin) = admin {
         admin.await;

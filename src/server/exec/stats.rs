@@ -207,7 +207,12 @@ pub(crate) fn general_figures(
             .held_sources(std::time::Instant::now(), 0)
             .1 as u64,
         log_watchers: shared.watchers.count(),
-        listen: shared.listen_addr.to_string(),
+        listen: shared
+            .listen_addrs
+            .iter()
+            .map(ToString::to_string)
+            .collect::<Vec<_>>()
+            .join(","),
         warm_restart: [
             shared.warm_restart.restored.load(Ordering::Relaxed),
             shared.warm_restart.dropped.load(Ordering::Relaxed),
@@ -445,8 +450,27 @@ fn settings(ctx: &ShardCtx) -> Vec<(String, String)> {
             ctx.shared.arena.plan().cache_bytes().to_string(),
         ),
         ("maxconns", s.max_connections.to_string()),
-        ("tcpport", s.listen.port().to_string()),
-        ("interface", s.listen.ip().to_string()),
+        // memcached's names: the first address's port (0: no TCP), and every interface.
+        (
+            "tcpport",
+            ctx.shared
+                .listen_addrs
+                .first()
+                .map_or(0, |a| a.port())
+                .to_string(),
+        ),
+        (
+            "interface",
+            match s.listen.is_empty() {
+                true => "NULL".to_string(),
+                false => s
+                    .listen
+                    .iter()
+                    .map(|a| a.ip().to_string())
+                    .collect::<Vec<_>>()
+                    .join(","),
+            },
+        ),
         ("num_threads", ctx.shards.to_string()),
         ("item_size_max", s.max_item_bytes.to_string()),
         // memcached 1.6.40's width of client flags in bytes: 32-bit flags.

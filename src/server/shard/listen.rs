@@ -83,12 +83,27 @@ pub struct Listeners {
     pub sockets: Vec<std::net::TcpListener>,
 }
 
-/// Binds `count` SO_REUSEPORT listeners on `listen` (port 0: a free port, the same for all),
-/// refusing an address another process serves.
-pub fn bind_all(listen: SocketAddr, count: usize) -> Result<Listeners, BindError> {
+/// Binds `count` SO_REUSEPORT listeners on each address of `addrs` (port 0: a free port, the
+/// same for all of that address's), refusing an address another process serves.
+pub fn bind_all(addrs: &[SocketAddr], count: usize) -> Result<Vec<Listeners>, BindError> {
+    let mut bound: Vec<Listeners> = Vec::with_capacity(addrs.len());
+    for &addr in addrs {
+        // Our own sockets on an overlapping address (a wildcard beside a specific one) are
+        // not another server's.
+        let ours: Vec<u64> = bound
+            .iter()
+            .flat_map(|l| l.sockets.iter().filter_map(socket_inode))
+            .collect();
+        bound.push(bind_address(addr, count, &ours)?);
+    }
+    Ok(bound)
+}
+
+/// Binds `count` SO_REUSEPORT listeners on `listen`; `ours` are sockets already bound here.
+fn bind_address(listen: SocketAddr, count: usize, ours: &[u64]) -> Result<Listeners, BindError> {
     let fail = |addr: SocketAddr, cause: BindCause| BindError { addr, cause };
     if listen.port() != 0 {
-        if let Some(inode) = foreign_listener(listen, &[]) {
+        if let Some(inode) = foreign_listener(listen, ours) {
             return Err(fail(
                 listen,
                 BindCause::InUse {
@@ -108,7 +123,11 @@ pub fn bind_all(listen: SocketAddr, count: usize) -> Result<Listeners, BindError
     }
     // Another server that joined the port meanwhile (SO_REUSEPORT lets it): refuse, and let it
     // see ours and refuse too, rather than both serving half the clients.
-    let ours: Vec<u64> = sockets.iter().filter_map(socket_inode).collect();
+    let ours: Vec<u64> = sockets
+        .iter()
+        .filter_map(socket_inode)
+        .chain(ours.iter().copied())
+        .collect();
     if let Some(inode) = foreign_listener(addr, &ours) {
         return Err(fail(
             addr,
@@ -388,10 +407,26 @@ mod tests {
 
     #[test]
     fn a_second_bind_on_our_own_address_is_refused() {
-        let first = bind_all("127.0.0.1:0".parse().unwrap(), 2).expect("a free port");
-        assert_eq!(first.sockets.len(), 2);
-        let err = bind_all(first.addr, 1).expect_err("the address is taken");
+        let first = bind_all(&["127.0.0.1:0".parse().unwrap()], 2).expect("a free port");
+        assert_eq!(first[0].sockets.len(), 2);
+        let err = bind_all(&[first[0].addr], 1).expect_err("the address is taken");
         assert!(matches!(err.cause, BindCause::InUse { .. }), "{err}");
         assert!(err.to_string().starts_with("--listen 127.0.0.1:"), "{err}");
+    }
+
+    #[test]
+    fn a_wildcard_and_a_specific_address_of_ours_are_bound_together() {
+        let first = bind_all(&["127.0.0.1:0".parse().unwrap()], 1).expect("a free port");
+        let port = first[0].addr.port();
+        drop(first);
+        let both = [
+            SocketAddr::from(([127, 0, 0, 1], port)),
+            SocketAddr::from(([0, 0, 0, 0], port)),
+        ];
+        let bound = bind_all(&both, 2).expect("our own sockets are not another server's");
+        assert_eq!(bound.len(), 2);
+        assert!(bound
+            .iter()
+            .all(|l| l.sockets.len() == 2 && l.addr.port() == port));
     }
 }

@@ -42,7 +42,7 @@ pub struct Shared {
     /// TLS on `--listen` (`--tls-cert`).
     pub(crate) tls: Option<Arc<super::tls_config::Tls>>,
     /// The address `--listen` bound (its port chosen when it asked for port 0).
-    pub listen_addr: SocketAddr,
+    pub listen_addrs: Vec<SocketAddr>,
     pub curr_connections: AtomicUsize,
     /// Connections that asked to `watch` fetches and stores.
     pub watchers: super::watch::Watchers,
