@@ -15,11 +15,12 @@ use std::process::ExitCode;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{mpsc, Arc, Mutex};
 
-use clap::Parser;
 use nix::sys::signal::{SigSet, Signal};
 
 use headroom::arena::MemoryPlan;
 use headroom::config::{self, Cli, LogFormat, Settings, CONFIG_ERROR_EXIT, VERSION};
+
+mod daemon;
 use headroom::logging::{self, Log};
 use headroom::segment::SegmentSpec;
 use headroom::server;
@@ -153,28 +154,30 @@ fn spawn_signal_thread(
         .map(drop)
 }
 
+/// The command line as Headroom's flags, with the notes of a memcached line; or the exit.
+fn read_command_line() -> Result<(Cli, Vec<String>), ExitCode> {
+    use config::memcached::{self, CommandLine};
+    match memcached::read(std::env::args_os().collect()) {
+        Ok(CommandLine::Headroom(cli)) => Ok((*cli, Vec::new())),
+        Ok(CommandLine::Memcached(translation)) => Ok((translation.cli, translation.notices)),
+        Ok(CommandLine::Print(text)) => {
+            print!("{text}");
+            Err(ExitCode::SUCCESS)
+        }
+        Err(refusal) => {
+            eprintln!("headroom: {refusal}");
+            Err(ExitCode::from(refusal.exit_status as u8))
+        }
+    }
+}
+
 fn main() -> ExitCode {
     abort_on_panic();
-    let signals = match block_signals() {
-        Ok(signals) => signals,
-        Err(err) => {
-            eprintln!("headroom: cannot block signals: {err}");
-            return ExitCode::from(1);
-        }
+    // Read before any thread starts, so that --daemon may fork.
+    let (cli, notices) = match read_command_line() {
+        Ok(read) => read,
+        Err(exit) => return exit,
     };
-    let phase = Arc::new(Mutex::new(Phase::Starting));
-    let reloadable = Arc::new(Mutex::new(Reloadable::default()));
-    let (stop_tx, stop_rx) = mpsc::channel();
-    if let Err(err) = spawn_signal_thread(
-        signals,
-        Arc::clone(&phase),
-        Arc::clone(&reloadable),
-        stop_tx,
-    ) {
-        eprintln!("headroom: cannot start the signal thread: {err}");
-        return ExitCode::from(1);
-    }
-    let cli = Cli::parse();
     let topology = match Topology::load() {
         Ok(topology) => topology,
         Err(err) => {
@@ -189,6 +192,50 @@ fn main() -> ExitCode {
             return ExitCode::from(CONFIG_ERROR_EXIT as u8);
         }
     };
+    let started_report = match settings.daemon && !settings.dry_run {
+        true => match daemon::detach(settings.log_file.is_some()) {
+            Ok(report) => Some(report),
+            Err(err) => {
+                eprintln!("headroom: --daemon: {err}");
+                return ExitCode::from(1);
+            }
+        },
+        false => None,
+    };
+    let status = serve(settings, &topology, &notices, started_report.as_ref());
+    if let Some(report) = started_report {
+        // A start that failed says so to the waiting parent (a success said it already).
+        report.started(status);
+    }
+    ExitCode::from(status)
+}
+
+/// Starts the server and serves until a stop signal; the exit status.
+fn serve(
+    settings: Settings,
+    topology: &Topology,
+    notices: &[String],
+    started_report: Option<&daemon::StartReport>,
+) -> u8 {
+    let signals = match block_signals() {
+        Ok(signals) => signals,
+        Err(err) => {
+            eprintln!("headroom: cannot block signals: {err}");
+            return 1;
+        }
+    };
+    let phase = Arc::new(Mutex::new(Phase::Starting));
+    let reloadable = Arc::new(Mutex::new(Reloadable::default()));
+    let (stop_tx, stop_rx) = mpsc::channel();
+    if let Err(err) = spawn_signal_thread(
+        signals,
+        Arc::clone(&phase),
+        Arc::clone(&reloadable),
+        stop_tx,
+    ) {
+        eprintln!("headroom: cannot start the signal thread: {err}");
+        return 1;
+    }
     match logging::init(
         &settings.log_level,
         settings.log_file.as_deref(),
@@ -197,23 +244,43 @@ fn main() -> ExitCode {
         Ok(log) => reloadable.lock().unwrap_or_else(|e| e.into_inner()).log = Some(log),
         Err(err) => {
             eprintln!("headroom: {err}");
-            return ExitCode::from(CONFIG_ERROR_EXIT as u8);
+            return CONFIG_ERROR_EXIT as u8;
         }
     }
     STDERR_IS_JSON.store(
         settings.log_format == LogFormat::Json && settings.log_file.is_none(),
         Ordering::Relaxed,
     );
-    let plan = MemoryPlan::new(&settings.arena, &topology);
+    let plan = MemoryPlan::new(&settings.arena, topology);
     if settings.dry_run {
         print!("{}", plan.render());
         print!("{}", storage_plan(&settings));
-        return ExitCode::SUCCESS;
+        return 0;
     }
     let log_to_file = settings.log_file.is_some();
     log_startup(&settings);
     tracing::info!(topology = %topology.source(), "{}", settings.numa_reason);
-    let running = match server::start(settings, &topology) {
+    for note in notices.iter().chain(&settings.notes) {
+        tracing::info!("{note}");
+    }
+    let pid_file = settings.pid_file.clone();
+    if let Some(path) = &pid_file {
+        if let Err(err) = std::fs::write(path, format!("{}\n", std::process::id())) {
+            say_fatal(&format!(
+                "--pid-file {}: cannot write it: {err}",
+                path.display()
+            ));
+            return 1;
+        }
+    }
+    let remove_pid_file = || {
+        if let Some(path) = &pid_file {
+            if let Err(err) = std::fs::remove_file(path) {
+                tracing::warn!(path = %path.display(), %err, "--pid-file: not removed");
+            }
+        }
+    };
+    let running = match server::start(settings, topology) {
         Ok(running) => running,
         Err(err) => {
             if log_to_file {
@@ -227,23 +294,29 @@ fn main() -> ExitCode {
                 }
                 _ => 1,
             };
-            return ExitCode::from(status);
+            remove_pid_file();
+            return status;
         }
     };
     reloadable.lock().unwrap_or_else(|e| e.into_inner()).tls = running.tls();
     *phase.lock().unwrap_or_else(|e| e.into_inner()) = Phase::Serving;
+    if let Some(report) = started_report {
+        report.started(0);
+    }
     match stop_rx.recv() {
         Ok(signal) => {
             tracing::info!(%signal, "stopping: no new connections, finishing in-flight requests")
         }
         Err(_) => tracing::error!("the signal thread is gone; stopping"),
     }
-    match running.stop() {
-        Ok(()) => ExitCode::SUCCESS,
+    let stopped = running.stop();
+    remove_pid_file();
+    match stopped {
+        Ok(()) => 0,
         // The last line of the stop, so a supervisor and an operator both see it.
         Err(failure) => {
             tracing::error!("{failure}");
-            ExitCode::from(1)
+            1
         }
     }
 }

@@ -19,6 +19,8 @@ use crate::placement::Policy;
 use crate::segment::{FileLocality, SegmentSpec};
 use crate::topology::{NodeId, Topology};
 
+pub mod memcached;
+
 /// Exit status for every configuration error (as clap uses for usage errors).
 pub const CONFIG_ERROR_EXIT: i32 = 2;
 /// Most partitions (stores) one server has: their number fits the top 16 bits of a CAS.
@@ -55,6 +57,11 @@ pub struct TlsFiles {
     pub key: PathBuf,
     /// With it, every client must present a certificate this CA (PEM) signed.
     pub ca: Option<PathBuf>,
+    /// With `ca`, a client may also connect without a certificate (one it presents is still
+    /// checked): memcached's `ssl_verify_mode=1`.
+    pub client_cert_optional: bool,
+    /// Refuse TLS 1.2: only TLS 1.3 (memcached's `ssl_min_version=3`).
+    pub tls13_only: bool,
 }
 /// The longest `--idle-timeout` and `--body-timeout` (one day): far longer overflows the
 /// timer's clock (an `Instant` plus the timeout), and no link stalls for a day.
@@ -384,6 +391,17 @@ pub struct Cli {
     #[arg(long, value_name = "FILE")]
     pub tls_ca: Option<PathBuf>,
 
+    /// With --tls-ca: `required`, every client presents a certificate the CA signed;
+    /// `optional`, a client may also connect without one (memcached's `ssl_verify_mode=1`)
+    /// [default: required].
+    #[arg(long, value_name = "required|optional")]
+    pub tls_client_cert: Option<String>,
+
+    /// The oldest TLS version served: `1.2` or `1.3` (TLS 1.0 and 1.1 are never served)
+    /// [default: 1.2].
+    #[arg(long, value_name = "1.2|1.3")]
+    pub tls_min_version: Option<String>,
+
     /// Drop a TLS connection whose handshake is not done within this many seconds (1 to
     /// 86400) [default: 10].
     #[arg(long, value_name = "SECONDS")]
@@ -480,6 +498,12 @@ pub struct Cli {
     #[arg(long, value_name = "FILE")]
     pub memcached_conf: Option<PathBuf>,
 
+    /// Set when the line was memcached's (`config::memcached`): --memory is rounded up to
+    /// whole blocks and --threads capped at the serving node's CPUs, each with a note, as
+    /// memcached takes any `-m` and `-t`.
+    #[arg(skip)]
+    pub from_memcached: bool,
+
     /// Warm restart: a graceful stop writes the items held in RAM and the large values' index
     /// to the data directory, and the next start restores them. `off` writes and restores
     /// nothing (and removes a snapshot it finds) [default: on].
@@ -561,6 +585,8 @@ pub struct FileConfig {
     pub tls_key: Option<PathBuf>,
     pub tls_ca: Option<PathBuf>,
     pub tls_handshake_timeout: Option<u64>,
+    pub tls_client_cert: Option<String>,
+    pub tls_min_version: Option<String>,
     pub log_file: Option<PathBuf>,
     pub placement_policy: Option<String>,
     pub segment_eviction: Option<String>,
@@ -728,6 +754,12 @@ pub enum ConfigError {
     LogFormat {
         text: String,
     },
+    /// A flag that takes one of a few words got another.
+    Choice {
+        flag: &'static str,
+        text: String,
+        choices: &'static str,
+    },
 }
 
 impl fmt::Display for ConfigError {
@@ -881,6 +913,11 @@ impl fmt::Display for ConfigError {
                 "--placement-policy {text}: must be best_fit, free_ratio_first or random"
             ),
             LogFormat { text } => write!(f, "--log-format '{text}' must be text or json"),
+            Choice {
+                flag,
+                text,
+                choices,
+            } => write!(f, "{flag} '{text}' must be {choices}"),
             Partitions { count } => write!(
                 f,
                 "--partitions {count} must be from 1 to {}",
@@ -975,6 +1012,8 @@ pub struct Settings {
     pub log_format: LogFormat,
     /// Why the serving node is what it is (logged at start-up).
     pub numa_reason: String,
+    /// What was adjusted from the command line as given (logged at start-up).
+    pub notes: Vec<String>,
 }
 
 /// Commands an operator can switch off (or, for `shutdown`, on), as memcached's `-A`, `-F`,
@@ -1116,8 +1155,50 @@ fn resolve_tls(cli: &Cli, file: &FileConfig) -> Result<Option<TlsFiles>, ConfigE
     let cert = cli.tls_cert.clone().or_else(|| file.tls_cert.clone());
     let key = cli.tls_key.clone().or_else(|| file.tls_key.clone());
     let ca = cli.tls_ca.clone().or_else(|| file.tls_ca.clone());
+    let client_cert_optional = match cli
+        .tls_client_cert
+        .as_deref()
+        .or(file.tls_client_cert.as_deref())
+    {
+        None | Some("required") => false,
+        Some("optional") if ca.is_some() => true,
+        Some("optional") => {
+            return Err(ConfigError::TlsIncomplete {
+                given: "--tls-client-cert optional",
+                needs: "--tls-ca (the CA a presented client certificate is checked against)",
+            })
+        }
+        Some(other) => {
+            return Err(ConfigError::Choice {
+                flag: "--tls-client-cert",
+                text: other.to_string(),
+                choices: "required or optional",
+            })
+        }
+    };
+    let tls13_only = match cli
+        .tls_min_version
+        .as_deref()
+        .or(file.tls_min_version.as_deref())
+    {
+        None | Some("1.2") => false,
+        Some("1.3") => true,
+        Some(other) => {
+            return Err(ConfigError::Choice {
+                flag: "--tls-min-version",
+                text: other.to_string(),
+                choices: "1.2 or 1.3 (TLS 1.0 and 1.1 are never served)",
+            })
+        }
+    };
     match (cert, key) {
-        (Some(cert), Some(key)) => Ok(Some(TlsFiles { cert, key, ca })),
+        (Some(cert), Some(key)) => Ok(Some(TlsFiles {
+            cert,
+            key,
+            ca,
+            client_cert_optional,
+            tls13_only,
+        })),
         (Some(_), None) => Err(ConfigError::TlsIncomplete {
             given: "--tls-cert",
             needs: "--tls-key (the certificate's private key)",
@@ -1255,7 +1336,18 @@ pub fn resolve_with_file(
         Some(text) => return Err(ConfigError::PinShards { text: text.clone() }),
     };
 
-    let memory = cli.memory.or(file.memory).unwrap_or(DEFAULT_MEMORY).0;
+    let mut notes = Vec::new();
+    let mut memory = cli.memory.or(file.memory).unwrap_or(DEFAULT_MEMORY).0;
+    if cli.from_memcached && memory % block != 0 {
+        let rounded = memory.next_multiple_of(block);
+        notes.push(format!(
+            "memcached's -m: {} rounded up to {} (whole --block units of {})",
+            ByteSize(memory),
+            ByteSize(rounded),
+            ByteSize(block)
+        ));
+        memory = rounded;
+    }
     check_budget("--memory", memory, block, huge)?;
     let sub_memory = cli.sub_memory.or(file.sub_memory).map_or(0, |s| s.0);
     if sub_memory > 0 {
@@ -1325,7 +1417,14 @@ pub fn resolve_with_file(
             .unwrap_or_default(),
         None => topology.all_cpus(),
     };
-    let threads = cli.threads.or(file.threads).unwrap_or(node_cpus.len());
+    let mut threads = cli.threads.or(file.threads).unwrap_or(node_cpus.len());
+    if cli.from_memcached && threads > node_cpus.len() {
+        notes.push(format!(
+            "memcached's -t {threads}: {} shards, one per CPU of the serving node (a shard is pinned to its CPU; more would share them)",
+            node_cpus.len()
+        ));
+        threads = node_cpus.len();
+    }
     if threads == 0 {
         return Err(ConfigError::ThreadsZero);
     }
@@ -1602,5 +1701,6 @@ pub fn resolve_with_file(
             .unwrap_or_else(|| "info".to_string()),
         log_format,
         numa_reason,
+        notes,
     })
 }

@@ -602,7 +602,14 @@ fn tls_settings(ctx: &ShardCtx) -> Vec<(String, String)> {
         // PEM only (OpenSSL's SSL_FILETYPE_PEM), rustls's suites, TLS 1.2 and 1.3.
         ("ssl_keyformat", "1".into()),
         ("ssl_ciphers", "NULL".into()),
-        ("ssl_min_version", "tlsv1.2".into()),
+        (
+            "ssl_min_version",
+            match files.is_some_and(|f| f.tls13_only) {
+                true => "tlsv1.3",
+                false => "tlsv1.2",
+            }
+            .into(),
+        ),
         (
             "tls_handshake_timeout",
             ctx.shared

@@ -91,10 +91,12 @@ impl Tls {
     /// memcached's `ssl_verify_mode` as its STAT prints it (OpenSSL's flags): 3 (the peer is
     /// verified, and must present a certificate) with `--tls-ca`, else 0.
     pub fn verify_mode(&self) -> u8 {
-        if self.files.ca.is_some() {
-            3
-        } else {
-            0
+        match (&self.files.ca, self.files.client_cert_optional) {
+            (None, _) => 0,
+            // OpenSSL's SSL_VERIFY_PEER: asked for, checked when given.
+            (Some(_), true) => 1,
+            // SSL_VERIFY_PEER | SSL_VERIFY_FAIL_IF_NO_PEER_CERT.
+            (Some(_), false) => 3,
         }
     }
 }
@@ -126,8 +128,12 @@ fn build_config(files: &TlsFiles) -> Result<ServerConfig, String> {
     // rustls deprecates the ring provider for.
     #[allow(deprecated)]
     let provider = Arc::new(rustls::crypto::ring::default_provider());
+    let versions: &[&rustls::SupportedProtocolVersion] = match files.tls13_only {
+        true => &[&rustls::version::TLS13],
+        false => rustls::DEFAULT_VERSIONS,
+    };
     let builder = ServerConfig::builder_with_provider(Arc::clone(&provider))
-        .with_safe_default_protocol_versions()
+        .with_protocol_versions(versions)
         .map_err(|err| format!("TLS: {err}"))?;
     let builder = match &files.ca {
         None => builder.with_no_client_auth(),
@@ -142,7 +148,12 @@ fn build_config(files: &TlsFiles) -> Result<ServerConfig, String> {
                     .add(cert)
                     .map_err(|err| format!("{ca_flag}: not a CA certificate: {err}"))?;
             }
-            let verifier = WebPkiClientVerifier::builder_with_provider(Arc::new(roots), provider)
+            let verifier = WebPkiClientVerifier::builder_with_provider(Arc::new(roots), provider);
+            let verifier = match files.client_cert_optional {
+                true => verifier.allow_unauthenticated(),
+                false => verifier,
+            };
+            let verifier = verifier
                 .build()
                 .map_err(|err| format!("{ca_flag}: {err}"))?;
             builder.with_client_cert_verifier(verifier)
