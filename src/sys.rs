@@ -287,6 +287,25 @@ pub fn memlock_limit_bytes() -> Option<u64> {
     }
 }
 
+/// Raises RLIMIT_MEMLOCK as far as the process may: unlimited (with CAP_SYS_RESOURCE), else
+/// the soft limit to the hard one; says what it did.
+pub fn lift_memlock_limit() {
+    use nix::sys::resource::{getrlimit, setrlimit, Resource};
+    let infinity = libc::RLIM_INFINITY;
+    if setrlimit(Resource::RLIMIT_MEMLOCK, infinity, infinity).is_ok() {
+        tracing::info!("RLIMIT_MEMLOCK lifted to unlimited (CAP_SYS_RESOURCE) to lock the arena");
+        return;
+    }
+    if let Ok((soft, hard)) = getrlimit(Resource::RLIMIT_MEMLOCK) {
+        if soft < hard && setrlimit(Resource::RLIMIT_MEMLOCK, hard, hard).is_ok() {
+            tracing::info!(
+                bytes = hard,
+                "RLIMIT_MEMLOCK raised to its hard limit to lock the arena"
+            );
+        }
+    }
+}
+
 /// Whether the process holds CAP_IPC_LOCK, which exempts it from RLIMIT_MEMLOCK.
 pub fn has_cap_ipc_lock() -> bool {
     std::fs::read_to_string("/proc/self/status")

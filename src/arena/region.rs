@@ -336,9 +336,15 @@ impl RegionMapper for NumaMapper<'_> {
 }
 
 /// Fails fast when the plan cannot be locked: RLIMIT_MEMLOCK too low and no CAP_IPC_LOCK.
+/// A limit that is too low is first lifted where the process may (to its hard limit, or with
+/// CAP_SYS_RESOURCE to unlimited): a unit that grants CAP_SYS_RESOURCE but not CAP_IPC_LOCK,
+/// as Debian's memcached unit does, then serves without a LimitMEMLOCK= of its own.
 pub fn check_memlock(needed_bytes: u64) -> Result<(), MapError> {
     if sys::has_cap_ipc_lock() {
         return Ok(());
+    }
+    if sys::memlock_limit_bytes().is_some_and(|limit| limit < needed_bytes) {
+        sys::lift_memlock_limit();
     }
     match sys::memlock_limit_bytes() {
         Some(limit_bytes) if limit_bytes < needed_bytes => Err(MapError::MemLockLimit {

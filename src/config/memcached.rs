@@ -348,8 +348,9 @@ struct Line {
     ssl_min_version: Option<u32>,
     sasl: bool,
     ext_paths: Vec<String>,
-    /// Headroom's flags as words: from memcached's, then the long ones given beside them.
-    headroom: Vec<String>,
+    /// Headroom's flags, each with its value: from memcached's, and the long ones given
+    /// beside them, in the order read.
+    headroom: Vec<(String, Option<String>)>,
     notices: Vec<String>,
     print: Option<String>,
 }
@@ -430,12 +431,11 @@ impl Line {
                             .get_arguments()
                             .find(|a| a.get_long() == Some(name))
                             .is_some_and(|a| a.get_action().takes_values());
-                        self.headroom.push(word.clone());
-                        if takes_value && attached.is_none() {
-                            if let Some(value) = words.next() {
-                                self.headroom.push(value);
-                            }
-                        }
+                        let value = match (takes_value, attached) {
+                            (true, None) => words.next(),
+                            (_, attached) => attached,
+                        };
+                        self.put(&format!("--{name}"), value);
                     }
                 }
                 continue;
@@ -507,7 +507,7 @@ impl Line {
             'l' => self
                 .listen
                 .extend(text.split(',').map(str::trim).map(str::to_string)),
-            'd' => self.headroom.push("--daemon".to_string()),
+            'd' => self.put("--daemon", None),
             'u' => self.push("--user", &text),
             'm' => {
                 let mib: u64 = text.parse().ok().filter(|&m| m > 0).ok_or_else(|| {
@@ -646,27 +646,33 @@ impl Line {
     }
 
     fn push(&mut self, flag: &str, value: &str) {
-        self.headroom.push(flag.to_string());
-        self.headroom.push(value.to_string());
+        self.put(flag, Some(value.to_string()));
+    }
+
+    /// Sets a Headroom flag. A later setting replaces an earlier one (as memcached takes the
+    /// last `-m`, and the command line's flags come after a conf file's), except for the
+    /// repeatable flags, which gather.
+    fn put(&mut self, flag: &str, value: Option<String>) {
+        let repeatable = Cli::command()
+            .get_arguments()
+            .find(|a| a.get_long() == flag.strip_prefix("--"))
+            .is_some_and(|a| matches!(a.get_action(), clap::ArgAction::Append));
+        if !repeatable {
+            self.headroom.retain(|(given, _)| given != flag);
+        }
+        self.headroom.push((flag.to_string(), value));
+    }
+
+    fn given(&self, flag: &str) -> bool {
+        self.headroom.iter().any(|(given, _)| given == flag)
     }
 
     /// Headroom's flags from what was read, memcached's defaults where they differ.
     fn finish(mut self) -> Result<CommandLine, Refusal> {
-        let given = |flag: &str, words: &[String]| {
-            words
-                .iter()
-                .any(|w| w == flag || w.starts_with(&format!("{flag}=")))
-        };
-        let headroom_given = self.headroom.clone();
-        // Where the line leaves a setting out, memcached's default.
+        // Where the line leaves a setting out, memcached's default. (`--listen` is memcached's
+        // `-l` on this path, so only -l, -p and -s say where to serve.)
         let port = self.port.unwrap_or(MEMCACHED_PORT);
-        if given("--listen", &headroom_given) {
-            if !self.listen.is_empty() || self.port.is_some() || self.unix_socket.is_some() {
-                return Err(Refusal::config(
-                    "--listen and memcached's -l, -p or -s both name where to serve; keep one",
-                ));
-            }
-        } else if let Some(path) = self.unix_socket.clone() {
+        if let Some(path) = self.unix_socket.clone() {
             self.push("--unix-socket", &path);
             self.push("--listen", "none");
             self.notices.push(format!(
@@ -687,7 +693,7 @@ impl Line {
                 self.push("--listen", &addr);
             }
         }
-        if !given("--log-level", &headroom_given) {
+        if !self.given("--log-level") {
             let level = match self.verbosity {
                 0 | 1 => "info",
                 2 => "debug",
@@ -695,17 +701,17 @@ impl Line {
             };
             self.push("--log-level", level);
         }
-        if !given("--max-item-size", &headroom_given) {
+        if !self.given("--max-item-size") {
             self.push("--max-item-size", MEMCACHED_ITEM_SIZE_MAX);
         }
-        if !given("--warm-restart", &headroom_given) {
+        if !self.given("--warm-restart") {
             self.push("--warm-restart", "off");
         }
-        if !given("--threads", &headroom_given) {
+        if !self.given("--threads") {
             self.push("--threads", &MEMCACHED_THREADS.to_string());
         }
         self.finish_tls()?;
-        if self.sasl && !given("--sasl-password-file", &headroom_given) {
+        if self.sasl && !self.given("--sasl-password-file") {
             match std::env::var_os("MEMCACHED_SASL_PWDB") {
                 Some(path) if !path.is_empty() => {
                     self.push("--sasl-password-file", &path.to_string_lossy());
@@ -721,7 +727,7 @@ impl Line {
             let spec = ext_path_segment(&ext, &mut self.notices)?;
             self.push("--segment", &spec);
         }
-        if !given("--data-dir", &headroom_given)
+        if !self.given("--data-dir")
             && std::env::var_os(super::STATE_DIRECTORY_ENV).is_none()
             && nix::unistd::geteuid().is_root()
         {
@@ -730,7 +736,12 @@ impl Line {
                 "data directory {ROOT_DATA_DIR} (started as root with no --data-dir): it holds the lock, the default segment for values above --ram-head, and the warm-restart snapshot"
             ));
         }
-        let argv = std::iter::once("headroom".to_string()).chain(self.headroom.iter().cloned());
+        let words: Vec<String> = self
+            .headroom
+            .iter()
+            .flat_map(|(flag, value)| std::iter::once(flag.clone()).chain(value.clone()))
+            .collect();
+        let argv = std::iter::once("headroom".to_string()).chain(words.iter().cloned());
         let mut cli = Cli::try_parse_from(argv).map_err(|err| {
             let text = err.to_string();
             let first = text
@@ -740,7 +751,7 @@ impl Line {
                 .trim_start_matches("error: ");
             Refusal::config(format!(
                 "{first} (memcached's flags read as: {})",
-                self.headroom.join(" ")
+                words.join(" ")
             ))
         })?;
         cli.from_memcached = true;

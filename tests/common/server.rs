@@ -97,10 +97,12 @@ impl Server {
         std::thread::spawn(move || {
             for line in BufReader::new(stderr).lines().map_while(Result::ok) {
                 if let Some(at) = line.find("listening on ") {
+                    // The first address (`listening on A, B ...` with several).
                     let addr = line[at + 13..]
                         .split_whitespace()
                         .next()
                         .unwrap()
+                        .trim_end_matches(',')
                         .to_string();
                     let _ = tx.send(addr);
                 }
