@@ -1,8 +1,9 @@
 //! The `headroom` binary: read the configuration, take the data directory and the listeners,
 //! map the arena, serve until SIGINT, SIGTERM or SIGUSR1.
 //!
-//! Signals are handled by one thread from the first instruction on: a stop signal during
-//! start-up ends the process at once (nothing is served yet, and the kernel releases every
+//! The command line (Headroom's flags, or memcached's: `config::memcached`) is read and
+//! checked first, while the process has one thread, so that `--daemon` may fork. From then on
+//! signals are handled by one thread: a stop signal during start-up ends the process at once (nothing is served yet, and the kernel releases every
 //! lock, socket and mapping); once serving, it stops gracefully (in-flight requests finish, the
 //! warm-restart snapshot is written); a second stop signal while stopping exits at once.
 //! SIGHUP never stops the server: it reopens the log file.

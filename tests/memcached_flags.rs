@@ -298,6 +298,13 @@ fn long_forms_clusters_and_headroom_flags_read_together() {
     assert_eq!(on(&line.log_level), "debug");
     assert_eq!(line.data_dir, Some(PathBuf::from("/srv/h")));
     assert_eq!(line.ram_head.unwrap().0, 64 << 10);
+    // As root with no data directory named, a service's place for it.
+    let unnamed = cli(&["-m", "64"]).data_dir;
+    if nix::unistd::geteuid().is_root() && std::env::var_os("STATE_DIRECTORY").is_none() {
+        assert_eq!(unnamed, Some(PathBuf::from(memcached::ROOT_DATA_DIR)));
+    } else {
+        assert_eq!(unnamed, None);
+    }
     let forced = cli(&["--memcached-args", "--conn-limit=9"]);
     assert_eq!(forced.max_connections, Some(9));
     // Headroom's own line is not memcached's.

@@ -149,6 +149,8 @@ const AFTER_HELP: &str = "\
 Sizes take binary units: 4G, 256M, 2MiB, 64k, or plain bytes.
 Every budget is whole --block units; the command line wins over --config.
 Set HEADROOM_TOPOLOGY=FILE to plan against a synthetic NUMA layout (docs/topology.md).
+memcached's command line is read too (headroom -m 64 -p 11211 -u memcache ...; headroom -m 64 -h
+lists its flags), and Debian's /etc/memcached.conf with --memcached-conf (docs/operations.md).
 Exit status: 0 ok, 1 runtime failure, 2 invalid configuration.";
 
 /// Command-line flags. Every setting is optional here so the file can supply it.
