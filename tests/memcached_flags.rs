@@ -748,3 +748,55 @@ fn refusals_exit_with_memcached_s_status_and_one_sentence() {
     assert_eq!(status, Some(64));
     assert!(said.contains("memcached-proxy"), "{said}");
 }
+
+/// Every flag and `-o` option memcached 1.6.45's own `-h` lists is in the table (when the
+/// peers' memcached is built: `../shared/peers/build`, `scripts/install-deps`).
+#[test]
+fn the_table_holds_everything_memcached_h_lists() {
+    let Some(program) = common::memcached::peers_memcached() else {
+        eprintln!("skipped: no memcached 1.6.45 in the peers directory to ask for -h");
+        return;
+    };
+    let out = Command::new(&program).arg("-h").output().unwrap();
+    let help = String::from_utf8_lossy(&out.stdout);
+    assert!(help.starts_with("memcached 1.6.45"), "{help}");
+    let mut flags = 0;
+    let mut options = 0;
+    for line in help.lines() {
+        let trimmed = line.trim_start();
+        if let Some(rest) = line.strip_prefix('-') {
+            let letter = rest.chars().next().unwrap();
+            assert!(
+                FLAGS.iter().any(|f| f.short == letter),
+                "-{letter} is not in the table: {line}"
+            );
+            if let Some(long) = rest.split("--").nth(1) {
+                let long: String = long
+                    .chars()
+                    .take_while(|c| c.is_ascii_alphanumeric() || *c == '-' || *c == '_')
+                    .collect();
+                // memcached's -h spells -N's long form with an underscore; its getopt table,
+                // which the reader follows, with a dash.
+                let long = long.replace('_', "-");
+                assert!(
+                    FLAGS.iter().any(|f| f.long == Some(long.as_str())),
+                    "--{long} is not in the table: {line}"
+                );
+            }
+            flags += 1;
+        } else if let Some(rest) = trimmed.strip_prefix("- ") {
+            let name = rest.split(':').next().unwrap().trim();
+            if name.chars().all(|c| c.is_ascii_lowercase() || c == '_') {
+                assert!(
+                    OPTIONS.iter().any(|o| o.name == name),
+                    "-o {name} is not in the table: {line}"
+                );
+                options += 1;
+            }
+        }
+    }
+    assert!(
+        flags >= 30 && options >= 30,
+        "{flags} flags, {options} options read"
+    );
+}
