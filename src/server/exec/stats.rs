@@ -854,6 +854,10 @@ pub async fn group_pairs(ctx: &ShardCtx, group: &[u8]) -> Option<Vec<(String, St
             tracing::info!("STAT reset: counters back to zero");
             Vec::new()
         }
+        // memcached's `-X` refuses every `detail` group (binary: "not found").
+        b"detail on" | b"detail off" | b"detail dump" if !ctx.shared.settings.commands.dump => {
+            return None
+        }
         b"detail on" | b"detail off" => {
             let partitions = &ctx.shared.partitions;
             for index in 0..partitions.len() {
