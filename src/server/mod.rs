@@ -266,6 +266,7 @@ pub fn start(settings: Settings, topology: &Topology) -> Result<Running, ServerE
             partition: index,
             partitions: count,
             promotion_half_life_seconds: settings.promotion_half_life_seconds,
+            evictions: settings.evictions,
         },
     );
     tracing::info!(
