@@ -179,6 +179,7 @@ fn headroom_bytes_per_item(value: u32, granule: u64, count: u64) -> (f64, f64) {
         partition: 0,
         partitions: 1,
         promotion_half_life_seconds: 10,
+        evictions: true,
     };
     let mut store = headroom::store::Store::new(arena.shard(0), hasher, config);
     let body = vec![b'v'; value as usize];

@@ -8,7 +8,9 @@
 //! every CAS has its one winner, INCR totals are exact, pinned heads never move, every block is
 //! in exactly one place (the pool, one core's batch, or one partition), and every store's
 //! invariants hold. A crawl leaves exactly the unexpired items; a dump lists each key once, from
-//! its own partition, at the model's CAS.
+//! its own partition, at the model's CAS. With evictions off (`--evictions off`) the model is
+//! exact: nothing is evicted, a key without an expiry is never lost, a refused store leaves the
+//! key as it was, and a store is refused only when no free block is left to take.
 
 mod common;
 
@@ -28,6 +30,8 @@ use headroom::store::{
 use headroom::topology::Topology;
 
 const HUGE: u64 = 64 << 10;
+/// `--ram-head`: the longest value a store keeps in RAM.
+const RAM_HEAD_BYTES: usize = 8192;
 const CORES: usize = 2;
 const KEYS: u64 = 48;
 
@@ -43,7 +47,7 @@ fn config(rng: &mut Rng) -> ArenaConfig {
         small_memory_bytes: None,
         small_sub_memory_bytes: 0,
         block_bytes: HUGE,
-        ram_head_bytes: 8192,
+        ram_head_bytes: RAM_HEAD_BYTES as u64,
         small_min_alloc_bytes: 16,
         io_chunk_bytes: 4096,
         stream_bytes: 0,
@@ -314,7 +318,15 @@ fn value_for(key: u64, version: u64, rng: &mut Rng) -> Vec<u8> {
     v
 }
 
-fn run(seed: u64, steps: usize) {
+/// What a run saw that the test checks it exercised.
+#[derive(Default)]
+struct Seen {
+    /// Stores refused for want of room.
+    refusals: u64,
+}
+
+fn run(seed: u64, steps: usize, evictions: bool) -> Seen {
+    let mut seen = Seen::default();
     let mut rng = Rng::new(seed);
     let topo = topology();
     let arena = Arena::map(
@@ -328,7 +340,10 @@ fn run(seed: u64, steps: usize) {
         &arena,
         KeyHasher::with_seed(seed),
         count,
-        store_config,
+        |index| StoreConfig {
+            evictions,
+            ..store_config(index)
+        },
     ));
     let total_blocks = arena.table().len();
     let mut to_core = Vec::new();
@@ -349,6 +364,8 @@ fn run(seed: u64, steps: usize) {
     // The model: what each key holds, its CAS, and whether eviction may have taken it.
     let mut model: HashMap<Vec<u8>, (Vec<u8>, u64)> = HashMap::new();
     let mut uncertain: HashSet<Vec<u8>> = HashSet::new();
+    // Keys whose item has an expiry: the sweeps and crawls (at a later clock) may take them.
+    let mut expiring: HashSet<Vec<u8>> = HashSet::new();
     let mut issued: HashSet<u64> = HashSet::new();
     let mut versions = 0u64;
     let mut counter = 0u64;
@@ -441,6 +458,11 @@ fn run(seed: u64, steps: usize) {
             Op::Get { key } | Op::Delete { key } | Op::Pin { key } => (Some(key.clone()), None),
             _ => (None, None),
         };
+        let sets_expiry = match &op {
+            Op::Set { ttl, .. } => Some(*ttl != 0),
+            Op::Cas { .. } | Op::Restore { .. } => Some(false),
+            _ => None,
+        };
         let is_cas = matches!(op, Op::Cas { .. });
         let restored_cas = match op {
             Op::Restore { cas, .. } => Some(cas),
@@ -456,6 +478,35 @@ fn run(seed: u64, steps: usize) {
             }
         }
         batches[who] = done.batch;
+        // Evictions off: a refusal for room is right only when no block is left to take (the
+        // pool is empty and so is the refusing core's batch; another core's idle blocks are
+        // out of its reach, as with evictions on).
+        let free_blocks = || {
+            arena.pool().with(|pool| {
+                (0..total_blocks as u32)
+                    .filter(|&b| pool.is_free(BlockId(b)))
+                    .count()
+            })
+        };
+        let mut refused_for_room = |what: &str| {
+            seen.refusals += 1;
+            assert_eq!(
+                free_blocks(),
+                0,
+                "{context}: {what} refused with free blocks in the pool"
+            );
+            assert!(
+                batches[who].is_empty(),
+                "{context}: {what} refused with blocks in its core's batch"
+            );
+        };
+        // Evictions off: whether the model's key may be gone (it has an expiry, or the model
+        // had already lost it); never a key it holds without one.
+        let may_be_gone = |key: &Vec<u8>,
+                           model: &HashMap<Vec<u8>, (Vec<u8>, u64)>,
+                           expiring: &HashSet<Vec<u8>>| {
+            evictions || expiring.contains(key) || !model.contains_key(key)
+        };
         // A hit must be exactly the model's value; for a key whose state the model lost (a
         // store refused for memory may or may not have kept the old value) it must at least
         // be one of this key's values, and the model adopts it.
@@ -506,6 +557,12 @@ fn run(seed: u64, steps: usize) {
                     }
                     _ => {}
                 }
+                if let (StoreOutcome::Stored { .. }, Some(expires)) = (outcome, sets_expiry) {
+                    match expires {
+                        true => expiring.insert(key.clone()),
+                        false => expiring.remove(&key),
+                    };
+                }
                 match outcome {
                     StoreOutcome::Stored { cas, len } if is_append => match model.get(&key) {
                         Some((old, _)) => {
@@ -530,6 +587,28 @@ fn run(seed: u64, steps: usize) {
                     StoreOutcome::Exists if is_cas => {
                         panic!("{context}: CAS with the current token lost")
                     }
+                    // Evictions off: a refusal for room leaves the key as it was (an APPEND's
+                    // "not stored" onto a key the model holds is one).
+                    StoreOutcome::OutOfMemory if !evictions => {
+                        refused_for_room("a store");
+                    }
+                    // (One whose sum would outgrow --ram-head is refused for that.)
+                    StoreOutcome::NotStored
+                        if !evictions && is_append && !may_be_gone(&key, &model, &expiring) =>
+                    {
+                        let old = model[&key].0.len();
+                        if old + value.len() <= RAM_HEAD_BYTES {
+                            refused_for_room("an APPEND");
+                        }
+                    }
+                    _ if !evictions => {
+                        assert!(
+                            may_be_gone(&key, &model, &expiring),
+                            "{context}: {outcome:?} for a key held without expiry, evictions off"
+                        );
+                        model.remove(&key);
+                        uncertain.insert(key);
+                    }
                     // A key gone meanwhile, or a store refused for memory: state unknown.
                     _ => {
                         model.remove(&key);
@@ -543,6 +622,10 @@ fn run(seed: u64, steps: usize) {
                     Some((bytes, cas)) => check_hit(&key, &bytes, Some(cas), "GET"),
                     // Eviction or expiry may have taken it.
                     None => {
+                        assert!(
+                            may_be_gone(&key, &model, &expiring),
+                            "{context}: a key held without expiry was lost, evictions off"
+                        );
                         model.remove(&key);
                         uncertain.remove(&key);
                     }
@@ -560,7 +643,8 @@ fn run(seed: u64, steps: usize) {
             Outcome::Counter(value) => match value {
                 // 0: the counter was missing (never made, or evicted) and is created at 0.
                 Some(v) => {
-                    if counter_known && v != 0 {
+                    // 0 after a known value: evicted and made again, never with evictions off.
+                    if counter_known && (v != 0 || !evictions) {
                         assert_eq!(v, counter + 1, "{context}: an INCR was lost or doubled");
                     }
                     counter = v;
@@ -576,24 +660,28 @@ fn run(seed: u64, steps: usize) {
                         check_hit(&key, &bytes, None, "a pin");
                     }
                     None => {
+                        assert!(
+                            may_be_gone(&key, &model, &expiring),
+                            "{context}: a key held without expiry was lost, evictions off"
+                        );
                         model.remove(&key);
                         uncertain.remove(&key);
                     }
                 }
             }
-            Outcome::Unpinned(seen) => {
+            Outcome::Unpinned(pinned) => {
                 pins_held[who] = false;
-                for (then, now) in seen {
+                for (then, now) in pinned {
                     assert!(then == now, "{context}: a pinned head moved or changed");
                 }
             }
             // Nothing runs between a dump's slices here, so it is exact: each key once, in
             // its own partition, never one the model holds absent, and at the model's CAS.
             Outcome::Dumped(partition, listed) => {
-                let mut seen = HashSet::new();
+                let mut once = HashSet::new();
                 for (key, cas) in listed {
                     let name = String::from_utf8_lossy(&key).into_owned();
-                    assert!(seen.insert(key.clone()), "{context}: {name} listed twice");
+                    assert!(once.insert(key.clone()), "{context}: {name} listed twice");
                     assert_eq!(
                         partitions.of_key(&key),
                         partition,
@@ -623,6 +711,13 @@ fn run(seed: u64, steps: usize) {
         for index in 0..partitions.len() {
             let store = partitions.lock(index);
             store.check_invariants();
+            if !evictions {
+                assert_eq!(
+                    store.stats().evictions,
+                    0,
+                    "{context}: evicted, evictions off"
+                );
+            }
             placed.extend(store.arena().blocks_held());
         }
         for batch in &batches {
@@ -656,9 +751,10 @@ fn run(seed: u64, steps: usize) {
     for thread in threads {
         thread.join().expect("a core panicked");
     }
+    seen
 }
 
-/// Partition `index`'s store: 1 MiB items, a 10 s promotion half-life.
+/// Partition `index`'s store: 1 MiB items, a 10 s promotion half-life, evictions on.
 fn store_config(index: usize) -> StoreConfig {
     StoreConfig {
         max_item_bytes: 1 << 20,
@@ -666,12 +762,26 @@ fn store_config(index: usize) -> StoreConfig {
         // (Partitions::new sets the count it made.)
         partitions: PARTITIONS_MAX,
         promotion_half_life_seconds: 10,
+        evictions: true,
     }
 }
 
 #[test]
 fn partitions_and_core_batches_hold_every_invariant_under_seeded_interleavings() {
-    for_each_seed("partition_model", 48, |seed| run(seed, 3000));
+    for_each_seed("partition_model", 48, |seed| {
+        run(seed, 3000, true);
+    });
+}
+
+/// `--evictions off`: the same operations never evict, never lose a key held without expiry,
+/// and refuse a store only when no block is left; the seeds must reach that point.
+#[test]
+fn with_evictions_off_nothing_is_evicted_and_only_a_full_arena_refuses() {
+    let mut refusals = 0;
+    for_each_seed("partition_model_evictions_off", 48, |seed| {
+        refusals += run(seed, 3000, false).refusals;
+    });
+    assert!(refusals > 0, "no store was refused: the arena never filled");
 }
 
 /// Split mode with a small-object reservation of one block under ten fixed-head blocks (the

@@ -15,7 +15,7 @@ use std::time::{Duration, Instant};
 
 use headroom::command::{store_exptime, Command, ARITH_NO_CREATE};
 use headroom::proto::meta::{self, errors as merr};
-use headroom::proto::text::{self, errors as terr, CrawlClasses, Crawler};
+use headroom::proto::text::{self, errors as terr, CrawlClasses, Crawler, Switchable};
 use headroom::proto::{
     decode_text, is_binary, Key, MaFlags, MdFlags, MgFlags, MsFlags, PlacementHints, ReturnFlags,
     StoreMode, TextCommand, TextDecoded, TextStore, Words,
@@ -71,6 +71,22 @@ fn cmd(input: impl Into<Vec<u8>>, command: TextCommand<'static>) -> Case {
         expect: TextDecoded::Command { command, consumed },
         live: true,
     }
+}
+
+/// A switchable command's line in a form memcached refuses with `reply` (the server sends it,
+/// or the command's refusal when it is switched off), taking the whole input.
+fn malformed(
+    input: impl Into<Vec<u8>>,
+    command: Switchable,
+    reply: &'static [u8],
+    noreply: bool,
+) -> Case {
+    let malformed = TextCommand::Malformed {
+        command,
+        reply,
+        noreply,
+    };
+    cmd(input, malformed)
 }
 
 /// An error whose skip is the whole input.
@@ -614,19 +630,19 @@ fn cases() -> Vec<Case> {
     c.push(cmd(&b"flush_all noreply\r\n"[..], flush(0, true)));
     c.push(cmd(&b"flush_all 0\r\n"[..], flush(0, false)));
     c.push(cmd(&b"flush_all -5\r\n"[..], flush(-5, false)));
-    c.push(not_live(err(
-        &b"flush_all 4294967296\r\n"[..],
-        terr::INVALID_EXPTIME,
-    )));
+    let bad_flush = |input: &'static [u8], noreply| {
+        malformed(input, Switchable::FlushAll, terr::INVALID_EXPTIME, noreply)
+    };
+    c.push(not_live(bad_flush(b"flush_all 4294967296\r\n", false)));
     c.push(cmd(
         &b"flush_all 2147483647\r\n"[..],
         flush(i32::MAX, false),
     ));
     c.push(cmd(&b"flush_all 10 20\r\n"[..], flush(10, false)));
     c.push(cmd(&b"flush_all 10 noreply\r\n"[..], flush(10, true)));
-    c.push(err(&b"flush_all noreply 10\r\n"[..], terr::INVALID_EXPTIME));
-    c.push(err(&b"flush_all x\r\n"[..], terr::INVALID_EXPTIME));
-    c.push(err(&b"flush_all noreply noreply\r\n"[..], b""));
+    c.push(bad_flush(b"flush_all noreply 10\r\n", false));
+    c.push(bad_flush(b"flush_all x\r\n", false));
+    c.push(bad_flush(b"flush_all noreply noreply\r\n", true));
     c.push(cmd(&b"flush_all 1 2 3\r\n"[..], flush(1, false)));
     // The level is checked, then left: the log level is --log-level's.
     let verbosity = |_level: u32, noreply| TextCommand::Run {
@@ -656,9 +672,47 @@ fn cases() -> Vec<Case> {
     c.push(cmd(&b"stats reset\r\n"[..], stats(b"reset")));
     // memcached answers an unknown group ERROR: that is the server's answer, not the decoder's.
     c.push(not_live(cmd(&b"stats nosuch\r\n"[..], stats(b"nosuch"))));
-    c.push(err(&b"stats detail\r\n"[..], terr::STATS_DETAIL_USAGE));
-    c.push(err(&b"stats detail foo\r\n"[..], terr::STATS_DETAIL_USAGE));
-    c.push(err(&b"shutdown\r\n"[..], terr::SHUTDOWN_DISABLED));
+    let detail_usage = |input: &'static [u8]| {
+        malformed(
+            input,
+            Switchable::StatsDetail,
+            terr::STATS_DETAIL_USAGE,
+            false,
+        )
+    };
+    c.push(detail_usage(b"stats detail\r\n"));
+    c.push(detail_usage(b"stats detail foo\r\n"));
+    c.push(cmd(
+        &b"stats cachedump 1 10\r\n"[..],
+        stats(b"cachedump 1 10"),
+    ));
+    for (line, reply) in [
+        (&b"stats cachedump\r\n"[..], terr::BAD_COMMAND_LINE),
+        (b"stats cachedump 1\r\n", terr::BAD_COMMAND_LINE),
+        (b"stats cachedump 64 1\r\n", terr::ILLEGAL_SLAB_ID),
+        (b"stats cachedump x 1\r\n", terr::BAD_FORMAT),
+    ] {
+        c.push(malformed(line, Switchable::Cachedump, reply, false));
+    }
+    // `shutdown [graceful]` is the server's to serve or refuse (memcached's -A; live, it
+    // refuses); memcached reads any prefix of `graceful` as it, and checks -A before the form.
+    let shutdown = |graceful| TextCommand::Shutdown { graceful };
+    c.push(cmd(&b"shutdown\r\n"[..], shutdown(false)));
+    c.push(cmd(&b"shutdown graceful\r\n"[..], shutdown(true)));
+    c.push(cmd(&b"shutdown g\r\n"[..], shutdown(true)));
+    let bad_mode = |input: &'static [u8], noreply| {
+        malformed(
+            input,
+            Switchable::Shutdown,
+            terr::SHUTDOWN_INVALID_MODE,
+            noreply,
+        )
+    };
+    c.push(bad_mode(b"shutdown now\r\n", false));
+    c.push(bad_mode(b"shutdown graceful now\r\n", false));
+    c.push(bad_mode(b"shutdown gracefully\r\n", false));
+    c.push(bad_mode(b"shutdown noreply\r\n", true));
+    c.push(bad_mode(b"shutdown graceful noreply\r\n", true));
     for name in [
         "cache_memlimit",
         "slabs",
@@ -716,6 +770,14 @@ fn cases() -> Vec<Case> {
         TextCommand::Watch {
             kinds: Words::new(b" fetchers mutations"),
         },
+    )));
+    // More kinds than Headroom reads (memcached 1.6.40's 23 tokens): ERROR, unless watch is
+    // switched off.
+    c.push(not_live(malformed(
+        cat(&[b"watch", &b" fetchers".repeat(23), b"\r\n"]),
+        Switchable::Watch,
+        terr::ERROR,
+        false,
     )));
     // Served with --tls-cert (memcached built without TLS answers ERROR).
     c.push(not_live(cmd(
@@ -1571,6 +1633,31 @@ fn live_cases_match_real_memcached() {
         // every_case_decodes_as_expected): each case is checked on its own, all reported.
         let decoded = decode_text(&case.input, MAX_VALUE, STREAM_FROM);
         let one = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| match &decoded {
+            // memcached with its default switches: `shutdown` refused (no -A), the others
+            // served, so a malformed line gets its form's answer.
+            TextDecoded::Command {
+                command:
+                    TextCommand::Malformed {
+                        command,
+                        reply,
+                        noreply,
+                    },
+                consumed,
+            } => {
+                let answer = match (command, noreply) {
+                    (_, true) => &b""[..],
+                    (Switchable::Shutdown, false) => command.refusal(),
+                    (_, false) => reply,
+                };
+                check_error(&addr, &case.input, answer, *consumed as u64, wait, &what);
+            }
+            TextDecoded::Command {
+                command: TextCommand::Shutdown { .. },
+                consumed,
+            } => {
+                let refusal = Switchable::Shutdown.refusal();
+                check_error(&addr, &case.input, refusal, *consumed as u64, wait, &what);
+            }
             TextDecoded::Command { .. } => {
                 let sent = cat(&[&case.input, b"mn\r\n"]);
                 let (reply, closed) = exchange(&addr, &sent, |r| r.ends_with(b"MN\r\n"), wait);

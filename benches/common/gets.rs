@@ -48,6 +48,7 @@ pub fn filled_partitions(
         partition: index,
         partitions: count,
         promotion_half_life_seconds: 10,
+        evictions: true,
     });
     let value = vec![7u8; value_bytes];
     for i in 0..keys {

@@ -348,12 +348,15 @@ impl ShardArena {
 
     /// Admission of a small payload: allocate; when short, compact if old dead space
     /// suffices; otherwise evict one victim and, if that made enough dead space, compact
-    /// before asking for another. Fails only when nothing is left to evict.
+    /// before asking for another. When the host has nothing left to evict (everything pinned,
+    /// or evictions off), any dead space that would fit the payload is compacted once, gate or
+    /// not, before admission fails.
     pub fn admit_small(
         &mut self,
         payload_len: u32,
         host: &mut dyn AdmissionHost,
     ) -> Result<Reserved, AllocError> {
+        let mut last_resort_done = false;
         loop {
             match self.try_reserve_small(payload_len) {
                 Ok(reserved) => return Ok(reserved),
@@ -362,24 +365,41 @@ impl ShardArena {
             }
             let exempt = host.evicting_block();
             if self.compaction_would_help_except(payload_len, exempt) {
-                let (owned, fixed_owner) = (&mut self.owned_slot, &mut self.fixed_owner);
-                let report =
-                    self.bump
-                        .compact_for(payload_len, exempt, &mut self.mem, &mut |moved| {
-                            follow_owner(owned, fixed_owner, moved.from, moved.to);
-                            host.relocate(moved)
-                        });
-                self.count_compaction(report);
+                self.compact_small_for(payload_len, exempt, host);
                 continue;
             }
             self.counters.evictions_requested += 1;
-            if !host.evict_one(self) {
-                self.counters.small_alloc_failures += 1;
-                return Err(AllocError::OutOfMemory {
-                    class: HeadClass::Small,
-                });
+            if host.evict_one(self) {
+                continue;
             }
+            if !last_resort_done && self.bump.compaction_would_fit(payload_len, None) {
+                last_resort_done = true;
+                self.compact_small_for(payload_len, None, host);
+                continue;
+            }
+            self.counters.small_alloc_failures += 1;
+            return Err(AllocError::OutOfMemory {
+                class: HeadClass::Small,
+            });
         }
+    }
+
+    /// Admission's compaction: blocks other than `exempt` until one has room for
+    /// `payload_len`, each move reported to `host`.
+    fn compact_small_for(
+        &mut self,
+        payload_len: u32,
+        exempt: Option<BlockId>,
+        host: &mut dyn AdmissionHost,
+    ) {
+        let (owned, fixed_owner) = (&mut self.owned_slot, &mut self.fixed_owner);
+        let report = self
+            .bump
+            .compact_for(payload_len, exempt, &mut self.mem, &mut |moved| {
+                follow_owner(owned, fixed_owner, moved.from, moved.to);
+                host.relocate(moved)
+            });
+        self.count_compaction(report);
     }
 
     /// Admission of a fixed head: allocate, evicting victims until a slot frees up.

@@ -61,8 +61,17 @@
 //! parsed and served. Of the commands that move memory between slab classes, `slabs reassign`
 //! gets memcached's answer with reassignment off (`CLIENT_ERROR slab reassignment disabled`)
 //! and a well-formed `slabs automove` a `SERVER_ERROR` saying there are no slab classes; `lru`,
-//! `extstore` and `cache_memlimit` are answered `ERROR`, and `shutdown` as memcached without
-//! `-A` answers it (`SERVER_ERROR: shutdown not enabled`).
+//! `extstore` and `cache_memlimit` are answered `ERROR`. `shutdown [graceful]` is decoded for
+//! the server to serve or refuse.
+//!
+//! # Commands an operator can switch off
+//!
+//! memcached refuses `shutdown` without `-A`, `flush_all` with `-F`, the key dumps with `-X`
+//! and `watch` with `-W`, each with its own line ([`Switchable::refusal`]), and checks the
+//! switch before the command's form: with `-F`, `flush_all x` is refused as `flush_all` is,
+//! not answered `CLIENT_ERROR invalid exptime argument`. So a line of one of these commands in
+//! a form memcached refuses decodes to [`TextCommand::Malformed`], carrying both answers; the
+//! decoder knows no settings, and the server picks.
 
 use std::borrow::Cow;
 use std::fmt;
@@ -100,6 +109,13 @@ pub mod errors {
     pub const BAD_COMMAND_LINE: &[u8] = b"CLIENT_ERROR bad command line\r\n";
     pub const ILLEGAL_SLAB_ID: &[u8] = b"CLIENT_ERROR Illegal slab id\r\n";
     pub const SHUTDOWN_DISABLED: &[u8] = b"SERVER_ERROR: shutdown not enabled\r\n";
+    pub const SHUTDOWN_INVALID_MODE: &[u8] = b"CLIENT_ERROR invalid shutdown mode\r\n";
+    pub const FLUSH_ALL_DISABLED: &[u8] = b"CLIENT_ERROR flush_all not allowed\r\n";
+    pub const STATS_DETAIL_DISABLED: &[u8] = b"CLIENT_ERROR stats detail not allowed\r\n";
+    pub const CACHEDUMP_DISABLED: &[u8] = b"CLIENT_ERROR stats cachedump not allowed\r\n";
+    pub const METADUMP_DISABLED: &[u8] = b"ERROR metadump not allowed\r\n";
+    pub const MGDUMP_DISABLED: &[u8] = b"ERROR key dump not allowed\r\n";
+    pub const WATCH_DISABLED: &[u8] = b"CLIENT_ERROR watch commands not allowed\r\n";
     pub const WATCH_AFTER_PIPELINE: &[u8] =
         b"ERROR cannot pipeline other commands before watch\r\n";
     pub const WATCHER_TOO_MANY: &[u8] = b"WATCHER_TOO_MANY log watcher limit reached\r\n";
@@ -291,6 +307,49 @@ pub enum TextCommand<'a> {
     MetaDebug { key: Key<'a> },
     /// `lru_crawler crawl|metadump|enable|disable`.
     LruCrawler(Crawler),
+    /// `shutdown` (`graceful: false`) or `shutdown graceful`: the server stops as SIGTERM
+    /// (or SIGUSR1) would stop it, if it serves the command.
+    Shutdown { graceful: bool },
+    /// A line of a command the server may switch off, in a form memcached refuses with
+    /// `reply`: sent if the server serves `command`, else `command`'s refusal; neither under
+    /// `noreply`.
+    Malformed {
+        command: Switchable,
+        reply: &'static [u8],
+        noreply: bool,
+    },
+}
+
+/// The commands an operator can switch off (`shutdown`: on), as memcached's `-A`, `-F`, `-X`
+/// and `-W` do.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Switchable {
+    Shutdown,
+    FlushAll,
+    /// `stats detail ...`: its prefix counters name keys.
+    StatsDetail,
+    /// `stats cachedump ...`.
+    Cachedump,
+    /// `lru_crawler metadump ...`.
+    Metadump,
+    /// `lru_crawler mgdump ...`.
+    Mgdump,
+    Watch,
+}
+
+impl Switchable {
+    /// memcached 1.6.45's answer to the command while it is switched off.
+    pub fn refusal(self) -> &'static [u8] {
+        match self {
+            Switchable::Shutdown => errors::SHUTDOWN_DISABLED,
+            Switchable::FlushAll => errors::FLUSH_ALL_DISABLED,
+            Switchable::StatsDetail => errors::STATS_DETAIL_DISABLED,
+            Switchable::Cachedump => errors::CACHEDUMP_DISABLED,
+            Switchable::Metadump => errors::METADUMP_DISABLED,
+            Switchable::Mgdump => errors::MGDUMP_DISABLED,
+            Switchable::Watch => errors::WATCH_DISABLED,
+        }
+    }
 }
 
 impl TextCommand<'_> {
@@ -607,6 +666,21 @@ fn command(command: TextCommand<'_>, consumed: usize) -> TextDecoded<'_> {
     TextDecoded::Command { command, consumed }
 }
 
+/// A switchable command's line in a form memcached refuses with `reply`.
+fn malformed(
+    switchable: Switchable,
+    reply: &'static [u8],
+    noreply: bool,
+    line_len: usize,
+) -> TextDecoded<'static> {
+    let malformed = TextCommand::Malformed {
+        command: switchable,
+        reply,
+        noreply,
+    };
+    command(malformed, line_len)
+}
+
 /// Whether a line memcached found no newline in is a multiget it keeps buffering.
 fn is_multiget(line: &[u8]) -> bool {
     let spaces = line.iter().take_while(|&&b| b == b' ').count();
@@ -756,7 +830,7 @@ fn decode_line<'a>(
             b"set" => storage(StoreMode::Set, false),
             b"stats" => stats(text, &tokens, line_len),
             b"slabs" => slabs(&tokens, line_len),
-            b"shutdown" => error(errors::SHUTDOWN_DISABLED, line_len),
+            b"shutdown" => shutdown(&tokens, line_len),
             _ => unknown(),
         },
         b'a' => match name {
@@ -792,7 +866,7 @@ fn decode_line<'a>(
             b"watch" => {
                 let kinds = Words::new(after_words(text, 1));
                 if kinds.count() > MAX_TOKENS - 2 {
-                    return error(errors::ERROR, line_len);
+                    return malformed(Switchable::Watch, errors::ERROR, false, line_len);
                 }
                 command(TextCommand::Watch { kinds }, line_len)
             }
@@ -1017,7 +1091,10 @@ fn flush_all<'a>(tokens: &Tokens<'a>, line_len: usize) -> TextDecoded<'a> {
     if nt != if noreply { 3 } else { 2 } {
         match safe_strtol(tokens.toks[1]) {
             Some(d) => delay = d,
-            None => return error_unless(noreply, errors::INVALID_EXPTIME, line_len),
+            None => {
+                let reply = errors::INVALID_EXPTIME;
+                return malformed(Switchable::FlushAll, reply, noreply, line_len);
+            }
         }
     }
     // memcached's delay: 0 or negative is now.
@@ -1025,6 +1102,22 @@ fn flush_all<'a>(tokens: &Tokens<'a>, line_len: usize) -> TextDecoded<'a> {
         delay: delay.max(0) as u32,
     };
     run(flush, noreply, line_len)
+}
+
+/// `shutdown [graceful]`, as memcached 1.6.45 reads it: alone, or with `graceful` as its one
+/// argument (memcached compares only the argument's own length, so any prefix of `graceful`
+/// is `graceful`); anything else is an invalid mode, silenced by a last `noreply`.
+fn shutdown<'a>(tokens: &Tokens<'a>, line_len: usize) -> TextDecoded<'a> {
+    match tokens.all() {
+        [_] => command(TextCommand::Shutdown { graceful: false }, line_len),
+        [_, mode] if b"graceful".starts_with(mode) => {
+            command(TextCommand::Shutdown { graceful: true }, line_len)
+        }
+        _ => {
+            let reply = errors::SHUTDOWN_INVALID_MODE;
+            malformed(Switchable::Shutdown, reply, tokens.noreply(), line_len)
+        }
+    }
 }
 
 fn verbosity<'a>(tokens: &Tokens<'a>, line_len: usize) -> TextDecoded<'a> {
@@ -1112,19 +1205,20 @@ fn crawl_classes(word: &[u8]) -> CrawlClasses {
 
 fn stats<'a>(text: &'a [u8], tokens: &Tokens<'a>, line_len: usize) -> TextDecoded<'a> {
     let t = tokens.all();
+    let bad = |switchable, reply| malformed(switchable, reply, false, line_len);
     if t.get(1) == Some(&&b"detail"[..])
         && !matches!(t.get(2).copied(), Some(b"on" | b"off" | b"dump"))
     {
-        return error(errors::STATS_DETAIL_USAGE, line_len);
+        return bad(Switchable::StatsDetail, errors::STATS_DETAIL_USAGE);
     }
     if t.get(1) == Some(&&b"cachedump"[..]) {
         if tokens.ntokens() < 5 {
-            return error(errors::BAD_COMMAND_LINE, line_len);
+            return bad(Switchable::Cachedump, errors::BAD_COMMAND_LINE);
         }
         match (safe_strtoul(t[2]), safe_strtoul(t[3])) {
             (Some(class), Some(_)) if class < CACHEDUMP_CLASSES => {}
-            (Some(_), Some(_)) => return error(errors::ILLEGAL_SLAB_ID, line_len),
-            _ => return error(errors::BAD_FORMAT, line_len),
+            (Some(_), Some(_)) => return bad(Switchable::Cachedump, errors::ILLEGAL_SLAB_ID),
+            _ => return bad(Switchable::Cachedump, errors::BAD_FORMAT),
         }
     }
     let args = Words::new(after_words(text, 1));
@@ -1133,6 +1227,16 @@ fn stats<'a>(text: &'a [u8], tokens: &Tokens<'a>, line_len: usize) -> TextDecode
 
 /// memcached refuses a `stats cachedump` class id from this on (its slab class limit).
 const CACHEDUMP_CLASSES: u32 = 64;
+
+/// The switchable command a well-formed `stats` line asks, by its group's first word: `detail`
+/// or `cachedump` (which list keys); `None` for the other groups.
+pub fn stats_switchable(args: &Words<'_>) -> Option<Switchable> {
+    match args.iter().next()? {
+        b"detail" => Some(Switchable::StatsDetail),
+        b"cachedump" => Some(Switchable::Cachedump),
+        _ => None,
+    }
+}
 
 /// The class and limit of a `stats cachedump <class> <limit>` the decoder let through (it
 /// refused the malformed ones); `None` for any other `stats` line.

@@ -266,6 +266,7 @@ pub fn start(settings: Settings, topology: &Topology) -> Result<Running, ServerE
             partition: index,
             partitions: count,
             promotion_half_life_seconds: settings.promotion_half_life_seconds,
+            evictions: settings.evictions,
         },
     );
     tracing::info!(
@@ -309,7 +310,7 @@ pub fn start(settings: Settings, topology: &Topology) -> Result<Running, ServerE
         warm_restart: warm_report::WarmRestartFigures::default(),
         io_fallback_said: std::sync::atomic::AtomicBool::new(false),
         multishot_fallback_said: std::sync::atomic::AtomicBool::new(false),
-        crawler_enabled: AtomicBool::new(true),
+        crawler_enabled: AtomicBool::new(settings.lru_crawler),
         targets,
         topology: topology.clone(),
         peers: Mutex::new((vec![None; shards], None)),

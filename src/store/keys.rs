@@ -159,6 +159,11 @@ pub(super) struct Keys {
     layout_moved: bool,
     /// While on (`watch evictions`): what eviction removed, for the caller to log.
     pub evicted_log: Option<Vec<Evicted>>,
+    /// `--evictions`: admission may evict live items; off, it takes only what loses none
+    /// ([`Keys::reclaim_one`]).
+    evictions: bool,
+    /// The time admission runs at (Unix seconds): what has expired by then may be reclaimed.
+    pub now: u32,
 }
 
 /// An item eviction removed, as `watch evictions` reports it.
@@ -177,8 +182,13 @@ pub struct Evicted {
 /// Evictions one operation logs at most (one store evicts a handful; a bound all the same).
 const EVICTED_LOG_MAX: usize = 1024;
 
+/// Records the hand visits per call for room when evictions are off: a refused store walks
+/// this many at most under the partition's lock (memcached's tail search is bounded too), and
+/// the next call goes on from there.
+const RECLAIM_SEARCH_MAX: usize = 64;
+
 impl Keys {
-    pub fn new(hasher: KeyHasher) -> Keys {
+    pub fn new(hasher: KeyHasher, evictions: bool) -> Keys {
         Keys {
             table: HashTable::new(),
             hasher,
@@ -192,6 +202,8 @@ impl Keys {
             next_lease: 0,
             layout_moved: false,
             evicted_log: None,
+            evictions,
+            now: 0,
         }
     }
 
@@ -424,8 +436,14 @@ impl Keys {
         self.table.drain().collect()
     }
 
-    /// Every entry resolves to a record holding a key that finds that same entry.
+    /// Every entry resolves to a record holding a key that finds that same entry; with
+    /// evictions off, nothing was ever evicted.
     pub fn check(&self, arena: &ShardArena) {
+        assert!(
+            self.evictions || self.stats.evictions == 0,
+            "{} items evicted with evictions off",
+            self.stats.evictions
+        );
         for &loc in &self.table {
             let key = item::key(arena.bytes(loc));
             assert_eq!(
@@ -457,9 +475,67 @@ impl Keys {
     }
 }
 
+impl Keys {
+    /// Drops a large item's head copy to make room: the item stays, its value whole in its
+    /// segment (a reader streams it all from there).
+    fn drop_head(&mut self, arena: &mut ShardArena, loc: HeadLoc, head: HeadLoc) {
+        item::clear_large_head(arena.bytes_mut(loc));
+        arena.free(head);
+        self.stats.bytes = self.stats.bytes.saturating_sub(arena.ram_head_bytes());
+        self.stats.large_heads_dropped += 1;
+    }
+
+    /// Admission's step with evictions off (memcached's `-M`): makes room without losing a
+    /// live item, by reclaiming the next expired item, or dropping the next head copy, among
+    /// the next [`RECLAIM_SEARCH_MAX`] records the hand visits (pinned ones passed over, no
+    /// referenced bit touched). `false`: none there, and the store is refused.
+    fn reclaim_one(&mut self, arena: &mut ShardArena) -> bool {
+        debug_assert!(
+            !self.evictions,
+            "reclaim_one stands in for eviction only when off"
+        );
+        for _ in 0..RECLAIM_SEARCH_MAX {
+            let Some(loc) = self.clock.next(arena) else {
+                return false;
+            };
+            if arena.is_pinned(loc) {
+                continue;
+            }
+            let record = arena.bytes(loc);
+            let hash = self.hasher.hash(item::key(record));
+            if self.table.find(hash, |l| *l == loc).is_none() {
+                continue;
+            }
+            let head = item::large(record).and_then(|large| large.head);
+            if let Some(head) = head.filter(|&head| !arena.is_pinned(head)) {
+                self.drop_head(arena, loc, head);
+                return true;
+            }
+            let slot_pinned = match item::value_at(record) {
+                ValueAt::Fixed { slot, .. } => arena.is_pinned(slot),
+                _ => false,
+            };
+            if slot_pinned || !super::is_expired(item::meta(record).expiry, self.now) {
+                continue;
+            }
+            if let Ok(entry) = self.table.find_entry(hash, |l| *l == loc) {
+                entry.remove();
+            }
+            let class = class_of(arena.bytes(loc)).0;
+            self.free_item(arena, loc);
+            self.stats.expired_reclaimed += 1;
+            self.stats.class_mut(class).reclaimed += 1;
+            return true;
+        }
+        false
+    }
+}
+
 impl AdmissionHost for Keys {
+    /// The CLOCK's block while it evicts; none with evictions off (nothing is being emptied,
+    /// so compaction may take any block).
     fn evicting_block(&self) -> Option<BlockId> {
-        self.clock.block()
+        self.clock.block().filter(|_| self.evictions)
     }
 
     fn relocate(&mut self, moved: Relocation<'_>) {
@@ -479,8 +555,12 @@ impl AdmissionHost for Keys {
 
     /// CLOCK: a referenced record loses its bit and is passed over; the first unreferenced,
     /// unpinned, indexed record is evicted. Each step clears a bit or evicts, so the cost is
-    /// O(1) amortised; two full turns without a victim mean nothing can be evicted.
+    /// O(1) amortised; two full turns without a victim mean nothing can be evicted. With
+    /// evictions off, [`Keys::reclaim_one`] instead.
     fn evict_one(&mut self, arena: &mut ShardArena) -> bool {
+        if !self.evictions {
+            return self.reclaim_one(arena);
+        }
         let turns = 2 * self.table.len() + 64;
         for _ in 0..turns {
             let Some(loc) = self.clock.next(arena) else {
@@ -507,11 +587,7 @@ impl AdmissionHost for Keys {
                     let large = item::large(record).expect("a large record");
                     match large.head {
                         Some(head) if !arena.is_pinned(head) && !item::referenced(record) => {
-                            item::clear_large_head(arena.bytes_mut(loc));
-                            arena.free(head);
-                            self.stats.bytes =
-                                self.stats.bytes.saturating_sub(arena.ram_head_bytes());
-                            self.stats.large_heads_dropped += 1;
+                            self.drop_head(arena, loc, head);
                             return true;
                         }
                         Some(_) if item::referenced(record) => {

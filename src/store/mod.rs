@@ -52,6 +52,9 @@ pub struct StoreConfig {
     pub partitions: usize,
     /// Fixed heads' access scores halve once per this many seconds (at least 1).
     pub promotion_half_life_seconds: u32,
+    /// `--evictions`: admission evicts the coldest items to make room; off, it only reclaims
+    /// expired ones and refuses the store when that is not enough (memcached's `-M`).
+    pub evictions: bool,
 }
 
 /// A large value already written to its extents, to be linked under a key.
@@ -229,7 +232,7 @@ impl Store {
     pub fn new(arena: ShardArena, hasher: KeyHasher, config: StoreConfig) -> Store {
         Store {
             arena,
-            keys: Keys::new(hasher),
+            keys: Keys::new(hasher, config.evictions),
             next_cas: 0,
             flush_at: None,
             large_refusal_logged: false,
@@ -919,8 +922,9 @@ impl Store {
     }
 
     /// Admission of a record (`Some(len)`) or a fixed slot (`None`): compaction first, then
-    /// eviction of CLOCK victims.
+    /// eviction of CLOCK victims (with evictions off, of expired items only).
     fn admit(&mut self, record_len: Option<u32>) -> Result<Reserved, StoreOutcome> {
+        self.keys.now = self.clock;
         let result = match record_len {
             Some(len) => self.arena.admit_small(len, &mut self.keys),
             None => self.arena.admit_fixed(&mut self.keys),
@@ -1307,5 +1311,218 @@ mod counter_tests {
         assert_eq!(parse_counter(b""), None);
         assert_eq!(parse_counter(b"abc"), None);
         assert_eq!(parse_counter(b"   "), None);
+    }
+}
+
+/// `--evictions off` (memcached's `-M`): admission takes room only from what loses no live
+/// item, and a store is refused only when none is left.
+#[cfg(test)]
+mod evictions_off_tests {
+    use std::sync::Arc;
+
+    use super::*;
+    use crate::arena::{Arena, ArenaConfig, MemoryPlan, NumaMode, UnlockedMapper};
+
+    const BLOCK_BYTES: u64 = 64 << 10;
+    const NOW: u32 = 1_000_000;
+
+    /// One partition's store over `blocks` blocks of 64 KiB (shared mode, 8 KiB heads).
+    fn store(blocks: u64, evictions: bool) -> Store {
+        let topology =
+            crate::topology::Topology::synthetic(&[1], vec![vec![10]], BLOCK_BYTES).unwrap();
+        let config = ArenaConfig {
+            numa: NumaMode::Explicit(0),
+            memory_bytes: blocks * BLOCK_BYTES,
+            sub_memory_bytes: 0,
+            small_memory_bytes: None,
+            small_sub_memory_bytes: 0,
+            block_bytes: BLOCK_BYTES,
+            ram_head_bytes: 8192,
+            small_min_alloc_bytes: 16,
+            io_chunk_bytes: 4096,
+            stream_bytes: 0,
+            perverse: false,
+        };
+        let arena: Arc<Arena> =
+            Arena::map(MemoryPlan::new(&config, &topology), &UnlockedMapper, 1).expect("map");
+        let config = StoreConfig {
+            max_item_bytes: 1 << 20,
+            partition: 0,
+            partitions: 1,
+            promotion_half_life_seconds: 10,
+            evictions,
+        };
+        Store::new(arena.shard(0), KeyHasher::with_seed(7), config)
+    }
+
+    fn key(i: usize) -> Vec<u8> {
+        format!("key:{i}").into_bytes()
+    }
+
+    /// Item `i`'s value: mostly small (packed with its record), every fifth a fixed head.
+    fn value(i: usize) -> Vec<u8> {
+        let len = if i % 5 == 4 {
+            8192
+        } else {
+            40 + (i * 37) % 700
+        };
+        (0..len).map(|at| (i * 31 + at) as u8).collect()
+    }
+
+    fn set(store: &mut Store, i: usize, exptime: u32, now: u32) -> StoreOutcome {
+        store.store(StoreMode::Set, &key(i), &value(i), 0, exptime, 0, now)
+    }
+
+    fn holds(store: &mut Store, i: usize) -> bool {
+        store
+            .get(&key(i), None, NOW)
+            .is_some_and(|hit| hit.value.to_vec() == value(i))
+    }
+
+    /// Sets items 0, 1, ... until one is refused; returns its number. Every store before it
+    /// must succeed.
+    fn fill(store: &mut Store, exptime: u32) -> usize {
+        for i in 0..100_000 {
+            match set(store, i, exptime, NOW) {
+                StoreOutcome::Stored { .. } => store.check_invariants(),
+                StoreOutcome::OutOfMemory => return i,
+                other => panic!("set {i}: {other:?}"),
+            }
+        }
+        panic!("100,000 items never filled the store");
+    }
+
+    #[test]
+    fn a_full_store_refuses_and_keeps_every_item() {
+        let mut store = store(4, false);
+        let refused = fill(&mut store, 0);
+        assert!(refused > 50, "refused after {refused} items");
+        let stats = store.stats();
+        assert_eq!(stats.evictions, 0);
+        assert_eq!(stats.out_of_memory, 1);
+        assert_eq!(stats.curr_items, refused as u64);
+        for i in 0..refused {
+            assert!(holds(&mut store, i), "item {i} lost");
+        }
+        // A refused SET of a key held leaves it as it was (the executor, not the store,
+        // drops a stale value as memcached does).
+        assert_eq!(
+            store.store(StoreMode::Set, &key(0), &value(refused), 0, 0, 0, NOW),
+            StoreOutcome::OutOfMemory
+        );
+        assert!(holds(&mut store, 0));
+        store.check_invariants();
+    }
+
+    /// Refused only when truly full: the room one delete frees takes the refused item (its
+    /// dead bytes are under the compaction gate, so admission compacts them as a last
+    /// resort), and an evicting store fills to no fewer items before it first evicts.
+    #[test]
+    fn a_store_is_refused_only_when_no_room_is_left() {
+        let mut off = store(4, false);
+        let refused = fill(&mut off, 0);
+        let mut on = store(4, true);
+        let first_eviction = (0..)
+            .find(|&i| {
+                assert!(matches!(
+                    set(&mut on, i, 0, NOW),
+                    StoreOutcome::Stored { .. }
+                ));
+                on.stats().evictions > 0
+            })
+            .unwrap();
+        assert!(
+            refused >= first_eviction,
+            "refused at item {refused}, but eviction began only at {first_eviction}"
+        );
+        // Free as much room as the refused item needs (a small item for a small one, a head
+        // for a head), and it fits.
+        let like = (0..refused)
+            .rev()
+            .find(|&i| (i % 5 == 4) == (refused % 5 == 4) && value(i).len() >= value(refused).len())
+            .expect("an item as large");
+        assert_eq!(off.delete(&key(like), 0, NOW), DeleteOutcome::Deleted);
+        assert!(matches!(
+            set(&mut off, refused, 0, NOW),
+            StoreOutcome::Stored { .. }
+        ));
+        off.check_invariants();
+        assert_eq!(off.stats().evictions, 0);
+        for i in (0..=refused).filter(|&i| i != like) {
+            assert!(holds(&mut off, i), "item {i} lost");
+        }
+    }
+
+    /// The few dead bytes one delete leaves (under the compaction gate, which holds compaction
+    /// back while eviction can make room) are compacted to take the next store: with nothing
+    /// to evict, admission compacts whatever fits before it refuses.
+    #[test]
+    fn dead_bytes_under_the_gate_are_compacted_before_a_refusal() {
+        let mut store = store(2, false);
+        let small = |i: usize| vec![i as u8; 300];
+        let refused = (0..10_000)
+            .find(|&i| {
+                let outcome = store.store(StoreMode::Set, &key(i), &small(i), 0, 0, 0, NOW);
+                !matches!(outcome, StoreOutcome::Stored { .. })
+            })
+            .expect("the store fills");
+        assert_eq!(store.delete(&key(0), 0, NOW), DeleteOutcome::Deleted);
+        let compactions = store.arena().stats().compactions;
+        let outcome = store.store(StoreMode::Set, &key(refused), &small(refused), 0, 0, 0, NOW);
+        assert!(
+            matches!(outcome, StoreOutcome::Stored { .. }),
+            "{outcome:?}"
+        );
+        assert_eq!(store.arena().stats().compactions, compactions + 1);
+        store.check_invariants();
+        for i in 1..=refused {
+            let hit = store.get(&key(i), None, NOW).expect("held");
+            assert!(hit.value.to_vec() == small(i), "item {i} changed");
+        }
+    }
+
+    /// Expired items are not evicted but reclaimed, as memcached's `-M` reclaims them at the
+    /// LRU's tail: a full store of expired items takes new ones.
+    #[test]
+    fn expired_items_make_room() {
+        let mut store = store(4, false);
+        let refused = fill(&mut store, 10);
+        let later = NOW + 11;
+        for i in refused..refused + 50 {
+            assert!(
+                matches!(set(&mut store, i, 0, later), StoreOutcome::Stored { .. }),
+                "set {i} after the others expired"
+            );
+            store.check_invariants();
+        }
+        let stats = store.stats();
+        assert_eq!(stats.evictions, 0);
+        assert!(stats.expired_reclaimed > 0);
+    }
+
+    /// Items without an expiry are never taken, however many stores are refused (a smaller
+    /// one may still fit where a larger one did not).
+    #[test]
+    fn refused_stores_take_nothing() {
+        let mut store = store(3, false);
+        let refused = fill(&mut store, 0);
+        let mut held: Vec<usize> = (0..refused).collect();
+        let mut refusals = 1;
+        for i in refused + 1..refused + 400 {
+            match set(&mut store, i, 0, NOW) {
+                StoreOutcome::Stored { .. } => held.push(i),
+                StoreOutcome::OutOfMemory => refusals += 1,
+                other => panic!("set {i}: {other:?}"),
+            }
+            store.check_invariants();
+        }
+        assert!(refusals > 300, "{refusals} of 400 refused");
+        let stats = store.stats();
+        assert_eq!(stats.curr_items, held.len() as u64);
+        assert_eq!(stats.out_of_memory, refusals);
+        assert_eq!(stats.evictions, 0);
+        for i in held {
+            assert!(holds(&mut store, i), "item {i} lost");
+        }
     }
 }

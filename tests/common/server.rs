@@ -180,6 +180,22 @@ impl Server {
         child.wait().unwrap()
     }
 
+    /// Waits up to `limit` for the server to exit by itself (a `shutdown` command): its exit
+    /// status, or `None` while it still runs (it is then stopped on drop, as ever).
+    #[allow(dead_code)] // not every test binary waits for a server to stop itself
+    pub fn wait_exit(&mut self, limit: Duration) -> Option<std::process::ExitStatus> {
+        let started = std::time::Instant::now();
+        while started.elapsed() < limit {
+            let child = self.child.as_mut().expect("a running server");
+            if let Some(status) = child.try_wait().unwrap() {
+                self.child = None;
+                return Some(status);
+            }
+            std::thread::sleep(Duration::from_millis(20));
+        }
+        None
+    }
+
     /// Freezes the whole server (SIGSTOP) and returns once every one of its threads is
     /// stopped: `kill` returns before they are, and a shard still running could take a request
     /// sent meanwhile. SIGCONT (`signal`) lets it go.

@@ -441,6 +441,24 @@ pub(crate) fn general_pairs(f: &GeneralFigures) -> Vec<(String, String)> {
     pairs.into_iter().map(|(n, v)| (n.to_string(), v)).collect()
 }
 
+/// A switch in the words memcached's `stats settings` gives most of them.
+fn yes_no(on: bool) -> &'static str {
+    if on {
+        "yes"
+    } else {
+        "no"
+    }
+}
+
+/// A switch as memcached gives `evictions`.
+fn on_off(on: bool) -> &'static str {
+    if on {
+        "on"
+    } else {
+        "off"
+    }
+}
+
 fn settings(ctx: &ShardCtx) -> Vec<(String, String)> {
     let s = &ctx.shared.settings;
     let a = &s.arena;
@@ -498,11 +516,12 @@ fn settings(ctx: &ShardCtx) -> Vec<(String, String)> {
             "promotion_half_life",
             s.promotion_half_life_seconds.to_string(),
         ),
-        ("evictions", "on".to_string()),
-        // `shutdown` is refused ("ERROR: shutdown not enabled"), as memcached without -A.
-        ("shutdown_command", "no".to_string()),
-        // `stats cachedump` and `lru_crawler metadump` answer.
-        ("dump_enabled", "yes".to_string()),
+        // memcached's names and words for -M, -A, -X (and -F below).
+        ("evictions", on_off(s.evictions).to_string()),
+        ("shutdown_command", yes_no(s.commands.shutdown).to_string()),
+        ("dump_enabled", yes_no(s.commands.dump).to_string()),
+        // Headroom's: memcached 1.6.45 does not report -W.
+        ("watch_enabled", yes_no(s.commands.watch).to_string()),
         (
             "lru_crawler",
             if ctx.shared.crawler_enabled.load(Ordering::Relaxed) {
@@ -515,7 +534,7 @@ fn settings(ctx: &ShardCtx) -> Vec<(String, String)> {
         // No UDP listener.
         ("udpport", "0".to_string()),
         ("cas_enabled", "yes".to_string()),
-        ("flush_enabled", "yes".to_string()),
+        ("flush_enabled", yes_no(s.commands.flush_all).to_string()),
         (
             "domain_socket",
             s.unix_socket
@@ -860,6 +879,10 @@ pub async fn group_pairs(ctx: &ShardCtx, group: &[u8]) -> Option<Vec<(String, St
             ctx.shared.rejected_connections.store(0, Ordering::Relaxed);
             tracing::info!("STAT reset: counters back to zero");
             Vec::new()
+        }
+        // memcached's `-X` refuses every `detail` group (binary: "not found").
+        b"detail on" | b"detail off" | b"detail dump" if !ctx.shared.settings.commands.dump => {
+            return None
         }
         b"detail on" | b"detail off" => {
             let partitions = &ctx.shared.partitions;

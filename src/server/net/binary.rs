@@ -264,9 +264,9 @@ pub(crate) async fn process(conn: &mut Conn, ctx: &Rc<ShardCtx>, now: u32) -> Af
 
 /// Writes what a command that names no key did (`None`: it was not one), as memcached's
 /// `proto_bin.c` answers it: NOOP, VERSION, VERBOSITY, FLUSH and QUIT with a success (the
-/// version in VERSION's body; nothing for FLUSHQ and QUITQ), STAT with one packet per figure
-/// and an empty terminator, or "not found" for an unknown group. Returns whether the
-/// connection closes (QUIT).
+/// version in VERSION's body; nothing for FLUSHQ and QUITQ), a refused FLUSH with "auth
+/// error", STAT with one packet per figure and an empty terminator, or "not found" for an
+/// unknown group. Returns whether the connection closes (QUIT).
 fn write_control(
     out: &mut Vec<u8>,
     outcome: Option<ControlOutcome<'_>>,
@@ -290,6 +290,8 @@ fn write_control(
             w.reply(opcode, opaque, Status::Ok, 0, &[], &[], &[]);
         }
         Some(ControlOutcome::Stats(None)) => w.error(opcode, opaque, Status::NotFound),
+        // memcached's `-F` answers FLUSH and FLUSHQ so (an error, so FLUSHQ's too).
+        Some(ControlOutcome::FlushRefused) => w.error(opcode, opaque, Status::AuthError),
         None => unreachable!("only commands that name no key come here"),
     }
     quit

@@ -13,7 +13,9 @@ use std::sync::atomic::Ordering;
 
 use crate::command::{Command, StoreMode, Value};
 use crate::proto::meta;
-use crate::proto::text::{self, errors, CrawlClasses, Crawler, TextCommand, TextDecoded};
+use crate::proto::text::{
+    self, errors, CrawlClasses, Crawler, Switchable, TextCommand, TextDecoded,
+};
 
 use super::conn::{log_peer_error, within_auth_budget, After, Conn};
 use super::large_reply::LargeReply;
@@ -27,9 +29,29 @@ use crate::server::shard::latency::CommandKind;
 use crate::server::shard::shared::unix_now;
 use crate::server::shard::watch;
 
+/// Whether the server serves `command` (`--shutdown-command`, `--flush-all-command`,
+/// `--dump-commands`, `--watch-command`).
+fn serves(ctx: &ShardCtx, command: Switchable) -> bool {
+    let switches = &ctx.shared.settings.commands;
+    match command {
+        Switchable::Shutdown => switches.shutdown,
+        Switchable::FlushAll => switches.flush_all,
+        Switchable::StatsDetail
+        | Switchable::Cachedump
+        | Switchable::Metadump
+        | Switchable::Mgdump => switches.dump,
+        Switchable::Watch => switches.watch,
+    }
+}
+
 /// memcached's `stats` in text: `STAT name value` lines and `END`; `reset` answers `RESET`,
-/// `detail on|off` `OK`, `detail dump` the dump itself; an unknown group `ERROR`.
+/// `detail on|off` `OK`, `detail dump` the dump itself; an unknown group `ERROR`. `detail` and
+/// `cachedump` are refused with the key dumps off.
 async fn write_stats(ctx: &ShardCtx, args: &text::Words<'_>, now: u32, out: &mut Vec<u8>) {
+    if let Some(dump) = text::stats_switchable(args).filter(|&dump| !serves(ctx, dump)) {
+        out.extend_from_slice(dump.refusal());
+        return;
+    }
     let mut group = Vec::with_capacity(args.as_bytes().len());
     for (i, word) in args.iter().enumerate() {
         if i > 0 {
@@ -81,7 +103,10 @@ fn write_control(
         Some(ControlOutcome::Version(version)) => text::version(out, version),
         Some(ControlOutcome::Done) if noop => out.extend_from_slice(meta::MN),
         Some(ControlOutcome::Done) if !noreply => out.extend_from_slice(text::OK),
-        Some(ControlOutcome::Done) => {}
+        Some(ControlOutcome::FlushRefused) if !noreply => {
+            out.extend_from_slice(Switchable::FlushAll.refusal())
+        }
+        Some(ControlOutcome::Done | ControlOutcome::FlushRefused) => {}
         outcome => unreachable!("{outcome:?}: only FLUSH, VERSION, VERBOSITY, mn and quit"),
     }
     false
@@ -156,6 +181,13 @@ async fn lru_crawler(
             if !enabled.load(Ordering::Relaxed) =>
         {
             out.extend_from_slice(errors::CRAWLER_DISABLED);
+        }
+        // memcached checks the crawler first, then the key dumps' switch, then the pipeline.
+        Crawler::Metadump(_) if !serves(ctx, Switchable::Metadump) => {
+            out.extend_from_slice(Switchable::Metadump.refusal())
+        }
+        Crawler::Mgdump(_) if !serves(ctx, Switchable::Mgdump) => {
+            out.extend_from_slice(Switchable::Mgdump.refusal())
         }
         Crawler::Crawl(CrawlClasses::Invalid) => out.extend_from_slice(errors::BADCLASS),
         Crawler::Crawl(classes) => {
@@ -557,7 +589,12 @@ impl TextSession {
                     conn.replies.out = out;
                 }
                 TextCommand::Watch { kinds } => {
-                    // Checked in memcached's order: replies waiting first, then the kinds.
+                    // Checked in memcached's order: the switch, replies waiting, the kinds.
+                    if !serves(ctx, Switchable::Watch) {
+                        conn.replies.out.extend_from_slice(errors::WATCH_DISABLED);
+                        conn.consume(consumed);
+                        continue;
+                    }
                     if !conn.replies.is_empty() {
                         conn.replies
                             .out
@@ -579,6 +616,41 @@ impl TextSession {
                         None => conn.replies.out.extend_from_slice(errors::WATCHER_TOO_MANY),
                     }
                     continue;
+                }
+                TextCommand::Shutdown { graceful } if serves(ctx, Switchable::Shutdown) => {
+                    let graceful = *graceful;
+                    conn.consume(consumed);
+                    // As memcached: no reply, the connection closes (after the replies before
+                    // it here), the server stops.
+                    match control::shutdown(conn.peer(), graceful) {
+                        Ok(()) => return After::Quit,
+                        Err(line) => conn.replies.out.extend_from_slice(line.as_bytes()),
+                    }
+                    continue;
+                }
+                TextCommand::Shutdown { .. } => conn
+                    .replies
+                    .out
+                    .extend_from_slice(errors::SHUTDOWN_DISABLED),
+                TextCommand::Malformed {
+                    command,
+                    reply,
+                    noreply,
+                } => {
+                    let served = serves(ctx, *command);
+                    let mut counters = ctx.counters.borrow_mut();
+                    // memcached counts a flush_all before it reads it, refused or not.
+                    if *command == Switchable::FlushAll {
+                        counters.cmd_flush += 1;
+                    }
+                    if served {
+                        counters.text_errors += 1;
+                    }
+                    drop(counters);
+                    if !noreply {
+                        let line = if served { reply } else { command.refusal() };
+                        conn.replies.out.extend_from_slice(line);
+                    }
                 }
                 TextCommand::LruCrawler(crawler) => {
                     let pipelined = !conn.replies.is_empty();

@@ -147,9 +147,12 @@ impl CommandKind {
             T::MetaGet { .. } => CommandKind::MetaGet,
             T::MetaDelete { .. } => CommandKind::MetaDelete,
             T::MetaArith { .. } => CommandKind::MetaArith,
-            T::RefreshCerts | T::Watch { .. } | T::MetaDebug { .. } | T::LruCrawler(_) => {
-                CommandKind::Other
-            }
+            T::RefreshCerts
+            | T::Watch { .. }
+            | T::MetaDebug { .. }
+            | T::LruCrawler(_)
+            | T::Shutdown { .. }
+            | T::Malformed { .. } => CommandKind::Other,
         }
     }
 
