@@ -521,7 +521,7 @@ fn debian_s_default_conf_serves_with_its_settings() {
     let settings = text(addr, "stats settings\r\n");
     assert_eq!(stat(&settings, "maxbytes"), (64u64 << 20).to_string());
     assert_eq!(stat(&settings, "tcpport"), addr.port().to_string());
-    assert_eq!(stat(&settings, "interface"), "127.0.0.1");
+    assert_eq!(stat(&settings, "inter"), "127.0.0.1");
     assert_eq!(stat(&settings, "maxconns"), "1024");
     assert_eq!(stat(&settings, "item_size_max"), (1u64 << 20).to_string());
     let log = std::fs::read_to_string(&log_file).unwrap();
@@ -553,6 +553,7 @@ fn a_container_line_serves_with_its_settings() {
     assert_eq!(stat(&settings, "num_threads"), cpus.min(2).to_string());
     assert_eq!(stat(&settings, "tcpport"), addr.port().to_string());
     assert_eq!(stat(&settings, "evictions"), "on");
+    assert_eq!(stat(&settings, "verbosity"), "1");
     assert_eq!(text(addr, "set c 0 0 1\r\nx\r\n"), "STORED\r\n");
     assert!(server.stop().success());
 }
@@ -628,7 +629,7 @@ fn s_serves_the_unix_socket_only_and_several_l_serve_each_address() {
     }
     let settings = String::from_utf8(got).unwrap();
     assert_eq!(stat(&settings, "tcpport"), "0");
-    assert_eq!(stat(&settings, "interface"), "NULL");
+    assert_eq!(stat(&settings, "inter"), "NULL");
     let log = std::fs::read_to_string(&stderr).unwrap();
     assert!(log.contains("TCP is off"), "{log}");
     assert!(
@@ -651,7 +652,7 @@ fn s_serves_the_unix_socket_only_and_several_l_serve_each_address() {
     assert_eq!(text(second, "set two 0 0 1\r\n2\r\n"), "STORED\r\n");
     assert_eq!(text(first, "get two\r\n"), "VALUE two 0 1\r\n2\r\nEND\r\n");
     assert_eq!(
-        stat(&text(second, "stats settings\r\n"), "interface"),
+        stat(&text(second, "stats settings\r\n"), "inter"),
         "127.0.0.1,127.0.0.2"
     );
     assert!(server.stop().success());

@@ -459,6 +459,20 @@ fn on_off(on: bool) -> &'static str {
     }
 }
 
+/// memcached's verbosity for a log filter: 0 below info, 1 info, 2 debug, 3 trace.
+fn verbosity(log_level: &str) -> u8 {
+    let level = log_level.to_ascii_lowercase();
+    if level.contains("trace") {
+        3
+    } else if level.contains("debug") {
+        2
+    } else if level.contains("info") {
+        1
+    } else {
+        0
+    }
+}
+
 fn settings(ctx: &ShardCtx) -> Vec<(String, String)> {
     let s = &ctx.shared.settings;
     let a = &s.arena;
@@ -478,7 +492,7 @@ fn settings(ctx: &ShardCtx) -> Vec<(String, String)> {
                 .to_string(),
         ),
         (
-            "interface",
+            "inter",
             match s.listen.is_empty() {
                 true => "NULL".to_string(),
                 false => s
@@ -489,8 +503,16 @@ fn settings(ctx: &ShardCtx) -> Vec<(String, String)> {
                     .join(","),
             },
         ),
+        // memcached's -v count, from the log level: -v is info, -vv debug, -vvv trace.
+        ("verbosity", verbosity(&s.log_level).to_string()),
         ("num_threads", ctx.shards.to_string()),
         ("item_size_max", s.max_item_bytes.to_string()),
+        (
+            "tcp_backlog",
+            crate::server::shard::listen::LISTEN_BACKLOG.to_string(),
+        ),
+        // A connection over maxconns is told and closed at once.
+        ("maxconns_fast", "yes".to_string()),
         // memcached 1.6.40's width of client flags in bytes: 32-bit flags.
         ("client_flags_size", std::mem::size_of::<u32>().to_string()),
         ("idle_timeout", s.idle_timeout_seconds.to_string()),

@@ -13,7 +13,7 @@ use std::net::{IpAddr, Ipv4Addr, Ipv6Addr, SocketAddr};
 use socket2::{Domain, Protocol, SockAddr, Socket, Type};
 
 /// Connections the kernel queues per listener before accepting.
-const LISTEN_BACKLOG: i32 = 1024;
+pub const LISTEN_BACKLOG: i32 = 1024;
 /// What memcached sends a connection past its limit before it closes it (memcached.c, the
 /// accept past `maxconns`). It goes to binary clients too: the protocol is not known yet.
 pub const TOO_MANY_CONNECTIONS: &[u8] = b"ERROR Too many open connections\r\n";
