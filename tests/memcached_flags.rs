@@ -703,7 +703,15 @@ fn d_returns_once_serving_and_p_names_the_daemon() {
     );
     nix::sys::signal::kill(pid, nix::sys::signal::Signal::SIGTERM).unwrap();
     let deadline = Instant::now() + Duration::from_secs(30);
-    while nix::sys::signal::kill(pid, None).is_ok() {
+    // Gone, or a zombie its new parent has not reaped yet.
+    let running = |pid: nix::unistd::Pid| {
+        std::fs::read_to_string(format!("/proc/{pid}/stat")).is_ok_and(|stat| {
+            stat.rsplit(')')
+                .next()
+                .is_some_and(|s| !s.starts_with(" Z"))
+        })
+    };
+    while running(pid) {
         assert!(Instant::now() < deadline, "the daemon did not stop");
         std::thread::sleep(Duration::from_millis(20));
     }
