@@ -593,6 +593,87 @@ fn tls_from_z_and_the_ssl_options_serves() {
 }
 
 #[test]
+fn ssl_verify_mode_1_and_ssl_min_version_3_serve_as_memcached_would() {
+    let dir = common::server::fresh_data_dir();
+    let certs = common::certs::Certs::make(&dir.join("certs"));
+    let ssl = format!(
+        "ssl_chain_cert={},ssl_key={},ssl_ca_cert={},ssl_verify_mode=1,ssl_min_version=3",
+        certs.server_cert.display(),
+        certs.server_key.display(),
+        certs.ca.display()
+    );
+    let mut args = vec!["-Z", "-o", &ssl, "-p", "0", "-l", "127.0.0.1", "-I", "8m"];
+    args.extend(user_args());
+    let data_dir = dir.join("data");
+    args.extend(["--data-dir", data_dir.to_str().unwrap()]);
+    let server = Started::start(&args, None);
+    let addr = server.addrs[0].to_string();
+    let ca = certs.ca.to_str().unwrap();
+    let app = |phase: &str, client: Option<(&PathBuf, &PathBuf)>| {
+        let mut command = Command::new(common::python_with("pymemcache"));
+        command
+            .arg(common::client_script("tls_app.py"))
+            .args([phase, &addr, ca]);
+        if let Some((cert, key)) = client {
+            command.args([cert, key]);
+        }
+        command
+    };
+    // Verify mode 1: served without a client certificate and with the CA's; another CA's
+    // certificate, presented, is still checked and refused.
+    common::run_checks(app("app", None), 10);
+    common::run_checks(
+        app("app", Some((&certs.client_cert, &certs.client_key))),
+        10,
+    );
+    common::run_checks(
+        app("refused", Some((&certs.rogue_cert, &certs.rogue_key))),
+        1,
+    );
+    // Minimum version 3: a client that stops at TLS 1.2 gets no session.
+    let tls12 = "import ssl,socket,sys\n\
+                 ctx=ssl.create_default_context(cafile=sys.argv[2])\n\
+                 ctx.maximum_version=ssl.TLSVersion.TLSv1_2\n\
+                 h,p=sys.argv[1].rsplit(':',1)\n\
+                 try:\n\
+                 \x20   s=ctx.wrap_socket(socket.create_connection((h,int(p)),timeout=10),server_hostname=h)\n\
+                 \x20   s.sendall(b'version\\r\\n'); print('served', s.recv(100))\n\
+                 except (ssl.SSLError, OSError) as err:\n\
+                 \x20   print('refused', err)\n";
+    let out = Command::new(common::python_with("pymemcache"))
+        .args(["-c", tls12, &addr, ca])
+        .output()
+        .unwrap();
+    let said = String::from_utf8_lossy(&out.stdout);
+    assert!(
+        said.starts_with("refused"),
+        "{said} {}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let settings = {
+        let script = "import ssl,sys\nfrom pymemcache.client.base import Client\n\
+                      ctx=ssl.create_default_context(cafile=sys.argv[2])\n\
+                      h,p=sys.argv[1].rsplit(':',1)\n\
+                      c=Client((h,int(p)),tls_context=ctx,timeout=10)\n\
+                      for k,v in c.stats('settings').items(): print(k.decode(), v if not isinstance(v, bytes) else v.decode())\n";
+        let out = Command::new(common::python_with("pymemcache"))
+            .args(["-c", script, &addr, ca])
+            .output()
+            .unwrap();
+        String::from_utf8(out.stdout).unwrap()
+    };
+    assert!(
+        settings.lines().any(|l| l == "ssl_verify_mode 1"),
+        "{settings}"
+    );
+    assert!(
+        settings.lines().any(|l| l == "ssl_min_version tlsv1.3"),
+        "{settings}"
+    );
+    assert!(server.stop().success());
+}
+
+#[test]
 fn s_serves_the_unix_socket_only_and_several_l_serve_each_address() {
     let dir = common::server::fresh_data_dir();
     std::fs::create_dir_all(&dir).unwrap();
