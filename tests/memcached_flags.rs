@@ -558,30 +558,54 @@ fn a_container_line_serves_with_its_settings() {
     assert!(server.stop().success());
 }
 
-#[test]
-fn tls_from_z_and_the_ssl_options_serves() {
+/// A `-Z` server with fresh test certificates and the ssl options `more` makes of them after
+/// the chain and key: the server, its certificates, and its address.
+fn tls_line(
+    more: impl Fn(&common::certs::Certs) -> String,
+) -> (Started, common::certs::Certs, String) {
     let dir = common::server::fresh_data_dir();
     let certs = common::certs::Certs::make(&dir.join("certs"));
     let ssl = format!(
-        "ssl_chain_cert={},ssl_key={}",
+        "ssl_chain_cert={},ssl_key={}{}",
         certs.server_cert.display(),
-        certs.server_key.display()
+        certs.server_key.display(),
+        more(&certs)
     );
     let mut args = vec!["-Z", "-o", &ssl, "-p", "0", "-l", "127.0.0.1", "-I", "8m"];
     args.extend(user_args());
     let data_dir = dir.join("data");
     args.extend(["--data-dir", data_dir.to_str().unwrap()]);
     let server = Started::start(&args, None);
-    let addr = server.addrs[0];
-    let mut app = Command::new(common::python_with("pymemcache"));
-    app.arg(common::client_script("tls_app.py")).args([
-        "app",
-        &addr.to_string(),
+    let addr = server.addrs[0].to_string();
+    (server, certs, addr)
+}
+
+/// tls_app.py's `phase` against `addr`, trusting the test CA, with a client certificate if given.
+fn tls_app(
+    phase: &str,
+    addr: &str,
+    certs: &common::certs::Certs,
+    client: Option<(&PathBuf, &PathBuf)>,
+) -> Command {
+    let mut command = Command::new(common::python_with("pymemcache"));
+    command.arg(common::client_script("tls_app.py")).args([
+        phase,
+        addr,
         certs.ca.to_str().unwrap(),
     ]);
+    if let Some((cert, key)) = client {
+        command.args([cert, key]);
+    }
+    command
+}
+
+#[test]
+fn tls_from_z_and_the_ssl_options_serves() {
+    let (server, certs, addr) = tls_line(|_| String::new());
+    let app = tls_app("app", &addr, &certs, None);
     common::run_checks(app, 10);
     // A plaintext client is not served.
-    let mut plain = TcpStream::connect(addr).unwrap();
+    let mut plain = TcpStream::connect(&addr).unwrap();
     plain
         .set_read_timeout(Some(Duration::from_secs(10)))
         .unwrap();
@@ -594,31 +618,14 @@ fn tls_from_z_and_the_ssl_options_serves() {
 
 #[test]
 fn ssl_verify_mode_1_and_ssl_min_version_3_serve_as_memcached_would() {
-    let dir = common::server::fresh_data_dir();
-    let certs = common::certs::Certs::make(&dir.join("certs"));
-    let ssl = format!(
-        "ssl_chain_cert={},ssl_key={},ssl_ca_cert={},ssl_verify_mode=1,ssl_min_version=3",
-        certs.server_cert.display(),
-        certs.server_key.display(),
-        certs.ca.display()
-    );
-    let mut args = vec!["-Z", "-o", &ssl, "-p", "0", "-l", "127.0.0.1", "-I", "8m"];
-    args.extend(user_args());
-    let data_dir = dir.join("data");
-    args.extend(["--data-dir", data_dir.to_str().unwrap()]);
-    let server = Started::start(&args, None);
-    let addr = server.addrs[0].to_string();
+    let (server, certs, addr) = tls_line(|certs| {
+        format!(
+            ",ssl_ca_cert={},ssl_verify_mode=1,ssl_min_version=3",
+            certs.ca.display()
+        )
+    });
     let ca = certs.ca.to_str().unwrap();
-    let app = |phase: &str, client: Option<(&PathBuf, &PathBuf)>| {
-        let mut command = Command::new(common::python_with("pymemcache"));
-        command
-            .arg(common::client_script("tls_app.py"))
-            .args([phase, &addr, ca]);
-        if let Some((cert, key)) = client {
-            command.args([cert, key]);
-        }
-        command
-    };
+    let app = |phase, client| tls_app(phase, &addr, &certs, client);
     // Verify mode 1: served without a client certificate and with the CA's; another CA's
     // certificate, presented, is still checked and refused.
     common::run_checks(app("app", None), 10);

@@ -1029,11 +1029,6 @@ pub struct CommandSwitches {
 }
 
 impl Settings {
-    /// The first TCP address served (`None`: only a unix socket).
-    pub fn first_listen(&self) -> Option<SocketAddr> {
-        self.listen.first().copied()
-    }
-
     /// `--pin-shards` as the operator writes it: `core` or `node`.
     pub fn pin_shards(&self) -> &'static str {
         if self.pin_shards_to_node {
