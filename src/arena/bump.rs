@@ -267,26 +267,9 @@ impl Bump {
             "{footprint} bytes in a run of {}",
             end.saturating_sub(start)
         );
-        // The whole walk only in debug builds: a run can be a block's worth of small victims
-        // (a large store's evictions), and every store into it would walk what is left.
-        debug_assert!(
+        assert!(
             self.is_dead_run(block, start, end, mem),
             "{block}: {start}..{end} is not a run of dead objects"
-        );
-        let state = self.blocks.get(&block).expect("known block");
-        assert!(
-            end <= state.frontier && start % self.granule == 0,
-            "{block}: {start}..{end} is not below the frontier {} on a granule",
-            state.frontier
-        );
-        let first = u32::from_le_bytes(
-            mem.bytes(block)[start as usize..start as usize + 4]
-                .try_into()
-                .expect("4 bytes"),
-        );
-        assert!(
-            first & DEAD_BIT != 0,
-            "{block}: the run at {start} starts with a live object"
         );
         let rest = end - start - footprint;
         let bytes = mem.bytes_mut(block);
