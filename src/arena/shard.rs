@@ -85,36 +85,6 @@ pub trait AdmissionHost {
     fn evicting_block(&self) -> Option<BlockId> {
         None
     }
-    /// Dead room the host's evictions left in one piece (a CLOCK hand's victims in address
-    /// order), which admission may place a small object at the start of, in place, rather
-    /// than evict until a whole block empties. Its start must be an object boundary and
-    /// everything in it dead (asserted). None by default.
-    fn evicted_run(&self, _arena: &ShardArena) -> Option<DeadRun> {
-        None
-    }
-    /// Admission placed an object of `footprint` bytes at the start of [`evicted_run`]'s run
-    /// (and bumped the block's reuse count: object boundaries inside the run changed).
-    ///
-    /// [`evicted_run`]: AdmissionHost::evicted_run
-    fn took_from_run(&mut self, _arena: &ShardArena, _footprint: u32) {}
-}
-
-/// Dead small-object room in one piece: bytes `start..end` of `block`, whole dead objects.
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub struct DeadRun {
-    pub block: BlockId,
-    pub start: u32,
-    pub end: u32,
-}
-
-impl DeadRun {
-    pub fn len(&self) -> u32 {
-        self.end - self.start
-    }
-
-    pub fn is_empty(&self) -> bool {
-        self.start == self.end
-    }
 }
 
 #[derive(Clone, Copy, Debug, Default)]
@@ -138,7 +108,6 @@ struct Counters {
     fixed_alloc_failures: u64,
     small_alloc_failures: u64,
     evictions_requested: u64,
-    evicted_room_reused: u64,
 }
 
 /// `ShardArena::block_class` values.
@@ -394,9 +363,6 @@ impl ShardArena {
                 Err(AllocError::OutOfMemory { .. }) => {}
                 Err(too_large) => return Err(too_large),
             }
-            if let Some(reserved) = self.reserve_in_evicted_run(payload_len, host) {
-                return Ok(reserved);
-            }
             let exempt = host.evicting_block();
             if self.compaction_would_help_except(payload_len, exempt) {
                 self.compact_small_for(payload_len, exempt, host);
@@ -416,42 +382,6 @@ impl ShardArena {
                 class: HeadClass::Small,
             });
         }
-    }
-
-    /// Places a small payload at the start of the host's evicted run, if it fits there: the
-    /// room the last evictions made, used in place, so a full store evicts about its own
-    /// size per store instead of a block's worth now and then.
-    fn reserve_in_evicted_run(
-        &mut self,
-        payload_len: u32,
-        host: &mut dyn AdmissionHost,
-    ) -> Option<Reserved> {
-        let run = host.evicted_run(self)?;
-        let footprint = self.bump.footprint(payload_len);
-        if run.len() < footprint {
-            return None;
-        }
-        debug_assert_eq!(self.block_class[run.block.0 as usize], BLOCK_SMALL);
-        let loc =
-            self.bump
-                .alloc_in_dead_run(run.block, run.start, run.end, payload_len, &mut self.mem);
-        self.reserved.insert(loc);
-        self.counters.evicted_room_reused += 1;
-        host.took_from_run(self, footprint);
-        Some(Reserved {
-            loc,
-            class: HeadClass::Small,
-            owner: self.instance,
-        })
-    }
-
-    /// Whether `run` is whole dead objects of a small-object block this arena holds, starting
-    /// at an object boundary (a walk of the block: for checks).
-    pub fn is_dead_run(&self, run: DeadRun) -> bool {
-        self.bump.is_boundary(run.block, run.start, &self.mem)
-            && self
-                .bump
-                .is_dead_run(run.block, run.start, run.end, &self.mem)
     }
 
     /// Admission's compaction: blocks other than `exempt` until one has room for
@@ -610,19 +540,6 @@ impl ShardArena {
     /// Changes whenever compaction moves small objects: saved offsets are then stale.
     pub fn small_layout_generation(&self) -> u64 {
         self.bump.layout_generation()
-    }
-
-    /// Changes whenever admission takes dead room of `block` in place (nothing moves, but
-    /// object boundaries inside that room change): an offset saved under another count must
-    /// be brought to a boundary ([`ShardArena::small_boundary_at_or_after`]).
-    pub fn small_block_reuses(&self, block: BlockId) -> u32 {
-        self.bump.reuses(block)
-    }
-
-    /// The first object boundary of a small-object block at or after `offset` (a walk of the
-    /// block's headers).
-    pub fn small_boundary_at_or_after(&self, block: BlockId, offset: u32) -> u32 {
-        self.bump.boundary_at_or_after(block, offset, &self.mem)
     }
 
     /// Pins a head for a reader (ADR-0017): until the last unpin it never moves, and a free
@@ -965,7 +882,6 @@ impl ShardArena {
             fixed_alloc_failures: c.fixed_alloc_failures,
             small_alloc_failures: c.small_alloc_failures,
             evictions_requested: c.evictions_requested,
-            evicted_room_reused: c.evicted_room_reused,
             batch_refills: self.batch.refills,
             batch_returns: self.batch.returns,
             heads_pinned: self.pins.len() as u64,

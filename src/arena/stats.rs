@@ -44,8 +44,6 @@ pub struct ShardArenaStats {
     pub fixed_alloc_failures: u64,
     pub small_alloc_failures: u64,
     pub evictions_requested: u64,
-    /// Small objects placed in place in the room eviction left behind the CLOCK hand.
-    pub evicted_room_reused: u64,
     pub batch_refills: u64,
     pub batch_returns: u64,
     pub heads_pinned: u64,
@@ -113,7 +111,6 @@ impl ArenaStats {
             t.fixed_alloc_failures += shard.fixed_alloc_failures;
             t.small_alloc_failures += shard.small_alloc_failures;
             t.evictions_requested += shard.evictions_requested;
-            t.evicted_room_reused += shard.evicted_room_reused;
             t.batch_refills += shard.batch_refills;
             t.batch_returns += shard.batch_returns;
             t.heads_pinned += shard.heads_pinned;
@@ -193,7 +190,6 @@ impl ArenaStats {
             ("fixed_alloc_failures", t.fixed_alloc_failures),
             ("small_alloc_failures", t.small_alloc_failures),
             ("evictions_requested", t.evictions_requested),
-            ("evicted_room_reused", t.evicted_room_reused),
             ("batch_refills", t.batch_refills),
             ("batch_returns", t.batch_returns),
             ("heads_pinned", t.heads_pinned),

@@ -2,7 +2,7 @@
 
 use hashbrown::{HashMap, HashTable};
 
-use crate::arena::{AdmissionHost, BlockId, DeadRun, HeadLoc, Relocation, ShardArena};
+use crate::arena::{AdmissionHost, BlockId, HeadLoc, Relocation, ShardArena};
 use crate::placement::TargetId;
 use crate::segment::Extent;
 
@@ -94,15 +94,6 @@ pub(super) struct Hand {
     at: usize,
     offset: u32,
     generation: u64,
-    /// Where the dead room ending at `offset` in this block starts, under `generation`: the
-    /// objects from there to `offset` are all dead. Set by [`Hand::freed_last`] (the object
-    /// the hand last returned was freed), cleared whenever the hand passes a live object or
-    /// moves to another block.
-    run_start: Option<u32>,
-    /// Where the dead room in front of the object `next` last returned starts.
-    last_dead_from: u32,
-    /// The block's reuse count (`ShardArena::small_block_reuses`) `offset` was saved under.
-    reuses: u32,
 }
 
 impl Hand {
@@ -120,7 +111,6 @@ impl Hand {
                 self.generation = arena.small_layout_generation();
                 self.at += 1;
                 self.offset = 0;
-                self.run_start = None;
             }
             if self.at >= self.blocks.len() {
                 if refreshed {
@@ -129,80 +119,22 @@ impl Hand {
                 self.blocks = arena.small_blocks();
                 self.at = 0;
                 self.offset = 0;
-                self.run_start = None;
                 refreshed = true;
                 if self.blocks.is_empty() {
                     return None;
                 }
             }
-            let block = self.blocks[self.at];
-            let reuses = arena.small_block_reuses(block);
-            if reuses != self.reuses {
-                // Dead room here was taken in place since: the saved offset may now sit
-                // inside the object placed there.
-                self.reuses = reuses;
-                self.offset = arena.small_boundary_at_or_after(block, self.offset);
-                self.run_start = None;
-            }
-            let from = self.offset;
-            match arena.next_small_object(block, from) {
+            match arena.next_small_object(self.blocks[self.at], self.offset) {
                 Some((loc, next)) => {
-                    // Everything from `from` to the object is dead (the walk skipped it).
-                    self.last_dead_from = self.run_start.take().unwrap_or(from);
                     self.offset = next;
                     return Some(loc);
                 }
                 None => {
                     self.at += 1;
                     self.offset = 0;
-                    self.run_start = None;
                 }
             }
         }
-    }
-
-    /// The object `next` last returned was freed: the dead room now reaches the hand.
-    pub fn freed_last(&mut self, arena: &ShardArena) {
-        if self.generation == arena.small_layout_generation() {
-            self.run_start = Some(self.last_dead_from);
-        }
-    }
-
-    /// The dead room ending at the hand, if it is still valid (no compaction or block
-    /// release since) and not empty.
-    pub fn run(&self, arena: &ShardArena) -> Option<DeadRun> {
-        let start = self.run_start?;
-        let block = self.block()?;
-        if self.generation != arena.small_layout_generation()
-            || self.reuses != arena.small_block_reuses(block)
-        {
-            return None;
-        }
-        let run = DeadRun {
-            block,
-            start,
-            end: self.offset,
-        };
-        (!run.is_empty()).then_some(run)
-    }
-
-    /// Admission took `footprint` bytes from the start of [`Hand::run`]'s room, which changed
-    /// the block's reuse count; the hand's own offset, the run's end, is still a boundary.
-    pub fn took_from_run(&mut self, arena: &ShardArena, footprint: u32) {
-        let start = self.run_start.expect("a run was taken from");
-        let block = self.block().expect("the hand is in the run's block");
-        assert!(
-            start + footprint <= self.offset,
-            "{footprint} bytes taken from a run of {}",
-            self.offset - start
-        );
-        assert_eq!(
-            self.reuses.wrapping_add(1),
-            arena.small_block_reuses(block),
-            "one reuse of the hand's room"
-        );
-        self.run_start = Some(start + footprint);
-        self.reuses = arena.small_block_reuses(block);
     }
 }
 
@@ -512,13 +444,6 @@ impl Keys {
             "{} items evicted with evictions off",
             self.stats.evictions
         );
-        if let Some(run) = self.clock.run(arena) {
-            assert!(self.evictions, "an evicted run with evictions off");
-            assert!(
-                arena.is_dead_run(run),
-                "the CLOCK's run {run:?} is not dead room"
-            );
-        }
         for &loc in &self.table {
             let key = item::key(arena.bytes(loc));
             assert_eq!(
@@ -613,16 +538,6 @@ impl AdmissionHost for Keys {
         self.clock.block().filter(|_| self.evictions)
     }
 
-    /// The room the CLOCK's victims left in one piece just behind the hand (none with
-    /// evictions off: reclaiming takes what loses no item, and keeps its old behaviour).
-    fn evicted_run(&self, arena: &ShardArena) -> Option<DeadRun> {
-        self.clock.run(arena).filter(|_| self.evictions)
-    }
-
-    fn took_from_run(&mut self, arena: &ShardArena, footprint: u32) {
-        self.clock.took_from_run(arena, footprint);
-    }
-
     fn relocate(&mut self, moved: Relocation<'_>) {
         let hash = self.hasher.hash(item::key(moved.payload));
         match self.table.find_mut(hash, |loc| *loc == moved.from) {
@@ -713,7 +628,6 @@ impl AdmissionHost for Keys {
                 });
             }
             self.free_item(arena, loc);
-            self.clock.freed_last(arena);
             self.stats.evictions += 1;
             self.stats.class_mut(class).evicted += 1;
             return true;
