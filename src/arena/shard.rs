@@ -85,6 +85,11 @@ pub trait AdmissionHost {
     fn evicting_block(&self) -> Option<BlockId> {
         None
     }
+    /// Whether a full partition paces its evictions (see [`ShardArena::admit_small`]): true
+    /// where `evict_one` evicts, false where it only reclaims what loses no item.
+    fn paces_evictions(&self) -> bool {
+        false
+    }
 }
 
 #[derive(Clone, Copy, Debug, Default)]
@@ -108,6 +113,8 @@ struct Counters {
     fixed_alloc_failures: u64,
     small_alloc_failures: u64,
     evictions_requested: u64,
+    /// Victims evicted to pay the eviction debt (see `eviction_debt_bytes`).
+    paced_evictions: u64,
 }
 
 /// `ShardArena::block_class` values.
@@ -147,6 +154,15 @@ pub struct ShardArena {
     fixed_reservation: ReservationKind,
     small_reservation: ReservationKind,
     counters: Counters,
+    /// Pacing of eviction once the partition is full. `None` until admission first had to
+    /// evict for room; from then on, the bytes of heads admitted less the bytes of heads freed
+    /// other than by an eviction for room. Each admission pays a positive debt by evicting
+    /// before it returns, so a full partition evicts about what each store adds, store by
+    /// store, while the CLOCK hand still empties its block whole (compaction stays cheap).
+    /// Set back to zero at each eviction for room: the partition is at capacity then.
+    eviction_debt_bytes: Option<i64>,
+    /// Set while admission evicts for room: those frees are not the debt's to count.
+    evicting_for_room: bool,
 }
 
 impl ShardArena {
@@ -169,6 +185,8 @@ impl ShardArena {
             fixed_reservation: config.head_reservation(),
             small_reservation: config.small_reservation(),
             counters: Counters::default(),
+            eviction_debt_bytes: None,
+            evicting_for_room: false,
             arena,
         }
     }
@@ -359,7 +377,11 @@ impl ShardArena {
         let mut last_resort_done = false;
         loop {
             match self.try_reserve_small(payload_len) {
-                Ok(reserved) => return Ok(reserved),
+                Ok(reserved) => {
+                    let footprint = self.bump.footprint(payload_len);
+                    self.pay_eviction_debt(u64::from(footprint), host);
+                    return Ok(reserved);
+                }
                 Err(AllocError::OutOfMemory { .. }) => {}
                 Err(too_large) => return Err(too_large),
             }
@@ -369,7 +391,7 @@ impl ShardArena {
                 continue;
             }
             self.counters.evictions_requested += 1;
-            if host.evict_one(self) {
+            if self.evict_for_room(host) {
                 continue;
             }
             if !last_resort_done && self.bump.compaction_would_fit(payload_len, None) {
@@ -406,14 +428,50 @@ impl ShardArena {
     pub fn admit_fixed(&mut self, host: &mut dyn AdmissionHost) -> Result<Reserved, AllocError> {
         loop {
             if let Ok(reserved) = self.try_reserve_fixed() {
+                self.pay_eviction_debt(self.ram_head_bytes(), host);
                 return Ok(reserved);
             }
             self.counters.evictions_requested += 1;
-            if !host.evict_one(self) {
+            if !self.evict_for_room(host) {
                 self.counters.fixed_alloc_failures += 1;
                 return Err(AllocError::OutOfMemory {
                     class: HeadClass::Fixed,
                 });
+            }
+        }
+    }
+
+    /// One eviction because nothing else makes room: the partition is full, so its debt
+    /// starts (or starts over) at zero, and what this eviction frees is not counted.
+    fn evict_for_room(&mut self, host: &mut dyn AdmissionHost) -> bool {
+        if host.paces_evictions() {
+            self.eviction_debt_bytes = Some(0);
+        }
+        self.evicting_for_room = true;
+        let evicted = host.evict_one(self);
+        self.evicting_for_room = false;
+        evicted
+    }
+
+    /// A head of `bytes` was admitted: in a full partition it adds to the eviction debt, and
+    /// victims are evicted (each free taking its bytes off) until the debt is paid, or until
+    /// nothing can be evicted (then the debt is forgiven).
+    fn pay_eviction_debt(&mut self, bytes: u64, host: &mut dyn AdmissionHost) {
+        let Some(debt) = self.eviction_debt_bytes.as_mut() else {
+            return;
+        };
+        *debt += bytes as i64;
+        while self.eviction_debt_bytes.is_some_and(|debt| debt > 0) {
+            let before = self.eviction_debt_bytes;
+            if !host.evict_one(self) {
+                self.eviction_debt_bytes = Some(0);
+                break;
+            }
+            self.counters.paced_evictions += 1;
+            // A victim whose free is deferred (pinned) pays nothing yet: stop rather than
+            // evict on and on for one store.
+            if self.eviction_debt_bytes == before {
+                break;
             }
         }
     }
@@ -647,7 +705,18 @@ impl ShardArena {
         if let Some(slot) = self.owned_slot.remove(&loc) {
             self.fixed_owner.remove(&slot);
         }
-        let emptied = if self.bump.owns(loc.block) {
+        let small = self.bump.owns(loc.block);
+        if self.eviction_debt_bytes.is_some() && !self.evicting_for_room {
+            let freed_bytes = if small {
+                i64::from(self.bump.footprint(self.bump.payload_len(loc, &self.mem)))
+            } else {
+                self.ram_head_bytes() as i64
+            };
+            if let Some(debt) = self.eviction_debt_bytes.as_mut() {
+                *debt -= freed_bytes;
+            }
+        }
+        let emptied = if small {
             self.bump.free(loc, &mut self.mem)
         } else {
             self.buddy.free(loc.block, loc.offset, 0)
@@ -882,6 +951,7 @@ impl ShardArena {
             fixed_alloc_failures: c.fixed_alloc_failures,
             small_alloc_failures: c.small_alloc_failures,
             evictions_requested: c.evictions_requested,
+            paced_evictions: c.paced_evictions,
             batch_refills: self.batch.refills,
             batch_returns: self.batch.returns,
             heads_pinned: self.pins.len() as u64,
@@ -898,6 +968,14 @@ impl ShardArena {
     pub fn check_invariants(&self) {
         self.buddy.check_invariants();
         self.bump.check_invariants(&self.mem);
+        // Every admission pays its debt before it returns (each victim frees its bytes), and
+        // frees between admissions only lower it.
+        assert!(
+            self.eviction_debt_bytes.is_none_or(|debt| debt <= 0),
+            "an eviction debt of {:?} bytes outstanding",
+            self.eviction_debt_bytes
+        );
+        assert!(!self.evicting_for_room, "left evicting for room");
         for (id, &class) in self.block_class.iter().enumerate() {
             let block = BlockId(id as u32);
             assert_eq!(

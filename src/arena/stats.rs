@@ -44,6 +44,8 @@ pub struct ShardArenaStats {
     pub fixed_alloc_failures: u64,
     pub small_alloc_failures: u64,
     pub evictions_requested: u64,
+    /// Victims evicted to pay a full partition's eviction debt, store by store.
+    pub paced_evictions: u64,
     pub batch_refills: u64,
     pub batch_returns: u64,
     pub heads_pinned: u64,
@@ -111,6 +113,7 @@ impl ArenaStats {
             t.fixed_alloc_failures += shard.fixed_alloc_failures;
             t.small_alloc_failures += shard.small_alloc_failures;
             t.evictions_requested += shard.evictions_requested;
+            t.paced_evictions += shard.paced_evictions;
             t.batch_refills += shard.batch_refills;
             t.batch_returns += shard.batch_returns;
             t.heads_pinned += shard.heads_pinned;
@@ -190,6 +193,7 @@ impl ArenaStats {
             ("fixed_alloc_failures", t.fixed_alloc_failures),
             ("small_alloc_failures", t.small_alloc_failures),
             ("evictions_requested", t.evictions_requested),
+            ("paced_evictions", t.paced_evictions),
             ("batch_refills", t.batch_refills),
             ("batch_returns", t.batch_returns),
             ("heads_pinned", t.heads_pinned),

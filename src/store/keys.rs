@@ -538,6 +538,10 @@ impl AdmissionHost for Keys {
         self.clock.block().filter(|_| self.evictions)
     }
 
+    fn paces_evictions(&self) -> bool {
+        self.evictions
+    }
+
     fn relocate(&mut self, moved: Relocation<'_>) {
         let hash = self.hasher.hash(item::key(moved.payload));
         match self.table.find_mut(hash, |loc| *loc == moved.from) {
