@@ -375,6 +375,23 @@ pub fn unacknowledged_bytes(fd: std::os::fd::RawFd) -> io::Result<usize> {
     }
 }
 
+/// Sends as much of `parts`, in order, as socket `fd` takes now, in one `sendmsg` that never
+/// waits (`MSG_DONTWAIT`, and no SIGPIPE): the bytes taken, or `WouldBlock` when it takes none.
+pub fn send_now(fd: std::os::fd::RawFd, parts: &[io::IoSlice<'_>]) -> io::Result<usize> {
+    // SAFETY: a zeroed msghdr names no address and no control data.
+    let mut msg: libc::msghdr = unsafe { std::mem::zeroed() };
+    // IoSlice is ABI-compatible with iovec; the kernel only reads through these pointers.
+    msg.msg_iov = parts.as_ptr() as *mut libc::iovec;
+    msg.msg_iovlen = parts.len().min(libc::UIO_MAXIOV as usize) as _;
+    // SAFETY: `msg` points at `parts`' live iovecs for the call's length and at nothing else.
+    let rc = unsafe { libc::sendmsg(fd, &msg, libc::MSG_DONTWAIT | libc::MSG_NOSIGNAL) };
+    if rc >= 0 {
+        Ok(rc as usize)
+    } else {
+        Err(io::Error::last_os_error())
+    }
+}
+
 /// Aborts a TCP connection without closing its descriptor: `connect(AF_UNSPEC)` makes the
 /// kernel disconnect it (a reset), dropping whatever is still queued to send, so zero-copy
 /// sends from it get their notifications now rather than when a stalled peer reads.

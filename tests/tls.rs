@@ -259,6 +259,18 @@ fn bad_tls_files_are_refused_at_start_with_one_sentence() {
 
 /// A TLS client that asked for far more than the sockets hold and never reads does not hold
 /// the stop up: its connection is cut off after the grace, as a plain one is.
+/// Large replies leave straight from the session's records while the socket takes them, and
+/// through a send buffer when it is full: a reader that takes them slowly still gets every
+/// byte, in order, on every path.
+#[test]
+fn a_slow_tls_reader_gets_every_byte_of_large_values() {
+    let certs = Certs::make(&fresh_data_dir());
+    for path_flags in [&[][..], &["--io-ring", "off"][..]] {
+        let server = tls_server(&certs, path_flags);
+        common::run_checks(app("slow", &server, &certs, None), 2);
+    }
+}
+
 #[test]
 fn a_tls_reader_that_never_reads_does_not_hold_up_the_stop() {
     use std::io::BufRead;

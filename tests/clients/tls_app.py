@@ -6,6 +6,8 @@ Usage: tls_app.py PHASE HOST:PORT CA [CERT KEY]
            first command fails;
   coalesced: its first requests in the same write as the end of its handshake;
   stall:   asks for 200 MiB of replies, never reads them, and waits a minute;
+  slow:    reads large values (64 KiB to 5 MiB) in small pieces with pauses, so the server's
+           socket buffer fills in the middle of each reply, and checks every byte;
   serial:  prints the server certificate's serial, as a note.
 Prints `ok NAME` for each check that holds and `FAIL NAME: detail` for each that does not,
 then `done`.
@@ -113,6 +115,31 @@ elif phase == "stall":
     tls.sendall(b"get big\r\n" * 40)
     print("# sent", flush=True)
     time.sleep(60)
+elif phase == "slow":
+    import socket, time
+    c = client()
+    rng = random.Random(31)
+    sizes = [65536, 65537, 262144 + 5, 5 * (1 << 20) + 1]
+    values = {f"slow-{n}": rng.randbytes(n) for n in sizes}
+    check("set the large values", [k for k, v in values.items() if not c.set(k, v)], [])
+    c.close()
+    raw = socket.create_connection((host, int(port)), timeout=20)
+    tls = context.wrap_socket(raw, server_hostname="localhost")
+    keys = list(values) * 2
+    tls.sendall(b"".join(f"get {k}\r\n".encode() for k in keys))
+    want = b"".join(b"VALUE %s 0 %d\r\n%s\r\nEND\r\n" % (k.encode(), len(values[k]), values[k])
+                    for k in keys)
+    got = bytearray()
+    while len(got) < len(want):
+        data = tls.recv(4096)
+        if not data:
+            break
+        got += data
+        # A pause every 256 KiB: the server finds the socket full many times a reply.
+        if len(got) % (256 << 10) < 4096:
+            time.sleep(0.02)
+    check("every byte of each large value, read slowly", bytes(got) == want, True)
+    tls.close()
 elif phase == "serial":
     import socket
     with socket.create_connection((host, int(port)), timeout=10) as raw:

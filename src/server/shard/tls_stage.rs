@@ -6,9 +6,15 @@
 //! The records leave in the order they were sealed, one sender at a time (`send_turn`):
 //! a reply sealed while another is still going out waits its turn, and a read that makes the
 //! session answer (a key update, an alert) sends through the same turn.
+//!
+//! A large reply's records go to the socket straight from the session's own record buffers
+//! ([`TlsStage::send_now`]), as far as the socket takes them without waiting; only what it
+//! does not take is copied into a send buffer. A value's bytes are then copied once in user
+//! space (into the record that seals them), not twice.
 
 use std::cell::{Cell, RefCell};
-use std::io::{self, Read, Write};
+use std::io::{self, IoSlice, Read, Write};
+use std::os::fd::RawFd;
 use std::sync::atomic::Ordering;
 use std::sync::Arc;
 
@@ -158,8 +164,44 @@ impl TlsStage {
         Ok(out)
     }
 
+    /// Sends sealed records straight from the session to socket `fd`, as many as it takes
+    /// without waiting (none when its buffer is full); the rest stay for
+    /// [`TlsStage::next_records`]. Only in this connection's send turn, with no send of its
+    /// records in flight: these go out ahead of anything not yet sent.
+    pub fn send_now(&self, fd: RawFd) -> io::Result<()> {
+        let mut session = self.session.borrow_mut();
+        while session.wants_write() {
+            match session.write_tls(&mut SocketNow(fd)) {
+                Ok(0) => return Ok(()),
+                Ok(_) => {}
+                Err(err) if err.kind() == io::ErrorKind::WouldBlock => return Ok(()),
+                Err(err) if err.kind() == io::ErrorKind::Interrupted => {}
+                Err(err) => return Err(err),
+            }
+        }
+        Ok(())
+    }
+
     /// Takes back the buffer of [`TlsStage::next_records`].
     pub fn sent(&self, buf: Vec<u8>) {
         *self.sealed.borrow_mut() = buf;
+    }
+}
+
+/// The session's records written to a socket as far as it takes them now
+/// ([`TlsStage::send_now`]): the session hands over its record buffers as one vector.
+struct SocketNow(RawFd);
+
+impl Write for SocketNow {
+    fn write(&mut self, bytes: &[u8]) -> io::Result<usize> {
+        crate::sys::send_now(self.0, &[IoSlice::new(bytes)])
+    }
+
+    fn write_vectored(&mut self, parts: &[IoSlice<'_>]) -> io::Result<usize> {
+        crate::sys::send_now(self.0, parts)
+    }
+
+    fn flush(&mut self) -> io::Result<()> {
+        Ok(())
     }
 }

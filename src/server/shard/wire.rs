@@ -459,7 +459,7 @@ impl Wire {
         loop {
             let opened = tls.open(into);
             if tls.wants_send() {
-                self.send_sealed(tls, Some(stream)).await?;
+                self.send_sealed(tls, Some(stream), 0).await?;
             }
             match opened? {
                 Opened::Plain(n) => return Ok(n),
@@ -568,7 +568,7 @@ impl Wire {
     pub async fn write(&self, stream: &mut TcpStream, bytes: Vec<u8>) -> io::Result<Vec<u8>> {
         if let Some(tls) = &self.tls {
             tls.seal(&[&bytes]);
-            self.send_sealed(tls, Some(stream)).await?;
+            self.send_sealed(tls, Some(stream), bytes.len()).await?;
             return Ok(bytes);
         }
         self.socket_write(Some(stream), bytes).await
@@ -592,14 +592,20 @@ impl Wire {
     }
 
     /// Sends every record the session has sealed, in order, in this connection's send turn
-    /// (`tls_stage.rs`). `stream` is the plain path's.
+    /// (`tls_stage.rs`). `stream` is the plain path's. `sealed_bytes`: the plaintext just
+    /// sealed; from [`SEND_NOW_FROM_BYTES`] the records go straight from the session as far as
+    /// the socket takes them, and each wait for room is followed by another try.
     async fn send_sealed(
         &self,
         tls: &TlsStage,
         mut stream: Option<&mut TcpStream>,
+        sealed_bytes: usize,
     ) -> io::Result<()> {
         let _turn = tls.send_turn().await;
         loop {
+            if sealed_bytes >= SEND_NOW_FROM_BYTES {
+                tls.send_now(self.fd)?;
+            }
             let records = tls.next_records()?;
             if records.is_empty() {
                 tls.sent(records);
@@ -615,7 +621,7 @@ impl Wire {
     pub async fn end_session(&self, stream: &mut TcpStream) {
         if let Some(tls) = &self.tls {
             tls.seal_close();
-            if let Err(err) = self.send_sealed(tls, Some(stream)).await {
+            if let Err(err) = self.send_sealed(tls, Some(stream), 0).await {
                 tracing::debug!(%err, "close_notify not sent");
             }
         }
@@ -628,8 +634,9 @@ impl Wire {
         if let Some(tls) = &self.tls {
             // Sealing reads the lent bytes where they are; they are released once sealed.
             tls.seal(&lent.slices());
+            let sealed_bytes = lent.len();
             drop(lent);
-            return self.send_sealed(tls, Some(stream)).await;
+            return self.send_sealed(tls, Some(stream), sealed_bytes).await;
         }
         match &self.ring {
             Some(ring) => {
@@ -657,8 +664,9 @@ impl Wire {
         if let Some(tls) = &self.tls {
             let [first, second] = lent.slices();
             tls.seal(&[&head, first, second]);
+            let sealed_bytes = head.len() + lent.len();
             drop(lent);
-            return self.send_sealed(tls, Some(stream)).await;
+            return self.send_sealed(tls, Some(stream), sealed_bytes).await;
         }
         if self.ring.is_some() {
             return self.write_head_and_lent_queued(head, lent).await.map(drop);
@@ -680,8 +688,9 @@ impl Wire {
         if let Some(tls) = &self.tls {
             let [first, second] = lent.slices();
             tls.seal(&[&head, first, second]);
+            let sealed_bytes = head.len() + lent.len();
             drop(lent);
-            self.send_sealed(tls, None).await?;
+            self.send_sealed(tls, None, sealed_bytes).await?;
             let mut head = head;
             head.clear();
             return Ok(head);
@@ -767,6 +776,11 @@ fn arrival(received_ns: u64, reaped: ReapClock) -> Instant {
     }
     now.checked_sub(waited).unwrap_or(now)
 }
+
+/// A TLS reply of at least this much plaintext is sent straight from the session's records
+/// ([`TlsStage::send_now`]): below it, copying the records into the send buffer, sent with
+/// the pass's other sends, costs less than a system call of its own.
+const SEND_NOW_FROM_BYTES: usize = 64 << 10;
 
 /// How long a QUIT waits for its peer to take the replies before the connection is reset.
 pub const POLITE_CLOSE_SECONDS: u64 = 5;
