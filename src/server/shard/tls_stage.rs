@@ -122,8 +122,8 @@ impl TlsStage {
     }
 
     /// Seals `parts` (a reply, or the head before a value and the value) into records, in
-    /// order, behind any sealed before.
-    pub fn seal(&self, parts: &[&[u8]]) {
+    /// order, behind any sealed before. Returns the plaintext bytes sealed.
+    pub fn seal(&self, parts: &[&[u8]]) -> usize {
         let mut session = self.session.borrow_mut();
         let mut writer = session.writer();
         for part in parts {
@@ -132,6 +132,7 @@ impl TlsStage {
                 .write_all(part)
                 .expect("a session without a buffer limit takes any plaintext");
         }
+        parts.iter().map(|part| part.len()).sum()
     }
 
     /// The client's session is ended politely: a close_notify is sealed.

@@ -567,8 +567,8 @@ impl Wire {
     /// Writes all of `bytes` and hands the buffer back for reuse.
     pub async fn write(&self, stream: &mut TcpStream, bytes: Vec<u8>) -> io::Result<Vec<u8>> {
         if let Some(tls) = &self.tls {
-            tls.seal(&[&bytes]);
-            self.send_sealed(tls, Some(stream), bytes.len()).await?;
+            let sealed_bytes = tls.seal(&[&bytes]);
+            self.send_sealed(tls, Some(stream), sealed_bytes).await?;
             return Ok(bytes);
         }
         self.socket_write(Some(stream), bytes).await
@@ -633,8 +633,7 @@ impl Wire {
     pub async fn write_lent(&self, stream: &mut TcpStream, lent: Lent) -> io::Result<()> {
         if let Some(tls) = &self.tls {
             // Sealing reads the lent bytes where they are; they are released once sealed.
-            tls.seal(&lent.slices());
-            let sealed_bytes = lent.len();
+            let sealed_bytes = tls.seal(&lent.slices());
             drop(lent);
             return self.send_sealed(tls, Some(stream), sealed_bytes).await;
         }
@@ -663,8 +662,7 @@ impl Wire {
     ) -> io::Result<()> {
         if let Some(tls) = &self.tls {
             let [first, second] = lent.slices();
-            tls.seal(&[&head, first, second]);
-            let sealed_bytes = head.len() + lent.len();
+            let sealed_bytes = tls.seal(&[&head, first, second]);
             drop(lent);
             return self.send_sealed(tls, Some(stream), sealed_bytes).await;
         }
@@ -687,8 +685,7 @@ impl Wire {
     ) -> io::Result<Vec<u8>> {
         if let Some(tls) = &self.tls {
             let [first, second] = lent.slices();
-            tls.seal(&[&head, first, second]);
-            let sealed_bytes = head.len() + lent.len();
+            let sealed_bytes = tls.seal(&[&head, first, second]);
             drop(lent);
             self.send_sealed(tls, None, sealed_bytes).await?;
             let mut head = head;
