@@ -2070,7 +2070,9 @@ impl Reactor {
 
     /// Headroom patch (PATCHES.md, 6): whether a run of passes with no preempt timer armed
     /// has used up its preempt period. Patch 13: the clock is read at one call in
-    /// `CLOCK_PREEMPT_READ_EVERY`; the calls between answer `false`.
+    /// `CLOCK_PREEMPT_READ_EVERY`, and the calls between answer `false`, until a read finds
+    /// the period over: from then on every call reads it (and answers `true`), so the queue
+    /// and the loop around it both see the preemption.
     #[inline(always)]
     pub(crate) fn clock_preempt_due(&self) -> bool {
         let Some((_, deadline)) = self.clock_preempt.get() else {
@@ -2078,8 +2080,11 @@ impl Reactor {
         };
         match self.clock_preempt_skips.get() {
             0 => {
-                self.clock_preempt_skips.set(CLOCK_PREEMPT_READ_EVERY - 1);
-                Instant::now() >= deadline
+                let due = Instant::now() >= deadline;
+                if !due {
+                    self.clock_preempt_skips.set(CLOCK_PREEMPT_READ_EVERY - 1);
+                }
+                due
             }
             left => {
                 self.clock_preempt_skips.set(left - 1);
