@@ -366,7 +366,7 @@ fn log_startup(settings: &Settings) {
         listen = %settings
             .listen
             .iter()
-            .map(ToString::to_string)
+            .map(|l| format!("{} ({})", l.addr, l.tls.name()))
             .collect::<Vec<_>>()
             .join(", "),
         metrics_listen = %settings

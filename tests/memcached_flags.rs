@@ -189,12 +189,10 @@ fn every_memcached_flag_is_mapped_noted_or_refused() {
     assert_eq!(on(&required.tls_client_cert), "required");
     let optional = with_tls("ssl_ca_cert=/ca,ssl_verify_mode=1");
     assert_eq!(on(&optional.tls_client_cert), "optional");
-    let unasked = translated(&[&z[..], &["-o", "ssl_ca_cert=/ca"]].concat());
-    assert_eq!(unasked.cli.tls_ca, None);
-    assert!(unasked
-        .notices
-        .iter()
-        .any(|n| n.contains("ssl_verify_mode 0")));
+    // Verify mode 0 asks no client of an unprefixed address; the CA checks -l's mtls: ones.
+    let unasked = with_tls("ssl_ca_cert=/ca");
+    assert_eq!(unasked.tls_ca, Some(PathBuf::from("/ca")));
+    assert_eq!(on(&unasked.tls_client_cert), "none");
     assert_eq!(
         refused(&[&z[..], &["-o", "ssl_verify_mode=2"]].concat()).0,
         64
@@ -211,6 +209,32 @@ fn every_memcached_flag_is_mapped_noted_or_refused() {
     assert_eq!(on(&with_tls("ssl_min_version=3").tls_min_version), "1.3");
     assert_eq!(on(&with_tls("ssl_min_version=2").tls_min_version), "unset");
     mapped("ssl_min_version");
+    // memcached keeps no sessions unless asked to, and seals 16 KiB at a time.
+    assert_eq!(
+        on(&with_tls("ssl_min_version=2").tls_session_resumption),
+        "off"
+    );
+    assert_eq!(
+        on(&with_tls("ssl_session_cache").tls_session_resumption),
+        "on"
+    );
+    mapped("ssl_session_cache");
+    let wbuf = |cli: Cli| cli.tls_write_buffer.map(|size| size.0);
+    assert_eq!(wbuf(with_tls("ssl_min_version=2")), Some(16 << 10));
+    assert_eq!(wbuf(with_tls("ssl_wbuf_size=64")), Some(64 << 10));
+    assert_eq!(refused(&["-o", "ssl_wbuf_size=x"]).0, 1);
+    mapped("ssl_wbuf_size");
+    // -l's notls:, btls: and mtls: say each address's TLS.
+    let prefixed = cli(&[
+        &z[..],
+        &["-l", "notls:127.0.0.1:1,btls:127.0.0.1:2,mtls:[::1]:3"],
+    ]
+    .concat());
+    assert_eq!(
+        prefixed.listen,
+        ["plain:127.0.0.1:1", "tls:127.0.0.1:2", "mtls:[::1]:3"]
+    );
+    assert_eq!(refused(&["-l", "notls:127.0.0.1"]).0, 1);
     let ext = cli(&["-o", "ext_path=/mnt/flash/file:64G,ext_path=/mnt/b:1t"]);
     let ext: Vec<String> = ext.segments.iter().map(ToString::to_string).collect();
     assert_eq!(ext.len(), 2, "{ext:?}");

@@ -3,8 +3,9 @@
 //! TLS with the CA's client certificate, without one and with another CA's, SIGHUP reloading
 //! the certificate for new connections (and keeping it when the new files are bad), a stalled
 //! handshake dropped, a plaintext client refused, an expired or X.509 version 1 certificate
-//! refused at start with a sentence (and a version 1 client certificate logged with one), and
-//! the STAT and settings lines.
+//! refused at start with a sentence (and a version 1 client certificate logged with one),
+//! addresses of each TLS prefix side by side, session resumption on and off, a small
+//! `--tls-write-buffer`, and the STAT and settings lines.
 
 mod common;
 
@@ -23,12 +24,15 @@ fn path(p: &Path) -> String {
 
 /// tls_app.py's `phase` against `server`, with the client certificate `client` if given.
 fn app(phase: &str, server: &Server, certs: &Certs, client: Option<(&Path, &Path)>) -> Command {
+    app_at(phase, &server.addr.to_string(), certs, client)
+}
+
+/// [`app`] against one of the server's addresses, `addr` (`HOST:PORT`).
+fn app_at(phase: &str, addr: &str, certs: &Certs, client: Option<(&Path, &Path)>) -> Command {
     let mut command = Command::new(common::python_with("pymemcache"));
-    command.arg(common::client_script("tls_app.py")).args([
-        phase,
-        &server.addr.to_string(),
-        &path(&certs.ca),
-    ]);
+    command
+        .arg(common::client_script("tls_app.py"))
+        .args([phase, addr, &path(&certs.ca)]);
     if let Some((cert, key)) = client {
         command.args([path(cert), path(key)]);
     }
@@ -112,7 +116,7 @@ fn pymemcache_over_tls_stores_and_reads_values_up_to_5_mib() {
     assert_eq!(stat(&stats, "ssl_verify_mode"), "0");
     assert_eq!(stat(&stats, "ssl_min_version"), "tlsv1.2");
     assert_eq!(stat(&stats, "ssl_kernel_tls"), "no");
-    assert_eq!(stat(&stats, "listen_tls"), "user");
+    assert_eq!(stat(&stats, "listen_tls"), "tls");
     assert!(server.logs("TLS on --listen, in user space"));
     // The same over plain socket calls, and on the ring with one-shot receives: the session
     // is a stage of whichever path the connection takes.
@@ -229,7 +233,7 @@ fn bad_tls_files_are_refused_at_start_with_one_sentence() {
         path(&certs.v1_cert),
     );
     let ca_key = certs.dir.join("ca.key").display().to_string();
-    let cases: [(&[&str], &str); 5] = [
+    let cases: [(&[&str], &str); 9] = [
         (
             &["--tls-cert", &expired, "--tls-key", &key],
             "the certificate expired on",
@@ -247,6 +251,43 @@ fn bad_tls_files_are_refused_at_start_with_one_sentence() {
             &["--tls-ca", &cert],
             "--tls-ca needs --tls-cert and --tls-key",
         ),
+        (
+            &["--listen", "tls:127.0.0.1:0"],
+            "--listen tls:127.0.0.1:0: `tls:` serves TLS, which needs --tls-cert and --tls-key",
+        ),
+        (
+            &[
+                "--tls-cert",
+                &cert,
+                "--tls-key",
+                &key,
+                "--tls-client-cert",
+                "none",
+            ],
+            "--tls-client-cert needs --tls-ca",
+        ),
+        (
+            &[
+                "--tls-cert",
+                &cert,
+                "--tls-key",
+                &key,
+                "--tls-write-buffer",
+                "512",
+            ],
+            "--tls-write-buffer needs a size from 1K to 16M",
+        ),
+        (
+            &[
+                "--tls-cert",
+                &cert,
+                "--tls-key",
+                &key,
+                "--listen",
+                "127.0.0.1:11299,plain:127.0.0.1:11299",
+            ],
+            "127.0.0.1:11299 is given twice, as tls and as off; one address has one TLS",
+        ),
     ];
     for (flags, said) in cases {
         let mut args = vec!["--listen", "127.0.0.1:0", "--data-dir", &data_dir];
@@ -257,20 +298,86 @@ fn bad_tls_files_are_refused_at_start_with_one_sentence() {
     }
 }
 
-/// A TLS client that asked for far more than the sockets hold and never reads does not hold
-/// the stop up: its connection is cut off after the grace, as a plain one is.
 /// Large replies leave straight from the session's records while the socket takes them, and
-/// through a send buffer when it is full: a reader that takes them slowly still gets every
-/// byte, in order, on every path.
+/// through a send buffer when it is full, sealed `--tls-write-buffer` at a time: a reader that
+/// takes them slowly still gets every byte, in order, on every path and with the smallest
+/// write buffer.
 #[test]
 fn a_slow_tls_reader_gets_every_byte_of_large_values() {
     let certs = Certs::make(&fresh_data_dir());
-    for path_flags in [&[][..], &["--io-ring", "off"][..]] {
+    let paths: [&[&str]; 4] = [
+        &[],
+        &["--io-ring", "off"],
+        &["--tls-write-buffer", "1K"],
+        &["--tls-write-buffer", "1K", "--io-ring", "off"],
+    ];
+    for path_flags in paths {
         let server = tls_server(&certs, path_flags);
         common::run_checks(app("slow", &server, &certs, None), 2);
     }
 }
 
+/// Each `--listen` address serves the TLS its prefix says, beside the others: an unprefixed
+/// one what `--tls-ca` says (a certificate required), `plain:` none, `tls:` TLS without a
+/// client certificate, `mtls:` TLS with one; all serve the same items. A session made where
+/// no certificate was asked for does not let a client past `mtls:`.
+#[test]
+fn each_listen_address_serves_the_tls_its_prefix_says() {
+    let certs = Certs::make(&fresh_data_dir());
+    let ca = path(&certs.ca);
+    let [plain, tls, mtls] = [(); 3].map(|()| format!("127.0.0.1:{}", common::free_port()));
+    let listen = format!("127.0.0.1:0,plain:{plain},tls:{tls},mtls:{mtls}");
+    let server = tls_server(&certs, &["--tls-ca", &ca, "--listen", &listen]);
+    let client = Some((certs.client_cert.as_path(), certs.client_key.as_path()));
+    // The unprefixed address wants a certificate, as --tls-ca says.
+    common::run_checks(app("refused", &server, &certs, None), 1);
+    common::run_checks(app("coalesced", &server, &certs, client), 1);
+    // tls: asks for none; mtls: requires one.
+    common::run_checks(app_at("coalesced", &tls, &certs, None), 1);
+    common::run_checks(app_at("refused", &mtls, &certs, None), 1);
+    common::run_checks(app_at("coalesced", &mtls, &certs, client), 1);
+    let mut elsewhere = app_at("resume-elsewhere", &tls, &certs, None);
+    elsewhere.env("TLS_ELSEWHERE", &mtls);
+    common::run_checks(elsewhere, 2);
+    // plain: speaks plain TCP, to the same items, and no TLS.
+    let mut plain_client = common::server::Client::connect(plain.parse().unwrap());
+    let got = plain_client.get(b"coalesced");
+    assert_eq!(
+        got.value, b"hello",
+        "the item a TLS client stored, read over plain:"
+    );
+    common::run_checks(app_at("refused", &plain, &certs, None), 1);
+    let stats = text_stats(&server, &certs, client);
+    assert_eq!(stat(&stats, "listen_tls"), "mtls,off,tls,mtls");
+    assert_eq!(stat(&stats, "ssl_verify_mode"), "3");
+}
+
+/// A client that reconnects resumes its session with `--tls-session-resumption on` (the
+/// default) on TLS 1.2 and 1.3, and never with it off, where, as memcached without
+/// `ssl_session_cache`, STAT `ssl_new_sessions` is not shown; `stats settings` says which,
+/// and the write buffer.
+#[test]
+fn sessions_resume_only_with_session_resumption_on() {
+    let certs = Certs::make(&fresh_data_dir());
+    let server = tls_server(&certs, &["--tls-write-buffer", "64K"]);
+    common::run_checks(app("resumed", &server, &certs, None), 2);
+    let stats = text_stats(&server, &certs, None);
+    assert_eq!(stat(&stats, "ssl_session_cache"), "yes");
+    assert_eq!(stat(&stats, "ssl_wbuf_size"), "65536");
+    assert!(stat(&stats, "tls_resumed_sessions").parse::<u64>().unwrap() >= 2);
+    assert!(stat(&stats, "ssl_new_sessions").parse::<u64>().unwrap() >= 2);
+
+    let server = tls_server(&certs, &["--tls-session-resumption", "off"]);
+    common::run_checks(app("not-resumed", &server, &certs, None), 2);
+    let stats = text_stats(&server, &certs, None);
+    assert_eq!(stat(&stats, "ssl_session_cache"), "no");
+    assert_eq!(stat(&stats, "ssl_wbuf_size"), "16384");
+    assert_eq!(stat(&stats, "tls_resumed_sessions"), "0");
+    assert!(!stats.contains("ssl_new_sessions"), "{stats}");
+}
+
+/// A TLS client that asked for far more than the sockets hold and never reads does not hold
+/// the stop up: its connection is cut off after the grace, as a plain one is.
 #[test]
 fn a_tls_reader_that_never_reads_does_not_hold_up_the_stop() {
     use std::io::BufRead;

@@ -28,6 +28,8 @@ pub const MEMCACHED_PORT: u16 = 11211;
 pub const MEMCACHED_ITEM_SIZE_MAX: &str = "1M";
 /// memcached's default `-t`: its worker threads, here shards (at most one per CPU).
 pub const MEMCACHED_THREADS: usize = 4;
+/// memcached's `ssl_wbuf_size` default, in KiB.
+const MEMCACHED_SSL_WBUF_KIB: u32 = 16;
 /// Where the data directory goes on this path when started as root with none named (a
 /// service's state, as a distribution package keeps it); `./data` otherwise.
 pub const ROOT_DATA_DIR: &str = "/var/lib/headroom";
@@ -101,7 +103,7 @@ pub const FLAGS: &[Flag] = &[
     flag('s', "unix-socket", Required, Mapped("--unix-socket, and --listen none: TCP is off, as memcached does with -s")),
     flag('a', "unix-mask", Required, Mapped("--unix-socket-mode")),
     flag('A', "enable-shutdown", Bare, Mapped("--shutdown-command on")),
-    flag('l', "listen", Required, Mapped("--listen: each address (repeated or comma-separated) with -p's port unless it names one; without -l, every address ([::] takes IPv4 too), as memcached")),
+    flag('l', "listen", Required, Mapped("--listen: each address (repeated or comma-separated) with -p's port unless it names one; without -l, every address ([::] takes IPv4 too), as memcached; with -Z, notls:, btls: and mtls: as --listen's plain:, tls: and mtls:")),
     flag('d', "daemon", Bare, Mapped("--daemon (in a --memcached-conf file it is skipped, as Debian's systemd wrapper does)")),
     flag('r', "enable-coredumps", Bare, Noted("the core file limit is left as started: set LimitCORE= in the unit, or ulimit -c")),
     flag('u', "user", Required, Mapped("--user")),
@@ -132,7 +134,7 @@ pub const FLAGS: &[Flag] = &[
     flag('e', "memory-file", Required, Mapped("--warm-restart on: a graceful stop writes the items to the data directory's snapshot, not to this file (without -e, warm restart is off, as memcached)")),
     flag('o', "extended", Required, Mapped("the -o options below")),
     flag('N', "napi-ids", Required, Noted("each shard serves the connections the kernel spreads to its listening socket; no NAPI-ID steering")),
-    flag('Z', "enable-ssl", Bare, Mapped("TLS on every --listen address: --tls-cert and --tls-key from ssl_chain_cert and ssl_key (both needed)")),
+    flag('Z', "enable-ssl", Bare, Mapped("TLS on every --listen address but -l's notls: ones: --tls-cert and --tls-key from ssl_chain_cert and ssl_key (both needed)")),
 ];
 
 /// Every `-o` option memcached 1.6.45 parses (memcached.c, then extstore's in storage.c).
@@ -178,12 +180,12 @@ pub const OPTIONS: &[SubOption] = &[
     option("read_buf_mem_limit", Noted("each shard keeps at most 256 free read and reply buffers; an idle connection holds none")),
     option("ssl_chain_cert", Mapped("--tls-cert (with -Z)")),
     option("ssl_key", Mapped("--tls-key (with -Z)")),
-    option("ssl_verify_mode", Mapped("0: no client certificates; 1: --tls-client-cert optional; 2 and 3: --tls-client-cert required (1 to 3 need ssl_ca_cert)")),
+    option("ssl_verify_mode", Mapped("0: --tls-client-cert none; 1: --tls-client-cert optional; 2 and 3: --tls-client-cert required (1 to 3 need ssl_ca_cert)")),
     option("ssl_keyformat", Mapped("1 (PEM) only; any other is refused")),
     option("ssl_ciphers", Noted("rustls's cipher suites are used: TLS 1.3's, and TLS 1.2's ECDHE with AES-GCM or ChaCha20-Poly1305")),
-    option("ssl_ca_cert", Mapped("--tls-ca (clients are asked for certificates only with ssl_verify_mode 1 to 3)")),
-    option("ssl_wbuf_size", Noted("TLS records are sealed into each connection's reply buffers; nothing to tune")),
-    option("ssl_session_cache", Noted("session resumption (tickets) is always on")),
+    option("ssl_ca_cert", Mapped("--tls-ca (clients of an address without a prefix are asked for certificates only with ssl_verify_mode 1 to 3; mtls: addresses always ask)")),
+    option("ssl_wbuf_size", Mapped("--tls-write-buffer, in KiB as memcached takes it; memcached's default, 16 KiB, without it")),
+    option("ssl_session_cache", Mapped("--tls-session-resumption on; without it, off, memcached's default")),
     option("ssl_kernel_tls", Noted("TLS runs in user space on each connection (docs/server.md)")),
     option("ssl_min_version", Mapped("0 to 2: TLS 1.2 (older versions are never served); 3: --tls-min-version 1.3")),
     option("proxy_config", Refused("-o proxy_config: Headroom is a cache, not memcached's proxy; run memcached-proxy in front of it", EXIT_UNSUPPORTED)),
@@ -346,6 +348,8 @@ struct Line {
     ssl_ca: Option<String>,
     ssl_verify_mode: Option<u32>,
     ssl_min_version: Option<u32>,
+    ssl_session_cache: bool,
+    ssl_wbuf_kib: Option<u32>,
     sasl: bool,
     ext_paths: Vec<String>,
     /// Headroom's flags, each with its value: from memcached's, and the long ones given
@@ -639,6 +643,8 @@ impl Line {
                 }
                 self.ssl_min_version = Some(version);
             }
+            "ssl_session_cache" => self.ssl_session_cache = true,
+            "ssl_wbuf_size" => self.ssl_wbuf_kib = Some(number("a size in kilobytes")?),
             "ext_path" => self.ext_paths.push(needs("FILE:SIZE")?),
             other => unreachable!("-o {other} is mapped in OPTIONS but not here"),
         }
@@ -689,7 +695,7 @@ impl Line {
             self.push("--listen", &all);
         } else {
             for text in std::mem::take(&mut self.listen) {
-                let addr = listen_address(&text, port)?;
+                let addr = listen_address(&text, port, self.tls)?;
                 self.push("--listen", &addr);
             }
         }
@@ -767,7 +773,9 @@ impl Line {
             || self.ssl_key.is_some()
             || self.ssl_ca.is_some()
             || self.ssl_verify_mode.is_some()
-            || self.ssl_min_version.is_some();
+            || self.ssl_min_version.is_some()
+            || self.ssl_session_cache
+            || self.ssl_wbuf_kib.is_some();
         if !self.tls {
             if named {
                 self.notices.push(
@@ -785,9 +793,11 @@ impl Line {
         self.push("--tls-cert", &cert);
         self.push("--tls-key", &key);
         match (self.ssl_verify_mode.unwrap_or(0), self.ssl_ca.clone()) {
-            (0, Some(ca)) => self.notices.push(format!(
-                "memcached's ssl_ca_cert={ca} with ssl_verify_mode 0: clients are not asked for certificates, as memcached"
-            )),
+            // The CA still checks the clients of -l's mtls: addresses.
+            (0, Some(ca)) => {
+                self.push("--tls-ca", &ca);
+                self.push("--tls-client-cert", "none");
+            }
             (0, None) => {}
             (mode, None) => {
                 return Err(Refusal::unsupported(format!(
@@ -800,6 +810,10 @@ impl Line {
                 self.push("--tls-client-cert", wanted);
             }
         }
+        let resumption = if self.ssl_session_cache { "on" } else { "off" };
+        self.push("--tls-session-resumption", resumption);
+        let wbuf_kib = self.ssl_wbuf_kib.unwrap_or(MEMCACHED_SSL_WBUF_KIB);
+        self.push("--tls-write-buffer", &format!("{wbuf_kib}K"));
         match self.ssl_min_version {
             Some(3) => self.push("--tls-min-version", "1.3"),
             Some(version) => self.notices.push(format!(
@@ -839,10 +853,27 @@ fn parse_port(text: &str, flag: &str) -> Result<u16, Refusal> {
         .map_err(|_| Refusal::bad(format!("{flag} {text}: not a port number (0 to 65535)")))
 }
 
-/// `-l`'s address as `HOST:PORT`: `host`, `host:port`, `[v6]`, `[v6]:port`, or a bare IPv6
-/// address; memcached's `proto[...]:` and `tag[...]:` prefixes are read and noted.
-fn listen_address(text: &str, port: u16) -> Result<String, Refusal> {
+/// `-l`'s address as `--listen` takes it: `host`, `host:port`, `[v6]`, `[v6]:port`, or a
+/// bare IPv6 address, made `HOST:PORT`; memcached's `notls:`, `btls:` and `mtls:` (valid with
+/// `-Z`, `tls` true) as `plain:`, `tls:` and `mtls:`; its `proto[...]:` and `tag[...]:`
+/// prefixes read and noted.
+fn listen_address(text: &str, port: u16, tls: bool) -> Result<String, Refusal> {
     let mut rest = text;
+    let mut tls_prefix = "";
+    for (memcached, headroom) in [("notls:", "plain:"), ("btls:", "tls:"), ("mtls:", "mtls:")] {
+        if let Some(after) = rest.strip_prefix(memcached) {
+            if !tls {
+                // memcached's own words (its `mtls` one says 'otls').
+                let name = memcached.trim_end_matches(':');
+                return Err(Refusal::bad(format!(
+                    "-l {text}: '{name}' option is valid only when SSL is enabled"
+                )));
+            }
+            tls_prefix = headroom;
+            rest = after;
+            break;
+        }
+    }
     loop {
         if let Some(after) = rest.strip_prefix("proto[") {
             let (proto, tail) = after.split_once("]:").ok_or_else(|| {
@@ -866,7 +897,7 @@ fn listen_address(text: &str, port: u16) -> Result<String, Refusal> {
     if rest.is_empty() {
         return Err(Refusal::bad(format!("-l {text}: names no address")));
     }
-    let addr = if rest.starts_with('[') {
+    let address = if rest.starts_with('[') {
         match rest.rsplit_once("]:") {
             Some(_) => rest.to_string(),
             None => format!("{rest}:{port}"),
@@ -879,7 +910,7 @@ fn listen_address(text: &str, port: u16) -> Result<String, Refusal> {
     } else {
         format!("{rest}:{port}")
     };
-    Ok(addr)
+    Ok(format!("{tls_prefix}{address}"))
 }
 
 /// `-I`: bytes, or with memcached's `k`/`m` suffix (either case).
@@ -1043,21 +1074,41 @@ mod tests {
 
     #[test]
     fn listen_addresses_take_the_port_of_p() {
-        assert_eq!(listen_address("127.0.0.1", 1).unwrap(), "127.0.0.1:1");
-        assert_eq!(listen_address("127.0.0.1:5", 1).unwrap(), "127.0.0.1:5");
-        assert_eq!(listen_address("::1", 7).unwrap(), "[::1]:7");
-        assert_eq!(listen_address("[::1]", 7).unwrap(), "[::1]:7");
-        assert_eq!(listen_address("[::1]:8", 7).unwrap(), "[::1]:8");
+        let plain = |text| listen_address(text, 7, false);
         assert_eq!(
-            listen_address("proto[ascii]:tag[x]:10.0.0.1:9", 7).unwrap(),
+            listen_address("127.0.0.1", 1, false).unwrap(),
+            "127.0.0.1:1"
+        );
+        assert_eq!(
+            listen_address("127.0.0.1:5", 1, false).unwrap(),
+            "127.0.0.1:5"
+        );
+        assert_eq!(plain("::1").unwrap(), "[::1]:7");
+        assert_eq!(plain("[::1]").unwrap(), "[::1]:7");
+        assert_eq!(plain("[::1]:8").unwrap(), "[::1]:8");
+        assert_eq!(
+            plain("proto[ascii]:tag[x]:10.0.0.1:9").unwrap(),
             "10.0.0.1:9"
         );
         assert_eq!(
-            listen_address("proto[proxy]:10.0.0.1", 7)
-                .unwrap_err()
-                .exit_status,
+            plain("proto[proxy]:10.0.0.1").unwrap_err().exit_status,
             EXIT_UNSUPPORTED
         );
+    }
+
+    #[test]
+    fn listen_tls_prefixes_become_headroom_s() {
+        let tls = |text| listen_address(text, 7, true);
+        assert_eq!(tls("notls:127.0.0.1:5").unwrap(), "plain:127.0.0.1:5");
+        assert_eq!(tls("btls:127.0.0.1").unwrap(), "tls:127.0.0.1:7");
+        assert_eq!(tls("mtls:proto[ascii]:tag[t]:::1").unwrap(), "mtls:[::1]:7");
+        assert_eq!(tls("127.0.0.1").unwrap(), "127.0.0.1:7");
+        // Without -Z, as memcached: a prefix that says which TLS needs TLS.
+        let refused = listen_address("notls:127.0.0.1", 7, false).unwrap_err();
+        assert_eq!(refused.exit_status, EXIT_BAD_FLAG);
+        assert!(refused
+            .message
+            .contains("'notls' option is valid only when SSL is enabled"));
     }
 
     #[test]

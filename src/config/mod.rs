@@ -48,21 +48,76 @@ pub const DEFAULT_TLS_HANDSHAKE_TIMEOUT_SECONDS: u64 = 10;
 /// `--unix-socket-mode`'s default: its owner only, as memcached's `-a`.
 pub const DEFAULT_UNIX_SOCKET_MODE: u32 = 0o700;
 
-/// The files TLS on `--listen` is configured from.
+/// `--tls-session-resumption`'s default: a client that reconnects skips the full handshake.
+pub const DEFAULT_TLS_SESSION_RESUMPTION: bool = true;
+/// `--tls-write-buffer`'s default: one TLS record's plaintext at most, memcached's
+/// `ssl_wbuf_size` default.
+pub const DEFAULT_TLS_WRITE_BUFFER: ByteSize = ByteSize(16 << 10);
+/// `--tls-write-buffer`'s bounds: 1 KiB (memcached's unit) to 16 MiB.
+pub const TLS_WRITE_BUFFER_MIN_BYTES: u64 = 1 << 10;
+pub const TLS_WRITE_BUFFER_MAX_BYTES: u64 = 16 << 20;
+
+/// The TLS of `--listen`: the files it is configured from and how sessions are kept.
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct TlsFiles {
     /// The server's certificate chain (PEM), leaf first.
     pub cert: PathBuf,
     /// Its private key (PEM: PKCS#8, PKCS#1 or SEC1).
     pub key: PathBuf,
-    /// With it, every client must present a certificate this CA (PEM) signed.
+    /// The CA (PEM) client certificates are checked against.
     pub ca: Option<PathBuf>,
-    /// With `ca`, a client may also connect without a certificate (one it presents is still
-    /// checked): memcached's `ssl_verify_mode=1`.
-    pub client_cert_optional: bool,
+    /// What an address without a TLS prefix asks of a client's certificate
+    /// (`--tls-client-cert`; memcached's `ssl_verify_mode`).
+    pub client_certs: ClientCerts,
     /// Refuse TLS 1.2: only TLS 1.3 (memcached's `ssl_min_version=3`).
     pub tls13_only: bool,
+    /// A client may resume a session made earlier (memcached's `ssl_session_cache`).
+    pub session_resumption: bool,
+    /// The most of one reply's plaintext sealed ahead of what the socket has taken
+    /// (memcached's `ssl_wbuf_size`): bounds the records a connection holds while a large
+    /// value goes out.
+    pub write_buffer_bytes: u64,
 }
+
+/// Whether a `--listen` address serves TLS, and what it asks of the client's certificate.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+pub enum ListenerTls {
+    /// Plain TCP (`plain:`, or any address without `--tls-cert`).
+    Off,
+    /// TLS, asking for a client certificate as this says.
+    On(ClientCerts),
+}
+
+/// What a TLS listener asks of a client's certificate.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, PartialOrd, Ord)]
+pub enum ClientCerts {
+    /// None is asked for (`tls:`, no `--tls-ca`, or `--tls-client-cert none`).
+    NotAsked,
+    /// Asked for and checked against `--tls-ca` when given (`--tls-client-cert optional`).
+    Optional,
+    /// Required, signed by `--tls-ca` (`mtls:`, or `--tls-ca`).
+    Required,
+}
+
+/// One `--listen` address and its TLS.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct ListenAddress {
+    pub addr: SocketAddr,
+    pub tls: ListenerTls,
+}
+
+impl ListenerTls {
+    /// As STAT `listen_tls` shows it: `off`, `tls`, `tls_optional_cert` or `mtls`.
+    pub fn name(self) -> &'static str {
+        match self {
+            ListenerTls::Off => "off",
+            ListenerTls::On(ClientCerts::NotAsked) => "tls",
+            ListenerTls::On(ClientCerts::Optional) => "tls_optional_cert",
+            ListenerTls::On(ClientCerts::Required) => "mtls",
+        }
+    }
+}
+
 /// The longest `--idle-timeout` and `--body-timeout` (one day): far longer overflows the
 /// timer's clock (an `Instant` plus the timeout), and no link stalls for a day.
 pub const TIMEOUT_MAX_SECONDS: u64 = 86_400;
@@ -270,7 +325,10 @@ pub struct Cli {
 
     /// Address to serve on (port 0: any free port, logged); repeatable or comma-separated to
     /// serve on several; `none` serves no TCP (needs --unix-socket, as memcached's `-s`). The
-    /// first also picks the node for `--numa auto` [default: 127.0.0.1:11211].
+    /// first also picks the node for `--numa auto` [default: 127.0.0.1:11211]. With
+    /// --tls-cert every address serves TLS, unless a prefix says otherwise: `plain:ADDR` (no
+    /// TLS), `tls:ADDR` (TLS, no client certificate asked for), `mtls:ADDR` (TLS, a
+    /// certificate --tls-ca signed required of every client).
     #[arg(long, value_name = "ADDR", value_delimiter = ',')]
     pub listen: Vec<String>,
 
@@ -393,10 +451,11 @@ pub struct Cli {
     #[arg(long, value_name = "FILE")]
     pub tls_ca: Option<PathBuf>,
 
-    /// With --tls-ca: `required`, every client presents a certificate the CA signed;
-    /// `optional`, a client may also connect without one (memcached's `ssl_verify_mode=1`)
-    /// [default: required].
-    #[arg(long, value_name = "required|optional")]
+    /// With --tls-ca, what an address without a TLS prefix asks of clients: `required`, a
+    /// certificate the CA signed; `optional`, a client may also connect without one
+    /// (memcached's `ssl_verify_mode=1`); `none`, no certificate is asked for (only `mtls:`
+    /// addresses ask) [default: required].
+    #[arg(long, value_name = "required|optional|none")]
     pub tls_client_cert: Option<String>,
 
     /// The oldest TLS version served: `1.2` or `1.3` (TLS 1.0 and 1.1 are never served)
@@ -408,6 +467,17 @@ pub struct Cli {
     /// 86400) [default: 10].
     #[arg(long, value_name = "SECONDS")]
     pub tls_handshake_timeout: Option<u64>,
+
+    /// Let a TLS client that reconnects resume its session (an abbreviated handshake, from
+    /// a cache of recent sessions in memory) [default: on].
+    #[arg(long, value_name = "on|off")]
+    pub tls_session_resumption: Option<String>,
+
+    /// The most of one reply a TLS connection seals ahead of what its socket has taken, 1K
+    /// to 16M: a large value is sealed and sent a part of this size at a time, so this bounds
+    /// the records a slow client holds in memory [default: 16K].
+    #[arg(long, value_name = "SIZE")]
+    pub tls_write_buffer: Option<ByteSize>,
 
     /// Append the log to this file instead of stderr; SIGHUP reopens it (for log rotation).
     #[arg(long, value_name = "FILE")]
@@ -589,6 +659,8 @@ pub struct FileConfig {
     pub tls_handshake_timeout: Option<u64>,
     pub tls_client_cert: Option<String>,
     pub tls_min_version: Option<String>,
+    pub tls_session_resumption: Option<String>,
+    pub tls_write_buffer: Option<ByteSize>,
     pub log_file: Option<PathBuf>,
     pub placement_policy: Option<String>,
     pub segment_eviction: Option<String>,
@@ -935,8 +1007,9 @@ impl std::error::Error for ConfigError {}
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct Settings {
     pub arena: ArenaConfig,
-    /// The TCP addresses served, in the order given; empty only beside a unix socket.
-    pub listen: Vec<SocketAddr>,
+    /// The TCP addresses served and their TLS, in the order given; empty only beside a unix
+    /// socket.
+    pub listen: Vec<ListenAddress>,
     /// The metrics endpoint's address (`None`: off).
     pub metrics_listen: Option<SocketAddr>,
     /// The CPUs that get a shard each, ascending.
@@ -1056,8 +1129,13 @@ fn parse_listen(text: &str) -> Result<SocketAddr, ConfigError> {
 }
 
 /// `--listen`: the command line's addresses, else the file's (comma-separated), else the
-/// default; `none` alone serves no TCP, which needs a unix socket.
-fn resolve_listen(cli: &Cli, file: &FileConfig) -> Result<Vec<SocketAddr>, ConfigError> {
+/// default; `none` alone serves no TCP, which needs a unix socket. Each address's TLS is its
+/// prefix's, else `tls`'s (every address with `--tls-cert`).
+fn resolve_listen(
+    cli: &Cli,
+    file: &FileConfig,
+    tls: Option<&TlsFiles>,
+) -> Result<Vec<ListenAddress>, ConfigError> {
     let texts: Vec<String> = if !cli.listen.is_empty() {
         cli.listen.clone()
     } else if let Some(text) = &file.listen {
@@ -1075,15 +1153,55 @@ fn resolve_listen(cli: &Cli, file: &FileConfig) -> Result<Vec<SocketAddr>, Confi
         }
         return Ok(Vec::new());
     }
-    let mut addrs: Vec<SocketAddr> = Vec::with_capacity(texts.len());
+    let unprefixed = match tls {
+        None => ListenerTls::Off,
+        Some(tls) => ListenerTls::On(tls.client_certs),
+    };
+    let mut listen: Vec<ListenAddress> = Vec::with_capacity(texts.len());
     for text in &texts {
-        let addr = parse_listen(text)?;
-        if addrs.contains(&addr) {
-            continue;
+        let (prefix, address) = split_tls_prefix(text);
+        let tls_of = match prefix {
+            None => unprefixed,
+            Some("plain") => ListenerTls::Off,
+            Some(prefix) if tls.is_none() => {
+                return Err(ConfigError::Listen {
+                    text: text.clone(),
+                    reason: format!("`{prefix}:` serves TLS, which needs --tls-cert and --tls-key"),
+                })
+            }
+            Some("tls") => ListenerTls::On(ClientCerts::NotAsked),
+            Some(_) => ListenerTls::On(ClientCerts::Required),
+        };
+        let addr = parse_listen(address)?;
+        match listen.iter().find(|l| l.addr == addr) {
+            Some(same) if same.tls == tls_of => continue,
+            Some(same) => {
+                return Err(ConfigError::Listen {
+                    text: text.clone(),
+                    reason: format!(
+                        "{addr} is given twice, as {} and as {}; one address has one TLS",
+                        same.tls.name(),
+                        tls_of.name()
+                    ),
+                })
+            }
+            None => listen.push(ListenAddress { addr, tls: tls_of }),
         }
-        addrs.push(addr);
     }
-    Ok(addrs)
+    Ok(listen)
+}
+
+/// `--listen`'s TLS prefix (`plain:`, `tls:`, `mtls:`) and the address after it.
+fn split_tls_prefix(text: &str) -> (Option<&str>, &str) {
+    for prefix in ["plain", "tls", "mtls"] {
+        if let Some(address) = text
+            .strip_prefix(prefix)
+            .and_then(|rest| rest.strip_prefix(':'))
+        {
+            return (Some(prefix), address);
+        }
+    }
+    (None, text)
 }
 
 /// A `HOST:PORT` address, or why it is not one.
@@ -1152,24 +1270,27 @@ fn resolve_tls(cli: &Cli, file: &FileConfig) -> Result<Option<TlsFiles>, ConfigE
     let cert = cli.tls_cert.clone().or_else(|| file.tls_cert.clone());
     let key = cli.tls_key.clone().or_else(|| file.tls_key.clone());
     let ca = cli.tls_ca.clone().or_else(|| file.tls_ca.clone());
-    let client_cert_optional = match cli
-        .tls_client_cert
-        .as_deref()
-        .or(file.tls_client_cert.as_deref())
-    {
-        None | Some("required") => false,
-        Some("optional") if ca.is_some() => true,
-        Some("optional") => {
+    let client_certs = match (
+        cli.tls_client_cert
+            .as_deref()
+            .or(file.tls_client_cert.as_deref()),
+        &ca,
+    ) {
+        (None, None) => ClientCerts::NotAsked,
+        (None | Some("required"), Some(_)) => ClientCerts::Required,
+        (Some("optional"), Some(_)) => ClientCerts::Optional,
+        (Some("none"), Some(_)) => ClientCerts::NotAsked,
+        (Some("required" | "optional" | "none"), None) => {
             return Err(ConfigError::TlsIncomplete {
-                given: "--tls-client-cert optional",
+                given: "--tls-client-cert",
                 needs: "--tls-ca (the CA a presented client certificate is checked against)",
             })
         }
-        Some(other) => {
+        (Some(other), _) => {
             return Err(ConfigError::Choice {
                 flag: "--tls-client-cert",
                 text: other.to_string(),
-                choices: "required or optional",
+                choices: "required, optional or none",
             })
         }
     };
@@ -1188,13 +1309,33 @@ fn resolve_tls(cli: &Cli, file: &FileConfig) -> Result<Option<TlsFiles>, ConfigE
             })
         }
     };
+    let session_resumption = switch(
+        "--tls-session-resumption",
+        cli.tls_session_resumption
+            .as_ref()
+            .or(file.tls_session_resumption.as_ref()),
+        DEFAULT_TLS_SESSION_RESUMPTION,
+    )?;
+    let write_buffer_bytes = cli
+        .tls_write_buffer
+        .or(file.tls_write_buffer)
+        .unwrap_or(DEFAULT_TLS_WRITE_BUFFER)
+        .0;
+    if !(TLS_WRITE_BUFFER_MIN_BYTES..=TLS_WRITE_BUFFER_MAX_BYTES).contains(&write_buffer_bytes) {
+        return Err(ConfigError::TlsIncomplete {
+            given: "--tls-write-buffer",
+            needs: "a size from 1K to 16M",
+        });
+    }
     match (cert, key) {
         (Some(cert), Some(key)) => Ok(Some(TlsFiles {
             cert,
             key,
             ca,
-            client_cert_optional,
+            client_certs,
             tls13_only,
+            session_resumption,
+            write_buffer_bytes,
         })),
         (Some(_), None) => Err(ConfigError::TlsIncomplete {
             given: "--tls-cert",
@@ -1222,7 +1363,8 @@ pub fn resolve_with_file(
     if no_numa && numa.is_some() {
         return Err(ConfigError::NumaAndNoNuma);
     }
-    let listen = resolve_listen(cli, file)?;
+    let tls = resolve_tls(cli, file)?;
+    let listen = resolve_listen(cli, file, tls.as_ref())?;
     let metrics_listen = match cli
         .metrics_listen
         .clone()
@@ -1401,7 +1543,7 @@ pub fn resolve_with_file(
             Some(NumaArg::Auto) | None => {
                 let ip = listen
                     .first()
-                    .map_or(IpAddr::V4(std::net::Ipv4Addr::LOCALHOST), SocketAddr::ip);
+                    .map_or(IpAddr::V4(std::net::Ipv4Addr::LOCALHOST), |l| l.addr.ip());
                 let (node, reason) = automatic_node(ip, topology);
                 (NumaMode::Automatic(node), reason)
             }
@@ -1585,7 +1727,6 @@ pub fn resolve_with_file(
             .filter(|&mode| mode <= 0o777)
             .ok_or_else(|| ConfigError::UnixSocketMode { text: text.clone() })?,
     };
-    let tls = resolve_tls(cli, file)?;
     let commands = CommandSwitches {
         shutdown: switch(
             "--shutdown-command",

@@ -38,7 +38,7 @@ use glommio::channels::channel_mesh::MeshBuilder;
 use glommio::{CpuSet, LocalExecutorBuilder, Placement};
 
 use crate::arena::{Arena, MemoryPlan};
-use crate::config::Settings;
+use crate::config::{self, Settings};
 use crate::store::{KeyHasher, StoreConfig};
 use crate::topology::Topology;
 
@@ -161,7 +161,8 @@ pub fn start(settings: Settings, topology: &Topology) -> Result<Running, ServerE
         .map(Arc::new)
         .map_err(ServerError::DataDir)?;
     shard::open_files::raise_for(settings.max_connections);
-    let listeners = listen::bind_all(&settings.listen, shards).map_err(ServerError::Bind)?;
+    let listen_addrs: Vec<SocketAddr> = settings.listen.iter().map(|l| l.addr).collect();
+    let listeners = listen::bind_all(&listen_addrs, shards).map_err(ServerError::Bind)?;
     let addrs: Vec<SocketAddr> = listeners.iter().map(|l| l.addr).collect();
     // Shard i takes the i-th socket of every address.
     let mut by_shard: Vec<Vec<std::net::TcpListener>> = (0..shards).map(|_| Vec::new()).collect();
@@ -196,13 +197,34 @@ pub fn start(settings: Settings, topology: &Topology) -> Result<Running, ServerE
     let tls = match &settings.tls {
         Some(files) => {
             let timeout = Duration::from_secs(settings.tls_handshake_timeout_seconds);
-            let tls = tls_config::Tls::load(files.clone(), timeout).map_err(ServerError::Tls)?;
+            let policies: Vec<config::ClientCerts> = settings
+                .listen
+                .iter()
+                .filter_map(|l| match l.tls {
+                    config::ListenerTls::On(policy) => Some(policy),
+                    config::ListenerTls::Off => None,
+                })
+                .collect();
+            let tls = tls_config::Tls::load(files.clone(), &policies, timeout)
+                .map_err(ServerError::Tls)?;
             tracing::info!(
                 cert = %files.cert.display(),
                 client_certificates = files.ca.is_some(),
+                session_resumption = files.session_resumption,
+                write_buffer_bytes = files.write_buffer_bytes,
                 kernel_tls = tls_config::kernel_tls_offered(),
                 "TLS on --listen, in user space: each connection opens and seals its records on its own socket (ssl_kernel_tls no; docs/server.md)"
             );
+            let required = config::ListenerTls::On(config::ClientCerts::Required);
+            for listen in settings.listen.iter().filter(|l| l.tls == required) {
+                if files.ca.is_none() {
+                    tracing::warn!(
+                        addr = %listen.addr,
+                        "mtls:{} requires a client certificate and there is no --tls-ca to verify one against: every client of this address is refused (as memcached does without ssl_ca_cert)",
+                        listen.addr
+                    );
+                }
+            }
             Some(Arc::new(tls))
         }
         None => None,
@@ -508,11 +530,13 @@ async fn shard_main(
         });
     let sweeper = glommio::spawn_local(tasks::sweep_loop(Rc::clone(&ctx)));
     let promoter = glommio::spawn_local(tasks::promotion_loop(Rc::clone(&ctx)));
+    // A shard's sockets are in `--listen`'s order.
     let accepts: Vec<_> = tcp
         .into_iter()
-        .map(|listener| {
-            let accept = tasks::accept_loop(Rc::clone(&ctx), listener, tasks::Listening::Tcp);
-            glommio::spawn_local(accept)
+        .zip(shared.settings.listen.iter().map(|l| l.tls))
+        .map(|(listener, tls)| {
+            let listening = tasks::Listening::Tcp(tls);
+            glommio::spawn_local(tasks::accept_loop(Rc::clone(&ctx), listener, listening))
         })
         .collect();
     for accept in accepts {

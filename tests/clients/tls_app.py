@@ -8,7 +8,11 @@ Usage: tls_app.py PHASE HOST:PORT CA [CERT KEY]
   stall:   asks for 200 MiB of replies, never reads them, and waits a minute;
   slow:    reads large values (64 KiB to 5 MiB) in small pieces with pauses, so the server's
            socket buffer fills in the middle of each reply, and checks every byte;
-  serial:  prints the server certificate's serial, as a note.
+  serial:  prints the server certificate's serial, as a note;
+  resumed, not-resumed: connects twice on TLS 1.2 and on TLS 1.3, offering the first
+           connection's session the second time, and checks the server resumed it, or not;
+  resume-elsewhere: takes a session here and offers it to $TLS_ELSEWHERE (HOST:PORT), which
+           must not serve this client (it asks for a certificate this client lacks).
 Prints `ok NAME` for each check that holds and `FAIL NAME: detail` for each that does not,
 then `done`.
 """
@@ -148,6 +152,40 @@ elif phase == "serial":
             print(f"# peer certificate: {len(der)} bytes", flush=True)
             print(f"# serial {tls.getpeercert()['serialNumber']}", flush=True)
     check("handshake", True, True)
+elif phase in ("resumed", "not-resumed", "resume-elsewhere"):
+    import socket
+
+    def session_of(version, at, session=None):
+        """A TLS connection to `at` offering `session`: whether it was resumed, and the
+        session it leaves (a TLS 1.3 server sends it after the handshake, so a request is
+        answered first)."""
+        h, p = at.rsplit(":", 1)
+        with socket.create_connection((h, int(p)), timeout=10) as raw:
+            with versioned[version].wrap_socket(raw, server_hostname="localhost",
+                                                session=session) as tls:
+                tls.sendall(b"version\r\n")
+                reply = tls.recv(100)
+                if not reply.startswith(b"VERSION"):
+                    raise SystemExit(f"no VERSION reply: {reply!r}")
+                return tls.session_reused, tls.session
+
+    versioned = {}
+    for name, version in (("TLSv1.2", ssl.TLSVersion.TLSv1_2), ("TLSv1.3", ssl.TLSVersion.TLSv1_3)):
+        ctx = ssl.create_default_context(cafile=ca)
+        ctx.minimum_version = ctx.maximum_version = version
+        versioned[name] = ctx
+    for name in versioned:
+        _, session = session_of(name, addr)
+        if phase == "resume-elsewhere":
+            try:
+                session_of(name, os.environ["TLS_ELSEWHERE"], session)
+                check(f"{name} session refused elsewhere", "served", "refused")
+            except (ssl.SSLError, OSError, SystemExit) as err:
+                print(f"# {name} elsewhere: {type(err).__name__}: {err}", flush=True)
+                check(f"{name} session refused elsewhere", "refused", "refused")
+            continue
+        reused, _ = session_of(name, addr, session)
+        check(f"{name} session resumed", reused, phase == "resumed")
 else:
     sys.exit(f"unknown phase {phase}")
 print("done")

@@ -137,7 +137,8 @@ pub(crate) struct GeneralFigures {
     pub warm_restart: [u64; 4],
     /// Items the warm restart did not restore, by reason (`warm_report::Skip::ALL`'s order).
     pub warm_restart_skipped: [u64; Skip::ALL.len()],
-    pub listen_tls: &'static str,
+    /// Each `--listen` address's TLS, in `listen`'s order.
+    pub listen_tls: String,
     pub listen_unix: String,
     /// TLS's counters, with `--tls-cert`.
     pub tls: Option<TlsFigures>,
@@ -161,7 +162,8 @@ pub(crate) struct GeneralFigures {
 /// TLS's counters, under memcached's names.
 #[derive(Clone, Debug, Default)]
 pub(crate) struct TlsFigures {
-    pub new_sessions: u64,
+    /// `None` without session resumption: memcached counts sessions only with its cache.
+    pub new_sessions: Option<u64>,
     pub resumed_sessions: u64,
     pub handshake_errors: u64,
     pub proto_errors: u64,
@@ -220,14 +222,23 @@ pub(crate) fn general_figures(
             shared.warm_restart.evicted.load(Ordering::Relaxed),
         ],
         warm_restart_skipped: Skip::ALL.map(|why| shared.warm_restart.skipped(why)),
-        listen_tls: if shared.tls.is_some() { "user" } else { "off" },
+        listen_tls: shared
+            .settings
+            .listen
+            .iter()
+            .map(|l| l.tls.name())
+            .collect::<Vec<_>>()
+            .join(","),
         listen_unix: shared
             .settings
             .unix_socket
             .as_ref()
             .map_or("off".to_string(), |p| p.display().to_string()),
         tls: shared.tls.as_ref().map(|tls| TlsFigures {
-            new_sessions: tls.new_sessions.load(Ordering::Relaxed),
+            new_sessions: tls
+                .files
+                .session_resumption
+                .then(|| tls.new_sessions.load(Ordering::Relaxed)),
             resumed_sessions: tls.resumed_sessions.load(Ordering::Relaxed),
             handshake_errors: tls.handshake_errors.load(Ordering::Relaxed),
             proto_errors: tls.proto_errors.load(Ordering::Relaxed),
@@ -408,7 +419,7 @@ pub(crate) fn general_pairs(f: &GeneralFigures) -> Vec<(String, String)> {
         ("warm_restart_ns", f.warm_restart[2].to_string()),
         ("warm_restart_evicted", f.warm_restart[3].to_string()),
         ("listen", f.listen.clone()),
-        ("listen_tls", f.listen_tls.to_string()),
+        ("listen_tls", f.listen_tls.clone()),
         ("listen_unix", f.listen_unix.clone()),
     ];
     let at = pairs
@@ -426,8 +437,10 @@ pub(crate) fn general_pairs(f: &GeneralFigures) -> Vec<(String, String)> {
             .iter()
             .position(|(name, _)| *name == "rejected_connections")
             .map_or(pairs.len(), |i| i + 1);
-        let tls_pairs = [
-            ("ssl_new_sessions", tls.new_sessions.to_string()),
+        let new_sessions = tls
+            .new_sessions
+            .map(|n| ("ssl_new_sessions", n.to_string()));
+        let tls_pairs = new_sessions.into_iter().chain([
             ("tls_resumed_sessions", tls.resumed_sessions.to_string()),
             ("ssl_handshake_errors", tls.handshake_errors.to_string()),
             ("ssl_proto_errors", tls.proto_errors.to_string()),
@@ -435,7 +448,7 @@ pub(crate) fn general_pairs(f: &GeneralFigures) -> Vec<(String, String)> {
                 "time_since_server_cert_refresh",
                 tls.seconds_since_cert_refresh.to_string(),
             ),
-        ];
+        ]);
         pairs.splice(at..at, tls_pairs);
     }
     pairs.into_iter().map(|(n, v)| (n.to_string(), v)).collect()
@@ -498,7 +511,7 @@ fn settings(ctx: &ShardCtx) -> Vec<(String, String)> {
                 false => s
                     .listen
                     .iter()
-                    .map(|a| a.ip().to_string())
+                    .map(|a| a.addr.ip().to_string())
                     .collect::<Vec<_>>()
                     .join(","),
             },
@@ -635,10 +648,19 @@ fn tls_settings(ctx: &ShardCtx) -> Vec<(String, String)> {
         ),
         // Sessions stay in user space (tls.rs).
         ("ssl_kernel_tls", "no".into()),
-        // rustls's in-memory session cache (256 sessions) resumes sessions.
+        // --tls-session-resumption: rustls's in-memory session cache.
         (
             "ssl_session_cache",
-            if tls.is_some() { "yes" } else { "no" }.into(),
+            yes_no(files.is_some_and(|f| f.session_resumption)).into(),
+        ),
+        // --tls-write-buffer, in bytes as memcached prints it.
+        (
+            "ssl_wbuf_size",
+            files
+                .map_or(crate::config::DEFAULT_TLS_WRITE_BUFFER.0, |f| {
+                    f.write_buffer_bytes
+                })
+                .to_string(),
         ),
         // PEM only (OpenSSL's SSL_FILETYPE_PEM), rustls's suites, TLS 1.2 and 1.3.
         ("ssl_keyformat", "1".into()),

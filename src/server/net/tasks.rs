@@ -11,8 +11,9 @@ use glommio::channels::channel_mesh::Receivers;
 use glommio::net::{TcpListener, TcpStream};
 
 use super::conn::Admitted;
+use crate::config::ListenerTls;
 use crate::server::shard::ctx::{promote, Message, ShardCtx, ShardReply, ShardRequest};
-use crate::server::shard::endpoint::{Endpoint, Transport};
+use crate::server::shard::endpoint::Endpoint;
 use crate::server::shard::shared::unix_now;
 
 /// Receives from every peer: runs requests, delivers replies.
@@ -25,12 +26,13 @@ pub fn spawn_receivers(ctx: &Rc<ShardCtx>, mut receivers: Receivers<Message>) {
                     Message::Request {
                         from,
                         token,
-                        request: ShardRequest::Adopt(fd, endpoint),
+                        request: ShardRequest::Adopt(fd, endpoint, tls),
                     } => {
                         spawn_connection(
                             &ctx,
                             crate::server::shard::listen::adopt_stream(fd),
                             endpoint,
+                            tls,
                         );
                         ctx.reply_to(from, token, ShardReply::Adopted)
                     }
@@ -74,8 +76,8 @@ async fn tick_or_stop(ctx: &ShardCtx, period: Duration) -> bool {
 /// What a listener serves.
 #[derive(Clone, Debug)]
 pub enum Listening {
-    /// `--listen` (TLS when `--tls-cert` is given).
-    Tcp,
+    /// A `--listen` address, and its TLS.
+    Tcp(ListenerTls),
     /// `--unix-socket`, at this path.
     Unix(std::path::PathBuf),
 }
@@ -117,7 +119,7 @@ pub async fn accept_loop(ctx: Rc<ShardCtx>, listener: TcpListener, listening: Li
                 .allow(crate::server::shard::shared::unix_now())
             {
                 let peer = match &listening {
-                    Listening::Tcp => stream.peer_addr().map_or("?".into(), |a| a.to_string()),
+                    Listening::Tcp(_) => stream.peer_addr().map_or("?".into(), |a| a.to_string()),
                     Listening::Unix(path) => format!("a client of {}", path.display()),
                 };
                 tracing::warn!(
@@ -129,22 +131,22 @@ pub async fn accept_loop(ctx: Rc<ShardCtx>, listener: TcpListener, listening: Li
                 );
             }
             // memcached's refusal line is plaintext: a TLS client gets the close alone.
-            match (&listening, &shared.tls) {
-                (Listening::Tcp, Some(_)) => drop(stream),
+            match &listening {
+                Listening::Tcp(ListenerTls::On(_)) => drop(stream),
                 _ => crate::server::shard::listen::refuse_over_limit(stream),
             }
             continue;
         }
         shared.total_connections.fetch_add(1, Ordering::Relaxed);
-        let endpoint = match &listening {
-            Listening::Tcp => Endpoint::tcp(&stream),
-            Listening::Unix(path) => Endpoint::unix(path),
+        let (endpoint, tls) = match &listening {
+            Listening::Tcp(tls) => (Endpoint::tcp(&stream), *tls),
+            Listening::Unix(path) => (Endpoint::unix(path), ListenerTls::Off),
         };
         match fewer_connections_than_mine(&shared.connections_by_shard, ctx.id) {
-            Some(to) => hand_off(&ctx, stream, endpoint, to),
+            Some(to) => hand_off(&ctx, stream, endpoint, tls, to),
             None => {
                 shared.connections_by_shard[ctx.id].fetch_add(1, Ordering::AcqRel);
-                spawn_connection(&ctx, stream, endpoint);
+                spawn_connection(&ctx, stream, endpoint, tls);
             }
         }
     }
@@ -163,14 +165,20 @@ fn fewer_connections_than_mine(by_shard: &[AtomicUsize], mine: usize) -> Option<
 
 /// Gives an accepted connection to shard `to` over the mesh. If `to` has stopped (shutdown),
 /// the message and the descriptor in it are dropped, which closes the connection.
-fn hand_off(ctx: &Rc<ShardCtx>, stream: TcpStream, endpoint: Endpoint, to: usize) {
+fn hand_off(
+    ctx: &Rc<ShardCtx>,
+    stream: TcpStream,
+    endpoint: Endpoint,
+    tls: ListenerTls,
+    to: usize,
+) {
     let by_shard = &ctx.shared.connections_by_shard;
     let fd = crate::server::shard::listen::detach_stream(stream);
     // Counted on `to` at once, so the next accept (here or on another shard) sees it.
     by_shard[to].fetch_add(1, Ordering::AcqRel);
     let ctx = Rc::clone(ctx);
     glommio::spawn_local(async move {
-        if let ShardReply::Adopted = ctx.call(to, ShardRequest::Adopt(fd, endpoint)).await {
+        if let ShardReply::Adopted = ctx.call(to, ShardRequest::Adopt(fd, endpoint, tls)).await {
             return;
         }
         let shared = &ctx.shared;
@@ -181,16 +189,17 @@ fn hand_off(ctx: &Rc<ShardCtx>, stream: TcpStream, endpoint: Endpoint, to: usize
 }
 
 /// Serves an admitted connection on this shard; counted in `connections_by_shard` already.
-/// A TCP connection to a TLS port is served through its TLS session (`tls.rs`). The task is
+/// A connection to a TLS address is served through its TLS session (`tls.rs`). The task is
 /// the connection's future itself, not a block around it: a wrapper would keep another copy
 /// of the socket and the endpoint for the connection's life.
-fn spawn_connection(ctx: &Rc<ShardCtx>, stream: TcpStream, endpoint: Endpoint) {
+fn spawn_connection(ctx: &Rc<ShardCtx>, stream: TcpStream, endpoint: Endpoint, tls: ListenerTls) {
     let admitted = Admitted::new(ctx);
     let ctx = Rc::clone(ctx);
-    match (&ctx.shared.tls, endpoint.transport) {
-        (Some(tls), Transport::Tcp) => {
-            let tls = std::sync::Arc::clone(tls);
-            glommio::spawn_local(super::tls::serve(ctx, tls, stream, endpoint, admitted)).detach()
+    match (&ctx.shared.tls, tls) {
+        (Some(config), ListenerTls::On(policy)) => {
+            let config = std::sync::Arc::clone(config);
+            let serve = super::tls::serve(ctx, config, policy, stream, endpoint, admitted);
+            glommio::spawn_local(serve).detach()
         }
         _ => glommio::spawn_local(super::serve::serve(ctx, stream, endpoint, None, admitted))
             .detach(),

@@ -11,6 +11,7 @@ use futures_lite::{AsyncReadExt, AsyncWriteExt};
 use glommio::net::TcpStream;
 use rustls::ServerConnection;
 
+use crate::config::ClientCerts;
 use crate::server::shard::ctx::ShardCtx;
 use crate::server::shard::endpoint::{Endpoint, Transport};
 use crate::server::shard::tls_config::Tls;
@@ -21,12 +22,13 @@ use crate::server::shard::tls_stage::TlsStage;
 pub(crate) async fn serve(
     ctx: Rc<ShardCtx>,
     tls: Arc<Tls>,
+    policy: ClientCerts,
     mut stream: TcpStream,
     endpoint: Endpoint,
     admitted: super::conn::Admitted,
 ) {
     let tls = &tls;
-    let Ok(mut session) = ServerConnection::new(tls.current()) else {
+    let Ok(mut session) = ServerConnection::new(tls.current(policy)) else {
         tls.handshake_errors.fetch_add(1, Ordering::Relaxed);
         return;
     };

@@ -372,7 +372,7 @@ pub const GENERAL: &[(&str, Export)] = &[
         sample(counter(
             "tls_new_sessions",
             N,
-            "TLS handshakes on --listen that made a new session (with --tls-cert).",
+            "TLS handshakes on --listen that made a new session (with --tls-session-resumption on).",
         )),
     ),
     (
@@ -918,8 +918,8 @@ const LENT_PLAIN_SENDS: Metric = counter(
 
 const LISTENERS: Metric = info(
     "listeners",
-    "What the server listens on: the --listen address (tcp), whether TLS is on it (tls: user, \
-     or off) and the --unix-socket path (unix, or off).",
+    "What the server listens on: the --listen addresses (tcp), the TLS of each (tls: off, tls, \
+     tls_optional_cert or mtls, in the same order) and the --unix-socket path (unix, or off).",
 );
 
 /// The `io` STAT group, per shard (`shardN_` + these names; every sample gets `shard="N"`).

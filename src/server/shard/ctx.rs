@@ -66,9 +66,13 @@ pub enum Message {
 pub enum ShardRequest {
     /// To a shard: its per-core figures (STAT).
     Stats,
-    /// To a shard: serve this accepted connection (its descriptor is the receiver's now).
-    /// A connection to serve here, with what it came in over.
-    Adopt(std::os::fd::OwnedFd, super::endpoint::Endpoint),
+    /// To a shard: serve this accepted connection (its descriptor is the receiver's now),
+    /// with what it came in over and its address's TLS.
+    Adopt(
+        std::os::fd::OwnedFd,
+        super::endpoint::Endpoint,
+        crate::config::ListenerTls,
+    ),
     /// To a shard: a STAT group answered per core (connections).
     StatQuery(StatQuery),
     /// To the placement master: extents for a large value of `key`.

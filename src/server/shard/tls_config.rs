@@ -9,6 +9,11 @@
 //! offer no `tls` ULP to test it with, so it is not used (`ssl_kernel_tls no`; the start-up
 //! line says whether the kernel offers it).
 //!
+//! Each `--listen` address asks what its prefix says of a client's certificate (none, optional,
+//! required), so there is one rustls configuration for each policy a listener has, each with
+//! its own session cache: a session made where no certificate was asked for never resumes
+//! where one is required. With `--tls-session-resumption off` no session is kept or resumed.
+//!
 //! SIGHUP reloads the certificate, the key and the CA: new connections get the new ones, and a
 //! file that does not load is logged and the pair in use kept.
 
@@ -16,18 +21,26 @@ use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex, RwLock};
 use std::time::{Duration, Instant, SystemTime};
 
+use rustls::client::danger::HandshakeSignatureValid;
 use rustls::pki_types::pem::PemObject;
+use rustls::pki_types::UnixTime;
 use rustls::pki_types::{CertificateDer, PrivateKeyDer};
-use rustls::server::WebPkiClientVerifier;
-use rustls::{RootCertStore, ServerConfig};
+use rustls::server::danger::{ClientCertVerified, ClientCertVerifier};
+use rustls::server::{NoServerSessionStorage, ServerSessionMemoryCache, WebPkiClientVerifier};
+use rustls::{DigitallySignedStruct, DistinguishedName, RootCertStore, ServerConfig};
 
-use crate::config::TlsFiles;
+use crate::config::{ClientCerts, TlsFiles};
 
-/// TLS for the whole server: the configuration new handshakes use, and its counters.
+/// Sessions each configuration keeps for resumption, the least recently made dropped first:
+/// a few per connection of the default `--max-connections`, a few hundred bytes each.
+const SESSION_CACHE_ENTRIES: usize = 4096;
+
+/// TLS for the whole server: the configurations new handshakes use, and their counters.
 pub struct Tls {
     pub files: TlsFiles,
     pub handshake_timeout: Duration,
-    config: RwLock<Arc<ServerConfig>>,
+    /// One configuration for each client-certificate policy a listener has.
+    configs: RwLock<Vec<(ClientCerts, Arc<ServerConfig>)>>,
     /// When the configuration in use was loaded (STAT `time_since_server_cert_refresh`).
     loaded: Mutex<Instant>,
     /// Handshakes that made a session (memcached's `ssl_new_sessions`), and that resumed one.
@@ -42,14 +55,22 @@ pub struct Tls {
 }
 
 impl Tls {
-    /// Loads the configuration at start: a file that does not load, a key that does not match
-    /// the certificate, or a certificate outside its validity is refused with one sentence.
-    pub fn load(files: TlsFiles, handshake_timeout: Duration) -> Result<Tls, String> {
-        let config = build_config(&files)?;
+    /// Loads the configurations of the `policies` the listeners have at start: a file that
+    /// does not load, a key that does not match the certificate, or a certificate outside its
+    /// validity is refused with one sentence.
+    pub fn load(
+        files: TlsFiles,
+        policies: &[ClientCerts],
+        handshake_timeout: Duration,
+    ) -> Result<Tls, String> {
+        let mut policies = policies.to_vec();
+        policies.sort();
+        policies.dedup();
+        let configs = build_configs(&files, &policies)?;
         Ok(Tls {
             files,
             handshake_timeout,
-            config: RwLock::new(Arc::new(config)),
+            configs: RwLock::new(configs),
             loaded: Mutex::new(Instant::now()),
             new_sessions: AtomicU64::new(0),
             resumed_sessions: AtomicU64::new(0),
@@ -62,9 +83,16 @@ impl Tls {
     /// SIGHUP: loads the files again. New handshakes use the new configuration; on an error
     /// the one in use stays and the error is returned (and counted).
     pub fn reload(&self) -> Result<(), String> {
-        match build_config(&self.files) {
-            Ok(config) => {
-                *self.config.write().unwrap_or_else(|e| e.into_inner()) = Arc::new(config);
+        let policies: Vec<ClientCerts> = self
+            .configs
+            .read()
+            .unwrap_or_else(|e| e.into_inner())
+            .iter()
+            .map(|(policy, _)| *policy)
+            .collect();
+        match build_configs(&self.files, &policies) {
+            Ok(configs) => {
+                *self.configs.write().unwrap_or_else(|e| e.into_inner()) = configs;
                 *self.loaded.lock().unwrap_or_else(|e| e.into_inner()) = Instant::now();
                 Ok(())
             }
@@ -75,8 +103,15 @@ impl Tls {
         }
     }
 
-    pub(crate) fn current(&self) -> Arc<ServerConfig> {
-        Arc::clone(&self.config.read().unwrap_or_else(|e| e.into_inner()))
+    /// The configuration for a listener with this client-certificate policy (one was loaded
+    /// for every listener's at start).
+    pub(crate) fn current(&self, policy: ClientCerts) -> Arc<ServerConfig> {
+        let configs = self.configs.read().unwrap_or_else(|e| e.into_inner());
+        let (_, config) = configs
+            .iter()
+            .find(|(loaded, _)| *loaded == policy)
+            .expect("a configuration is loaded for every listener's policy");
+        Arc::clone(config)
     }
 
     /// Seconds since the configuration in use was loaded.
@@ -88,15 +123,15 @@ impl Tls {
             .as_secs()
     }
 
-    /// memcached's `ssl_verify_mode` as its STAT prints it (OpenSSL's flags): 3 (the peer is
-    /// verified, and must present a certificate) with `--tls-ca`, else 0.
+    /// memcached's `ssl_verify_mode` as its STAT prints it (OpenSSL's flags), for an address
+    /// without a prefix.
     pub fn verify_mode(&self) -> u8 {
-        match (&self.files.ca, self.files.client_cert_optional) {
-            (None, _) => 0,
+        match self.files.client_certs {
+            ClientCerts::NotAsked => 0,
             // OpenSSL's SSL_VERIFY_PEER: asked for, checked when given.
-            (Some(_), true) => 1,
+            ClientCerts::Optional => 1,
             // SSL_VERIFY_PEER | SSL_VERIFY_FAIL_IF_NO_PEER_CERT.
-            (Some(_), false) => 3,
+            ClientCerts::Required => 3,
         }
     }
 }
@@ -111,8 +146,20 @@ pub fn kernel_tls_offered() -> &'static str {
     }
 }
 
-/// A rustls server configuration from `files`.
-fn build_config(files: &TlsFiles) -> Result<ServerConfig, String> {
+/// A rustls configuration for each of `policies`, from `files`.
+fn build_configs(
+    files: &TlsFiles,
+    policies: &[ClientCerts],
+) -> Result<Vec<(ClientCerts, Arc<ServerConfig>)>, String> {
+    policies
+        .iter()
+        .map(|&policy| Ok((policy, Arc::new(build_config(files, policy)?))))
+        .collect()
+}
+
+/// A rustls server configuration from `files`, asking clients for certificates as `policy`
+/// says.
+fn build_config(files: &TlsFiles, policy: ClientCerts) -> Result<ServerConfig, String> {
     let cert_flag = format!("--tls-cert {}", files.cert.display());
     let chain: Vec<CertificateDer<'static>> = CertificateDer::pem_file_iter(&files.cert)
         .and_then(|certs| certs.collect())
@@ -135,9 +182,12 @@ fn build_config(files: &TlsFiles) -> Result<ServerConfig, String> {
     let builder = ServerConfig::builder_with_provider(Arc::clone(&provider))
         .with_protocol_versions(versions)
         .map_err(|err| format!("TLS: {err}"))?;
-    let builder = match &files.ca {
-        None => builder.with_no_client_auth(),
-        Some(ca) => {
+    let builder = match (policy, &files.ca) {
+        (ClientCerts::NotAsked, _) => builder.with_no_client_auth(),
+        // An `mtls:` address with no CA to check against: as memcached's OpenSSL with no CA
+        // file, a certificate is required and none is trusted (the start-up log says so).
+        (_, None) => builder.with_client_cert_verifier(Arc::new(NoTrustedIssuer(provider))),
+        (_, Some(ca)) => {
             let ca_flag = format!("--tls-ca {}", ca.display());
             let mut roots = RootCertStore::empty();
             for cert in CertificateDer::pem_file_iter(ca)
@@ -149,9 +199,9 @@ fn build_config(files: &TlsFiles) -> Result<ServerConfig, String> {
                     .map_err(|err| format!("{ca_flag}: not a CA certificate: {err}"))?;
             }
             let verifier = WebPkiClientVerifier::builder_with_provider(Arc::new(roots), provider);
-            let verifier = match files.client_cert_optional {
-                true => verifier.allow_unauthenticated(),
-                false => verifier,
+            let verifier = match policy {
+                ClientCerts::Optional => verifier.allow_unauthenticated(),
+                _ => verifier,
             };
             let verifier = verifier
                 .build()
@@ -159,7 +209,7 @@ fn build_config(files: &TlsFiles) -> Result<ServerConfig, String> {
             builder.with_client_cert_verifier(verifier)
         }
     };
-    builder.with_single_cert(chain, key).map_err(|err| {
+    let mut config = builder.with_single_cert(chain, key).map_err(|err| {
         let why = match err {
             rustls::Error::InconsistentKeys(_) => {
                 "the key does not belong to the certificate".to_string()
@@ -171,7 +221,17 @@ fn build_config(files: &TlsFiles) -> Result<ServerConfig, String> {
             files.cert.display(),
             files.key.display()
         )
-    })
+    })?;
+    // Sessions are kept in memory and resumed by their ID (TLS 1.2) or a ticket naming them
+    // (TLS 1.3), as memcached's `ssl_session_cache` keeps them; none without resumption.
+    config.session_storage = match files.session_resumption {
+        true => ServerSessionMemoryCache::new(SESSION_CACHE_ENTRIES),
+        false => Arc::new(NoServerSessionStorage {}),
+    };
+    if !files.session_resumption {
+        config.send_tls13_tickets = 0;
+    }
+    Ok(config)
 }
 
 fn pem_error(err: rustls::pki_types::pem::Error) -> String {
@@ -215,4 +275,50 @@ fn check_certificate(cert: &CertificateDer<'_>) -> Result<(), String> {
         ));
     }
     Ok(())
+}
+
+/// The client-certificate check of an `mtls:` address without `--tls-ca`: a certificate is
+/// required, and none verifies, since no CA is trusted.
+#[derive(Debug)]
+struct NoTrustedIssuer(Arc<rustls::crypto::CryptoProvider>);
+
+impl ClientCertVerifier for NoTrustedIssuer {
+    fn root_hint_subjects(&self) -> &[DistinguishedName] {
+        &[]
+    }
+
+    fn verify_client_cert(
+        &self,
+        _end_entity: &CertificateDer<'_>,
+        _intermediates: &[CertificateDer<'_>],
+        _now: UnixTime,
+    ) -> Result<ClientCertVerified, rustls::Error> {
+        Err(rustls::Error::InvalidCertificate(
+            rustls::CertificateError::UnknownIssuer,
+        ))
+    }
+
+    fn verify_tls12_signature(
+        &self,
+        message: &[u8],
+        cert: &CertificateDer<'_>,
+        dss: &DigitallySignedStruct,
+    ) -> Result<HandshakeSignatureValid, rustls::Error> {
+        let algorithms = &self.0.signature_verification_algorithms;
+        rustls::crypto::verify_tls12_signature(message, cert, dss, algorithms)
+    }
+
+    fn verify_tls13_signature(
+        &self,
+        message: &[u8],
+        cert: &CertificateDer<'_>,
+        dss: &DigitallySignedStruct,
+    ) -> Result<HandshakeSignatureValid, rustls::Error> {
+        let algorithms = &self.0.signature_verification_algorithms;
+        rustls::crypto::verify_tls13_signature(message, cert, dss, algorithms)
+    }
+
+    fn supported_verify_schemes(&self) -> Vec<rustls::SignatureScheme> {
+        self.0.signature_verification_algorithms.supported_schemes()
+    }
 }

@@ -135,6 +135,11 @@ impl TlsStage {
         parts.iter().map(|part| part.len()).sum()
     }
 
+    /// `--tls-write-buffer`: the most plaintext of a reply sealed ahead of the socket.
+    pub fn write_buffer_bytes(&self) -> usize {
+        self.tls.files.write_buffer_bytes as usize
+    }
+
     /// The client's session is ended politely: a close_notify is sealed.
     pub fn seal_close(&self) {
         self.session.borrow_mut().send_close_notify();

@@ -567,8 +567,7 @@ impl Wire {
     /// Writes all of `bytes` and hands the buffer back for reuse.
     pub async fn write(&self, stream: &mut TcpStream, bytes: Vec<u8>) -> io::Result<Vec<u8>> {
         if let Some(tls) = &self.tls {
-            let sealed_bytes = tls.seal(&[&bytes]);
-            self.send_sealed(tls, Some(stream), sealed_bytes).await?;
+            self.seal_and_send(tls, Some(stream), &[&bytes]).await?;
             return Ok(bytes);
         }
         self.socket_write(Some(stream), bytes).await
@@ -589,6 +588,43 @@ impl Wire {
                 Ok(bytes)
             }
         }
+    }
+
+    /// Seals `parts` (one reply) and sends their records, sealing at most
+    /// `--tls-write-buffer` of plaintext ahead of what the socket has taken: a large value's
+    /// records are never all held at once. A connection writes one reply at a time, so no
+    /// other reply's records come between the pieces.
+    async fn seal_and_send(
+        &self,
+        tls: &TlsStage,
+        mut stream: Option<&mut TcpStream>,
+        parts: &[&[u8]],
+    ) -> io::Result<()> {
+        let reply_bytes: usize = parts.iter().map(|part| part.len()).sum();
+        let ahead_max = tls.write_buffer_bytes();
+        if reply_bytes <= ahead_max {
+            tls.seal(parts);
+            return self.send_sealed(tls, stream, reply_bytes).await;
+        }
+        let mut ahead = 0;
+        for part in parts {
+            let mut rest = *part;
+            while !rest.is_empty() {
+                let (piece, after) = rest.split_at(rest.len().min(ahead_max - ahead));
+                ahead += tls.seal(&[piece]);
+                rest = after;
+                if ahead == ahead_max {
+                    // The whole reply's size picks how its records are sent.
+                    self.send_sealed(tls, stream.as_deref_mut(), reply_bytes)
+                        .await?;
+                    ahead = 0;
+                }
+            }
+        }
+        if ahead > 0 {
+            self.send_sealed(tls, stream, reply_bytes).await?;
+        }
+        Ok(())
     }
 
     /// Sends every record the session has sealed, in order, in this connection's send turn
@@ -633,9 +669,7 @@ impl Wire {
     pub async fn write_lent(&self, stream: &mut TcpStream, lent: Lent) -> io::Result<()> {
         if let Some(tls) = &self.tls {
             // Sealing reads the lent bytes where they are; they are released once sealed.
-            let sealed_bytes = tls.seal(&lent.slices());
-            drop(lent);
-            return self.send_sealed(tls, Some(stream), sealed_bytes).await;
+            return self.seal_and_send(tls, Some(stream), &lent.slices()).await;
         }
         match &self.ring {
             Some(ring) => {
@@ -662,9 +696,9 @@ impl Wire {
     ) -> io::Result<()> {
         if let Some(tls) = &self.tls {
             let [first, second] = lent.slices();
-            let sealed_bytes = tls.seal(&[&head, first, second]);
-            drop(lent);
-            return self.send_sealed(tls, Some(stream), sealed_bytes).await;
+            return self
+                .seal_and_send(tls, Some(stream), &[&head, first, second])
+                .await;
         }
         if self.ring.is_some() {
             return self.write_head_and_lent_queued(head, lent).await.map(drop);
@@ -685,9 +719,9 @@ impl Wire {
     ) -> io::Result<Vec<u8>> {
         if let Some(tls) = &self.tls {
             let [first, second] = lent.slices();
-            let sealed_bytes = tls.seal(&[&head, first, second]);
+            self.seal_and_send(tls, None, &[&head, first, second])
+                .await?;
             drop(lent);
-            self.send_sealed(tls, None, sealed_bytes).await?;
             let mut head = head;
             head.clear();
             return Ok(head);
