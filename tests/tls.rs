@@ -371,7 +371,7 @@ fn sessions_resume_only_with_session_resumption_on() {
     common::run_checks(app("not-resumed", &server, &certs, None), 2);
     let stats = text_stats(&server, &certs, None);
     assert_eq!(stat(&stats, "ssl_session_cache"), "no");
-    assert_eq!(stat(&stats, "ssl_wbuf_size"), "16384");
+    assert_eq!(stat(&stats, "ssl_wbuf_size"), "262144");
     assert_eq!(stat(&stats, "tls_resumed_sessions"), "0");
     assert!(!stats.contains("ssl_new_sessions"), "{stats}");
 }

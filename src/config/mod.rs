@@ -50,9 +50,10 @@ pub const DEFAULT_UNIX_SOCKET_MODE: u32 = 0o700;
 
 /// `--tls-session-resumption`'s default: a client that reconnects skips the full handshake.
 pub const DEFAULT_TLS_SESSION_RESUMPTION: bool = true;
-/// `--tls-write-buffer`'s default: one TLS record's plaintext at most, memcached's
-/// `ssl_wbuf_size` default.
-pub const DEFAULT_TLS_WRITE_BUFFER: ByteSize = ByteSize(16 << 10);
+/// `--tls-write-buffer`'s default. Each part of a reply sealed is a send of its own, and a
+/// loopback send of 16 KiB (memcached's `ssl_wbuf_size` default, which its flags keep) costs
+/// 1.65x the CPU per GB of 256 KiB GETs this does (docs/benchmarks.md, "TLS").
+pub const DEFAULT_TLS_WRITE_BUFFER: ByteSize = ByteSize(256 << 10);
 /// `--tls-write-buffer`'s bounds: 1 KiB (memcached's unit) to 16 MiB.
 pub const TLS_WRITE_BUFFER_MIN_BYTES: u64 = 1 << 10;
 pub const TLS_WRITE_BUFFER_MAX_BYTES: u64 = 16 << 20;
@@ -475,7 +476,7 @@ pub struct Cli {
 
     /// The most of one reply a TLS connection seals ahead of what its socket has taken, 1K
     /// to 16M: a large value is sealed and sent a part of this size at a time, so this bounds
-    /// the records a slow client holds in memory [default: 16K].
+    /// the records a slow client holds in memory [default: 256K].
     #[arg(long, value_name = "SIZE")]
     pub tls_write_buffer: Option<ByteSize>,
 
