@@ -352,6 +352,22 @@ fn each_listen_address_serves_the_tls_its_prefix_says() {
     assert_eq!(stat(&stats, "ssl_verify_mode"), "3");
 }
 
+/// An `mtls:` address without `--tls-ca` has no CA to trust, as memcached's OpenSSL without
+/// `ssl_ca_cert`: every client of it is refused, one with a certificate too, and the start-up
+/// log says so; the unprefixed address beside it serves TLS as usual.
+#[test]
+fn mtls_without_a_ca_refuses_every_client_and_says_so() {
+    let certs = Certs::make(&fresh_data_dir());
+    let mtls = format!("127.0.0.1:{}", common::free_port());
+    let listen = format!("127.0.0.1:0,mtls:{mtls}");
+    let server = tls_server(&certs, &["--listen", &listen]);
+    assert!(server.logs("there is no --tls-ca to verify one against"));
+    let client = Some((certs.client_cert.as_path(), certs.client_key.as_path()));
+    common::run_checks(app_at("refused", &mtls, &certs, client), 1);
+    common::run_checks(app_at("refused", &mtls, &certs, None), 1);
+    common::run_checks(app("coalesced", &server, &certs, None), 1);
+}
+
 /// A client that reconnects resumes its session with `--tls-session-resumption on` (the
 /// default) on TLS 1.2 and 1.3, and never with it off, where, as memcached without
 /// `ssl_session_cache`, STAT `ssl_new_sessions` is not shown; `stats settings` says which,
