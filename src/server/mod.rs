@@ -215,9 +215,9 @@ pub fn start(settings: Settings, topology: &Topology) -> Result<Running, ServerE
                 kernel_tls = tls_config::kernel_tls_offered(),
                 "TLS on --listen, in user space: each connection opens and seals its records on its own socket (ssl_kernel_tls no; docs/server.md)"
             );
-            let required = config::ListenerTls::On(config::ClientCerts::Required);
-            for listen in settings.listen.iter().filter(|l| l.tls == required) {
-                if files.ca.is_none() {
+            if files.ca.is_none() {
+                let required = config::ListenerTls::On(config::ClientCerts::Required);
+                for listen in settings.listen.iter().filter(|l| l.tls == required) {
                     tracing::warn!(
                         addr = %listen.addr,
                         "mtls:{} requires a client certificate and there is no --tls-ca to verify one against: every client of this address is refused (as memcached does without ssl_ca_cert)",

@@ -278,9 +278,17 @@ fn check_certificate(cert: &CertificateDer<'_>) -> Result<(), String> {
 }
 
 /// The client-certificate check of an `mtls:` address without `--tls-ca`: a certificate is
-/// required, and none verifies, since no CA is trusted.
+/// required, and none verifies, since no CA is trusted. rustls checks the certificate before
+/// its signature, so the signature checks only ever refuse as well.
 #[derive(Debug)]
 struct NoTrustedIssuer(Arc<rustls::crypto::CryptoProvider>);
+
+/// Every check of [`NoTrustedIssuer`]: the issuer is unknown.
+fn untrusted<T>() -> Result<T, rustls::Error> {
+    Err(rustls::Error::InvalidCertificate(
+        rustls::CertificateError::UnknownIssuer,
+    ))
+}
 
 impl ClientCertVerifier for NoTrustedIssuer {
     fn root_hint_subjects(&self) -> &[DistinguishedName] {
@@ -293,31 +301,28 @@ impl ClientCertVerifier for NoTrustedIssuer {
         _intermediates: &[CertificateDer<'_>],
         _now: UnixTime,
     ) -> Result<ClientCertVerified, rustls::Error> {
-        Err(rustls::Error::InvalidCertificate(
-            rustls::CertificateError::UnknownIssuer,
-        ))
+        untrusted()
     }
 
     fn verify_tls12_signature(
         &self,
-        message: &[u8],
-        cert: &CertificateDer<'_>,
-        dss: &DigitallySignedStruct,
+        _message: &[u8],
+        _cert: &CertificateDer<'_>,
+        _dss: &DigitallySignedStruct,
     ) -> Result<HandshakeSignatureValid, rustls::Error> {
-        let algorithms = &self.0.signature_verification_algorithms;
-        rustls::crypto::verify_tls12_signature(message, cert, dss, algorithms)
+        untrusted()
     }
 
     fn verify_tls13_signature(
         &self,
-        message: &[u8],
-        cert: &CertificateDer<'_>,
-        dss: &DigitallySignedStruct,
+        _message: &[u8],
+        _cert: &CertificateDer<'_>,
+        _dss: &DigitallySignedStruct,
     ) -> Result<HandshakeSignatureValid, rustls::Error> {
-        let algorithms = &self.0.signature_verification_algorithms;
-        rustls::crypto::verify_tls13_signature(message, cert, dss, algorithms)
+        untrusted()
     }
 
+    /// The schemes the certificate request offers: the provider's, as for a verifier with a CA.
     fn supported_verify_schemes(&self) -> Vec<rustls::SignatureScheme> {
         self.0.signature_verification_algorithms.supported_schemes()
     }

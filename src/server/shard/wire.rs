@@ -668,7 +668,8 @@ impl Wire {
     /// kernel copies anyway; the memory is released when the kernel is done with it.
     pub async fn write_lent(&self, stream: &mut TcpStream, lent: Lent) -> io::Result<()> {
         if let Some(tls) = &self.tls {
-            // Sealing reads the lent bytes where they are; they are released once sealed.
+            // Sealing reads the lent bytes where they are; they are released once the last
+            // part is sealed and sent.
             return self.seal_and_send(tls, Some(stream), &lent.slices()).await;
         }
         match &self.ring {
