@@ -863,7 +863,7 @@ fn listen_address(text: &str, port: u16, tls: bool) -> Result<String, Refusal> {
     for (memcached, headroom) in [("notls:", "plain:"), ("btls:", "tls:"), ("mtls:", "mtls:")] {
         if let Some(after) = rest.strip_prefix(memcached) {
             if !tls {
-                // memcached's own words (its `mtls` one says 'otls').
+                // memcached's sentence (whose `mtls` one misspells it 'otls').
                 let name = memcached.trim_end_matches(':');
                 return Err(Refusal::bad(format!(
                     "-l {text}: '{name}' option is valid only when SSL is enabled"

@@ -52,7 +52,7 @@ pub const DEFAULT_UNIX_SOCKET_MODE: u32 = 0o700;
 pub const DEFAULT_TLS_SESSION_RESUMPTION: bool = true;
 /// `--tls-write-buffer`'s default. Each part of a reply sealed is a send of its own, and a
 /// loopback send of 16 KiB (memcached's `ssl_wbuf_size` default, which its flags keep) costs
-/// 1.65x the CPU per GB of 256 KiB GETs this does (docs/benchmarks.md, "TLS").
+/// 1.44x the CPU per GB of 256 KiB GETs this does (docs/benchmarks.md, "TLS").
 pub const DEFAULT_TLS_WRITE_BUFFER: ByteSize = ByteSize(256 << 10);
 /// `--tls-write-buffer`'s bounds: 1 KiB (memcached's unit) to 16 MiB.
 pub const TLS_WRITE_BUFFER_MIN_BYTES: u64 = 1 << 10;
